@@ -1,0 +1,33 @@
+# Conveyor: `make demo` runs the embedded demo job, `make test` runs the tests.
+# Both create a virtualenv in .venv and install what they need into it.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+# the demo's TPC-H scale factor (0.1 = 150,000 orders) and where its files go
+SF ?= 0.1
+DEMO_DIR ?= demo-data
+PYTEST_ARGS ?=
+
+.PHONY: demo test install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.installed-%: pyproject.toml | $(BIN)/python
+	$(PIP) install --quiet -e ".[$*]"
+	touch $@
+
+install: $(VENV)/.installed-demo
+
+demo: $(VENV)/.installed-demo
+	$(BIN)/tpchgen-cli parquet -s $(SF) --tables=orders --parts=4 --output-dir=$(DEMO_DIR) --overwrite
+	$(BIN)/conveyor run pipeline=demo source.path=$(DEMO_DIR)/orders sink.database=$(DEMO_DIR)/demo.duckdb
+
+test: $(VENV)/.installed-test
+	bash scripts/ensure-postgres.sh
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) outputs multirun .pytest_cache build *.egg-info

@@ -1,0 +1,54 @@
+"""Small Arrow helpers shared by connectors. Batches only: never a Python loop over rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def rebatch(batches: Iterable[pa.RecordBatch], batch_size: int) -> Iterator[pa.RecordBatch]:
+    """Slice batches larger than ``batch_size`` rows (zero-copy); smaller ones pass as they are."""
+    for batch in batches:
+        if batch.num_rows <= batch_size:
+            if batch.num_rows:
+                yield batch
+            continue
+        for offset in range(0, batch.num_rows, batch_size):
+            yield batch.slice(offset, batch_size)
+
+
+def same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+    """Same names and types in the same order (metadata and nullability ignored)."""
+    return a.names == b.names and all(x.type == y.type for x, y in zip(a, b))
+
+
+class CountingBatches:
+    """Passes batches through, counting rows and bytes per batch.
+
+    A consumer in native code (DuckDB, a database driver) may wrap an exception raised by the
+    producer; ``error`` keeps the original so the sink can re-raise it as it was.
+    """
+
+    def __init__(self, batches: Iterable[pa.RecordBatch]) -> None:
+        self._it = iter(batches)
+        self.rows = 0
+        self.bytes = 0
+        self.error: BaseException | None = None
+
+    def __iter__(self) -> CountingBatches:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            self.error = exc
+            raise
+        self.rows += batch.num_rows
+        self.bytes += batch.nbytes
+        return batch

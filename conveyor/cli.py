@@ -1,0 +1,146 @@
+"""The ``conveyor`` command: run | plan | plugins.
+
+``run`` and ``plan`` take Hydra overrides (``source.path=... degree=4``), and ``run -m``
+sweeps (``-m strategy=none,files``). Errors print as one line and a hint on stderr with the
+error's exit code; ``--verbose`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any
+
+USAGE = """\
+usage: conveyor [--verbose] <command> [hydra overrides...]
+
+commands:
+  run       run a job:   conveyor run pipeline=demo degree=4
+            sweep jobs:  conveyor run -m strategy=none,files
+  plan      print the partitions and what each reads; moves nothing
+  plugins   list installed sources, sinks, strategies and runtimes
+
+Hydra options work after run/plan: --cfg job (print the composed config), --config-dir DIR
+(add your own configs, e.g. source/<plugin>.yaml), hydra.run.dir=..., --help.
+"""
+
+EXIT_INTERNAL = 1
+EXIT_CONFIG = 2
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def report_error(exc: BaseException, verbose: bool) -> int:
+    """Print an error as one line plus its hint; return the exit code."""
+    from conveyor.errors import ConveyorError
+
+    if isinstance(exc, ConveyorError):
+        if verbose:
+            _stderr("".join(traceback.format_exception(exc)).rstrip())
+            if getattr(exc, "task_traceback", None):
+                _stderr("in the task:\n" + exc.task_traceback.rstrip())
+        _stderr(f"error: {exc.message}")
+        if exc.hint:
+            _stderr(f"hint: {exc.hint}")
+        return exc.exit_code
+    if verbose:
+        _stderr("".join(traceback.format_exception(exc)).rstrip())
+    first = (str(exc).splitlines() or [""])[0]
+    _stderr(f"error: internal error: {type(exc).__name__}: {first}")
+    _stderr("hint: run again with --verbose for the traceback, and please report it")
+    return EXIT_INTERNAL
+
+
+def _cmd_plugins() -> int:
+    from conveyor import registry
+
+    for kind, title in zip(registry.KINDS, ("sources", "sinks", "strategies", "runtimes")):
+        print(f"{title}:")
+        for entry in registry.available(kind):
+            origin = "" if entry.distribution == "conveyor" else f"  [{entry.distribution}]"
+            print(f"  {entry.name:<12} {entry.value}{origin}")
+    return 0
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
+    """One composed config: validate, then plan (and run)."""
+    from conveyor.config import build_job
+    from conveyor.pipelines.job import execute, plan_job
+    from conveyor.pipelines.report import plan_table, summary_table
+
+    console = _console()
+    try:
+        spec = build_job(cfg)
+        plan = plan_job(spec)
+        if mode == "plan":
+            console.print(plan_table(plan))
+            return 0
+        if console.is_terminal:
+            from conveyor.runtime.progress import RichProgress
+
+            with RichProgress(console, plan.info.estimated_rows, len(plan.partitions)) as progress:
+                report = execute(plan, progress)
+        else:
+            report = execute(plan)
+        console.print(summary_table(report))
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the CLI's boundary: one line, an exit code
+        return report_error(exc, verbose)
+
+
+def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
+    import hydra
+
+    codes: list[int] = []
+
+    @hydra.main(version_base="1.3", config_path="pkg://conveyor.configs", config_name="config")
+    def _task(cfg: Any) -> None:
+        codes.append(_run_one(cfg, mode, verbose))
+
+    if mode == "plan":  # planning writes nothing: no run directory, no log file
+        overrides = ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none", "hydra/hydra_logging=none", *overrides]
+    if verbose:
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+    saved = sys.argv
+    sys.argv = [f"conveyor {mode}", *overrides]
+    try:
+        _task()
+    except SystemExit as exc:  # Hydra exits 1 after printing a composition error
+        code = exc.code if isinstance(exc.code, int) else EXIT_CONFIG
+        return EXIT_CONFIG if code == 1 else code
+    finally:
+        sys.argv = saved
+    return max(codes, default=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    verbose = any(a in ("--verbose", "-v") for a in args)
+    args = [a for a in args if a not in ("--verbose", "-v")]
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0 if args else EXIT_CONFIG
+    command, rest = args[0], args[1:]
+    try:
+        if command == "plugins":
+            return _cmd_plugins()
+        if command in ("run", "plan"):
+            return _cmd_hydra(command, rest, verbose)
+    except Exception as exc:  # noqa: BLE001
+        return report_error(exc, verbose)
+    _stderr(f"error: unknown command {command!r}")
+    _stderr("hint: commands are run, plan, plugins (conveyor --help)")
+    return EXIT_CONFIG
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

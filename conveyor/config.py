@@ -1,0 +1,161 @@
+"""Typed configs: the composed Hydra config becomes dataclasses before anything connects.
+
+Each plugin class names its config dataclass in ``config_class``. A YAML node is merged into
+that dataclass's structured schema, so an unknown key, a wrong type or a missing value fails
+here with its full key path (``source.pathh``), never later inside a worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf import errors as oc_errors
+
+from conveyor import registry
+from conveyor.core import LOAD_MODES, MAP_METHODS, JobOptions
+from conveyor.errors import ConfigError
+
+TOP_LEVEL_PLUGINS = ("source", "sink", "strategy", "runtime")
+
+
+@dataclass
+class JobConfig:
+    """The top level of ``configs/config.yaml``: one node per plugin and the job options."""
+
+    source: Any = None
+    sink: Any = None
+    strategy: Any = None
+    runtime: Any = None
+    #: truncate | append | create | replace
+    load_mode: str = "append"
+    #: name | position
+    map_method: str = "name"
+    #: rows per Arrow record batch
+    batch_size: int = 65536
+    #: N > 0 tasks at once; N < 0 = CPUs / |N|
+    degree: int = 1
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job: built plugins plus the job options."""
+
+    source: Any
+    sink: Any
+    strategy: Any
+    runtime: Any
+    options: JobOptions
+    names: dict[str, str]
+
+
+def check_choice(value: str, choices: Iterable[str], key: str) -> str:
+    """Raise a ConfigError naming ``key`` unless ``value`` is one of ``choices``."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise ConfigError(
+            f"{key}: {value!r} is not one of {', '.join(choices)}", key=key, hint=f"set {key}=<one of {'|'.join(choices)}>"
+        )
+    return value
+
+
+def _translate(exc: Exception, prefix: str) -> ConfigError:
+    """An OmegaConf error as one ConfigError line with the full key path."""
+    full_key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or ""
+    key = f"{prefix}.{full_key}" if prefix and full_key else (prefix or str(full_key))
+    if isinstance(exc, oc_errors.ConfigKeyError):
+        return ConfigError(f"{key}: unknown key", key=key, hint="check the spelling; `conveyor run --cfg job` prints the composed config")
+    if isinstance(exc, oc_errors.MissingMandatoryValue):
+        return ConfigError(f"{key}: a value is required", key=key, hint=f"set it in the YAML or on the command line: {key}=...")
+    if isinstance(exc, oc_errors.InterpolationResolutionError):
+        first = str(exc).splitlines()[0]
+        return ConfigError(f"{key}: cannot resolve: {first}", key=key, hint="is the environment variable set?")
+    value = getattr(exc, "value", None) if hasattr(exc, "value") else None
+    first = str(exc).splitlines()[0]
+    if value is not None:
+        first = f"{value!r} is not valid: {first}"
+    return ConfigError(f"{key}: {first}", key=key)
+
+
+def to_dataclass(node: Any, schema: type, prefix: str) -> Any:
+    """Merge ``node`` into ``schema``'s structured config and return the dataclass instance."""
+    try:
+        base = OmegaConf.structured(schema)
+        merged = OmegaConf.merge(base, node if node is not None else {})
+        obj = OmegaConf.to_object(merged)
+    except oc_errors.OmegaConfBaseException as exc:
+        raise _translate(exc, prefix) from None
+    except ValueError as exc:  # raised by a dataclass __post_init__ check
+        raise ConfigError(f"{prefix}: {exc}", key=prefix) from None
+    return obj
+
+
+def _plugin_node(cfg: DictConfig, kind: str) -> tuple[str, Any]:
+    node = cfg.get(kind)
+    if node is None or not isinstance(node, DictConfig):
+        raise ConfigError(f"{kind}: no {kind} is configured", key=kind, hint=f"choose one: {kind}=<name>")
+    name = node.get("type")
+    if not name:
+        raise ConfigError(f"{kind}.type: a value is required", key=f"{kind}.type", hint=f"`conveyor plugins` lists the {kind} plugins")
+    rest = OmegaConf.masked_copy(node, [k for k in node.keys() if k != "type"])
+    return str(name), rest
+
+
+def build_plugin(kind: str, cfg: DictConfig, options: JobOptions) -> tuple[str, Any]:
+    name, node = _plugin_node(cfg, kind)
+    cls = registry.load(kind, name)
+    schema = getattr(cls, "config_class", None)
+    if schema is None:
+        raise ConfigError(f"{kind} {name!r} declares no config_class", key=f"{kind}.type")
+    conf = to_dataclass(node, schema, kind)
+    return name, cls(conf, options)
+
+
+def build_job(cfg: DictConfig, run_id: str | None = None) -> JobSpec:
+    """Validate the composed config and build every plugin, without connecting anywhere."""
+    try:
+        OmegaConf.resolve(cfg)
+    except oc_errors.OmegaConfBaseException as exc:
+        raise _translate(exc, "") from None
+    top = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k not in TOP_LEVEL_PLUGINS])
+    job = to_dataclass(top, JobConfig, "")
+    check_choice(job.load_mode, LOAD_MODES, "load_mode")
+    check_choice(job.map_method, MAP_METHODS, "map_method")
+    if job.batch_size <= 0:
+        raise ConfigError(f"batch_size: {job.batch_size} must be > 0", key="batch_size")
+    if job.degree == 0:
+        raise ConfigError("degree: 0 is not valid", key="degree", hint="N > 0 runs N tasks at once, N < 0 uses CPUs/|N|")
+    options = JobOptions(
+        load_mode=job.load_mode,
+        map_method=job.map_method,
+        batch_size=job.batch_size,
+        degree=JobOptions.resolve_degree(job.degree),
+        run_id=run_id or uuid.uuid4().hex[:12],
+    )
+    built = {kind: build_plugin(kind, cfg, options) for kind in TOP_LEVEL_PLUGINS}
+    return JobSpec(
+        source=built["source"][1],
+        sink=built["sink"][1],
+        strategy=built["strategy"][1],
+        runtime=built["runtime"][1],
+        options=options,
+        names={kind: built[kind][0] for kind in TOP_LEVEL_PLUGINS},
+    )
+
+
+def describe_config(obj: Any) -> dict[str, Any]:
+    """A plugin's config as a dict with secret-looking fields masked, for plans and reports."""
+    conf = getattr(obj, "config", obj)
+    if not dataclasses.is_dataclass(conf):
+        return {}
+    out = {}
+    for f in dataclasses.fields(conf):
+        value = getattr(conf, f.name)
+        if f.metadata.get("secret") or any(s in f.name.lower() for s in ("password", "secret", "token")):
+            value = "***" if value else value
+        out[f.name] = value
+    return out

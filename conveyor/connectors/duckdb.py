@@ -1,0 +1,264 @@
+"""DuckDB: a source (a table or any SQL query) and a sink (a table in a database file).
+
+DuckDB does the Arrow work in native code both ways: ``fetch_record_batch`` streams a
+query's result as Arrow batches, and an ``INSERT ... SELECT`` over a registered Arrow
+reader loads batches without a Python loop. Each partition is written in one transaction.
+
+DuckDB lets one process at a time open a database file for writing; inside that process
+many connections (one per task) share the database, so the sink is for runtimes that run
+tasks in the driver's process (``runtime=local``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.arrowutil import CountingBatches
+from conveyor.core import JobOptions, Partition, SinkPlan, SourceInfo, WholeSource, WriteStats
+from conveyor.errors import ConnectError, PlanningError, SchemaError, TransferError
+from conveyor.mapping import TargetColumn, map_columns
+
+
+def qident(name: str) -> str:
+    """A DuckDB identifier, double-quoted with embedded quotes doubled."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def qualified(schema: str, table: str) -> str:
+    return f"{qident(schema)}.{qident(table)}"
+
+
+def _connect(database: str, read_only: bool = False) -> Any:
+    import duckdb
+
+    try:
+        return duckdb.connect(database, read_only=read_only)
+    except duckdb.Error as exc:
+        raise ConnectError(f"duckdb database {database!r}: {str(exc).splitlines()[0]}", hint="check the path and that no other process holds it open for writing") from None
+
+
+@dataclass
+class DuckDBSourceConfig:
+    #: the database file (":memory:" for an empty in-memory database, e.g. to query files)
+    database: str = ":memory:"
+    #: a table to read; or set ``query``
+    table: str | None = None
+    schema: str = "main"
+    #: any SQL query (read_parquet('...'), joins, ...); or set ``table``
+    query: str | None = None
+    #: open the file read-only, so several processes can read it at once
+    read_only: bool = True
+
+    def __post_init__(self) -> None:
+        if bool(self.table) == bool(self.query):
+            raise ValueError("set exactly one of table or query")
+
+
+class DuckDBSource:
+    """Rows of a DuckDB table or query, as Arrow batches."""
+
+    config_class = DuckDBSourceConfig
+
+    def __init__(self, config: DuckDBSourceConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+
+    def _sql(self) -> str:
+        if self.config.query:
+            return self.config.query
+        return f"SELECT * FROM {qualified(self.config.schema, self.config.table or '')}"
+
+    def _con(self) -> Any:
+        read_only = self.config.read_only and self.config.database != ":memory:"
+        return _connect(self.config.database, read_only=read_only)
+
+    def _execute(self, con: Any, sql: str) -> Any:
+        import duckdb
+
+        try:
+            return con.execute(sql)
+        except duckdb.CatalogException as exc:
+            raise SchemaError(f"duckdb source: {str(exc).splitlines()[0]}", hint="check source.table / source.query") from None
+        except duckdb.Error as exc:
+            raise SchemaError(f"duckdb source query failed: {str(exc).splitlines()[0]}") from None
+
+    def describe(self) -> SourceInfo:
+        con = self._con()
+        try:
+            schema = self._execute(con, f"SELECT * FROM ({self._sql()}) LIMIT 0").to_arrow_reader().schema
+            rows = None
+            if self.config.table:
+                rows = self._execute(con, f"SELECT count(*) FROM {qualified(self.config.schema, self.config.table)}").fetchone()[0]
+        finally:
+            con.close()
+        what = f"table {self.config.schema}.{self.config.table}" if self.config.table else "query"
+        return SourceInfo(schema=schema, label=f"duckdb {what} in {self.config.database}", estimated_rows=rows)
+
+    def read(self, part: Partition) -> Iterator[Any]:
+        if not isinstance(part, WholeSource):
+            raise PlanningError(f"duckdb source cannot read a {part.kind} partition", hint="use strategy=none")
+        con = self._con()
+        try:
+            reader = self._execute(con, self._sql()).to_arrow_reader(self.options.batch_size)
+            yield from reader
+        finally:
+            con.close()
+
+
+@dataclass
+class DuckDBSinkConfig:
+    #: the database file; created if missing
+    database: str = "???"
+    table: str = "???"
+    schema: str = "main"
+
+
+class DuckDBSink:
+    """Loads a DuckDB table.
+
+    append writes straight into the target, one transaction per partition. truncate,
+    create and replace load a staging table first; ``finalize`` swaps it in within one
+    transaction, so a failed run leaves the target as it was.
+    """
+
+    config_class = DuckDBSinkConfig
+
+    def __init__(self, config: DuckDBSinkConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+
+    @property
+    def _target(self) -> str:
+        return qualified(self.config.schema, self.config.table)
+
+    def _stage_name(self) -> str:
+        return f"_conveyor_stage_{self.options.run_id}"
+
+    def _columns(self, con: Any) -> list[TargetColumn] | None:
+        rows = con.execute(
+            "SELECT column_name, data_type, is_nullable = 'YES', column_default IS NOT NULL "
+            "FROM information_schema.columns WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+            [self.config.schema, self.config.table],
+        ).fetchall()
+        return [TargetColumn(*r) for r in rows] or None
+
+    def prepare(self, schema: Any) -> SinkPlan:
+        import pyarrow as pa
+
+        mode = self.options.load_mode
+        where = f"duckdb table {self.config.schema}.{self.config.table}"
+        con = _connect(self.config.database)
+        try:
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {qident(self.config.schema)}")
+            target_cols = self._columns(con)
+            empty = pa.Table.from_batches([], schema=schema)
+            con.register("__conveyor_empty", empty)
+            stage = qualified(self.config.schema, self._stage_name())
+            if mode in ("create", "replace"):
+                if mode == "create" and target_cols:
+                    raise SchemaError(f"{where} already exists", hint="use load_mode=replace, truncate or append")
+                self._create_from_arrow(con, stage, where)
+                pairs = [(n, n) for n in schema.names]
+                write_target = self._stage_name()
+            else:
+                if not target_cols:
+                    raise SchemaError(f"{where} does not exist", hint="create it first, or use load_mode=create or replace")
+                pairs = map_columns(schema.names, target_cols, self.options.map_method, where)
+                write_target = self.config.table
+                if mode == "truncate":
+                    con.execute(f"CREATE TABLE {stage} AS SELECT * FROM {self._target} LIMIT 0")
+                    write_target = self._stage_name()
+            self._probe(con, qualified(self.config.schema, write_target), pairs, where)
+        finally:
+            con.close()
+        return SinkPlan(
+            target=f"{self.config.database}:{self.config.schema}.{self.config.table}",
+            write_target=write_target,
+            load_mode=mode,
+            columns=tuple(t for _, t in pairs),
+            source_columns=tuple(s for s, _ in pairs),
+            schema=schema,
+        )
+
+    def _create_from_arrow(self, con: Any, stage: str, where: str) -> None:
+        import duckdb
+
+        try:
+            con.execute(f"CREATE TABLE {stage} AS SELECT * FROM __conveyor_empty")
+        except duckdb.Error as exc:
+            raise SchemaError(f"{where}: cannot create from the source schema: {str(exc).splitlines()[0]}") from None
+
+    def _insert_sql(self, table: str, plan_cols: Sequence[str], src_cols: Sequence[str], relation: str) -> str:
+        cols = ", ".join(qident(c) for c in plan_cols)
+        select = ", ".join(qident(c) for c in src_cols)
+        return f"INSERT INTO {table} ({cols}) SELECT {select} FROM {relation}"
+
+    def _probe(self, con: Any, table: str, pairs: list[tuple[str, str]], where: str) -> None:
+        """Bind the insert against an empty batch, so type mismatches fail before rows move."""
+        import duckdb
+
+        sql = self._insert_sql(table, [t for _, t in pairs], [s for s, _ in pairs], "__conveyor_empty")
+        con.execute("BEGIN")
+        try:
+            con.execute(sql)
+        except duckdb.Error as exc:
+            raise SchemaError(f"{where}: source columns do not fit the target: {str(exc).splitlines()[0]}") from None
+        finally:
+            con.execute("ROLLBACK")
+
+    def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+        import duckdb
+        import pyarrow as pa
+
+        start = time.perf_counter()
+        counted = CountingBatches(batches)
+        reader = pa.RecordBatchReader.from_batches(plan.schema, counted)
+        con = _connect(self.config.database)
+        try:
+            con.register("__conveyor_batches", reader)
+            con.execute("BEGIN")
+            try:
+                con.execute(self._insert_sql(qualified(self.config.schema, plan.write_target), plan.columns, plan.source_columns, "__conveyor_batches"))
+                con.execute("COMMIT")
+            except duckdb.Error as exc:
+                con.execute("ROLLBACK")
+                if counted.error is not None:  # the source failed; DuckDB only wrapped it
+                    raise counted.error from None
+                raise TransferError(f"duckdb {plan.target}: {str(exc).splitlines()[0]}", partition=part.key) from None
+        finally:
+            con.close()
+        return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        if plan.write_target == self.config.table:
+            return
+        stage = qualified(self.config.schema, plan.write_target)
+        con = _connect(self.config.database)
+        try:
+            con.execute("BEGIN")
+            if plan.load_mode == "truncate":
+                con.execute(f"DELETE FROM {self._target}")
+                con.execute(self._insert_sql(self._target, plan.columns, plan.columns, stage))
+                con.execute(f"DROP TABLE {stage}")
+            else:
+                if plan.load_mode == "replace":
+                    con.execute(f"DROP TABLE IF EXISTS {self._target}")
+                con.execute(f"ALTER TABLE {stage} RENAME TO {qident(self.config.table)}")
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            con.close()
+
+    def abort(self, plan: SinkPlan) -> None:
+        if plan.write_target == self.config.table:
+            return
+        con = _connect(self.config.database)
+        try:
+            con.execute(f"DROP TABLE IF EXISTS {qualified(self.config.schema, plan.write_target)}")
+        finally:
+            con.close()

@@ -1,0 +1,119 @@
+"""Conveyor's one exception tree.
+
+::
+
+    ConveyorError                 exit 1   anything Conveyor reports as one line and a hint
+    +-- ConfigError               exit 2   a wrong key, type or value (names the key path)
+    +-- PluginError               exit 2   unknown plugin, conflicting names, missing driver
+    +-- PlanningError             exit 2   a strategy the source cannot serve
+    +-- ConnectError              exit 3   a server, bucket or file that cannot be reached
+    +-- SchemaError               exit 4   a missing table, columns or types that do not map
+    +-- TransferError             exit 5   a partition failed while moving rows
+    |                                      (``retriable`` says whether a retry may succeed)
+    +-- VerificationError         exit 6   source and target disagree after the load
+
+Every error pickles (the runtimes carry them across processes) and keeps its hint.
+Messages never hold secrets: connectors build them from identifiers, never from DSNs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConveyorError(Exception):
+    """Base of every error Conveyor reports to the user."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[ConveyorError], message: str, state: dict[str, Any]) -> ConveyorError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class ConfigError(ConveyorError):
+    """A config key, type or value is wrong; ``key`` is its dotted path."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, key: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.key = key
+
+
+class PluginError(ConveyorError):
+    """A plugin name is unknown, registered twice, or its driver is not installed."""
+
+    exit_code = 2
+
+
+class PlanningError(ConveyorError):
+    """The strategy cannot be served by this source."""
+
+    exit_code = 2
+
+
+class ConnectError(ConveyorError):
+    """A server, bucket or path cannot be reached or authenticated against."""
+
+    exit_code = 3
+
+
+class SchemaError(ConveyorError):
+    """A table or column is missing, or a type cannot map."""
+
+    exit_code = 4
+
+
+class TransferError(ConveyorError):
+    """A partition failed while rows moved.
+
+    ``retriable`` is True for failures a retry may cure (dropped connections, timeouts,
+    deadlocks); the runtimes retry only those.
+    """
+
+    exit_code = 5
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        partition: str | None = None,
+        retriable: bool = False,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.partition = partition
+        self.retriable = retriable
+
+
+class VerificationError(ConveyorError):
+    """Source and target row counts (or checksums) disagree."""
+
+    exit_code = 6
+
+
+__all__ = [
+    "ConfigError",
+    "ConnectError",
+    "ConveyorError",
+    "PlanningError",
+    "PluginError",
+    "SchemaError",
+    "TransferError",
+    "VerificationError",
+]

@@ -1,0 +1,93 @@
+"""The flow of one job, on the driver.
+
+describe the source -> plan partitions -> prepare the sink -> execute the tasks on the
+runtime -> finalize (or abort) the sink -> report. Nothing connects before the config has
+been validated (``conveyor.config.build_job``), and a failed run aborts the sink, which
+leaves the target as it was for truncate / create / replace and with whole partitions
+only for append.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.config import JobSpec
+from conveyor.core import Partition, PlanRequest, SourceInfo, WriteStats
+from conveyor.errors import ConveyorError, PlanningError
+from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    spec: JobSpec
+    info: SourceInfo
+    partitions: list[Partition]
+
+
+@dataclass
+class JobReport:
+    plan: JobPlan
+    results: list[TaskResult] = field(default_factory=list)
+    seconds: float = 0.0
+    target: str = ""
+    error: ConveyorError | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(r.rows for r in self.results)
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.bytes for r in self.results)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def plan_job(spec: JobSpec) -> JobPlan:
+    """Describe the source and plan its partitions; moves nothing."""
+    info = spec.source.describe()
+    partitions = spec.strategy.plan(PlanRequest(source=spec.source, info=info, degree=spec.options.degree))
+    if not partitions:
+        raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
+    return JobPlan(spec=spec, info=info, partitions=partitions)
+
+
+def run_job(spec: JobSpec, progress: Progress | None = None) -> JobReport:
+    """Plan and run a whole job. Raises the first error after aborting the sink."""
+    start = time.perf_counter()
+    return execute(plan_job(spec), progress, start)
+
+
+def execute(plan: JobPlan, progress: Progress | None = None, start: float | None = None) -> JobReport:
+    """Prepare the sink, run the planned partitions, finalize; abort the sink on any failure."""
+    start = time.perf_counter() if start is None else start
+    spec = plan.spec
+    sink_plan = spec.sink.prepare(plan.info.schema)
+    report = JobReport(plan=plan, target=sink_plan.target)
+    tasks = [Task(spec.source, spec.sink, sink_plan, part) for part in plan.partitions]
+    try:
+        report.results = spec.runtime.run(tasks, spec.options.degree, progress or NullProgress())
+        failures = [r for r in report.results if not r.ok]
+        if failures:
+            err = failures[0].error
+            assert err is not None
+            err.task_traceback = failures[0].traceback  # shown by --verbose
+            raise err
+        stats = [WriteStats(r.partition, r.rows, r.bytes, r.seconds) for r in report.results]
+        spec.sink.finalize(sink_plan, stats)
+    except BaseException:
+        _abort(spec.sink, sink_plan)
+        raise
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _abort(sink: Any, plan: Any) -> None:
+    try:
+        sink.abort(plan)
+    except Exception:  # noqa: BLE001 - the original error matters more; abort is best effort
+        pass

@@ -1,0 +1,88 @@
+"""Plugins by name, through entry points.
+
+Four groups: ``conveyor.sources``, ``conveyor.sinks``, ``conveyor.strategies`` and
+``conveyor.runtimes``. The built-ins register through the same entry points as third-party
+packages. Listing names imports nothing; only the plugin a config asks for is loaded. The
+registry is the allowlist: a config can name a plugin, never an arbitrary import path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+
+from conveyor.errors import PluginError
+
+KINDS = ("source", "sink", "strategy", "runtime")
+GROUPS = {
+    "source": "conveyor.sources",
+    "sink": "conveyor.sinks",
+    "strategy": "conveyor.strategies",
+    "runtime": "conveyor.runtimes",
+}
+
+# Which extra provides the driver a built-in plugin needs, for the "install ..." hint.
+_EXTRA_FOR_MODULE = {
+    "psycopg": "postgres",
+    "adbc_driver_postgresql": "postgres",
+    "adbc_driver_manager": "postgres",
+    "s3fs": "s3",
+    "ray": "ray",
+}
+
+
+@dataclass(frozen=True)
+class PluginEntry:
+    kind: str
+    name: str
+    value: str
+    distribution: str | None
+
+
+def _entries(kind: str) -> dict[str, list[EntryPoint]]:
+    if kind not in GROUPS:
+        raise PluginError(f"unknown plugin kind {kind!r}", hint=f"kinds are: {', '.join(KINDS)}")
+    found: dict[str, list[EntryPoint]] = {}
+    for ep in entry_points(group=GROUPS[kind]):
+        found.setdefault(ep.name, [])
+        # The same distribution seen twice on sys.path (e.g. an editable install) is one plugin.
+        if all(other.value != ep.value for other in found[ep.name]):
+            found[ep.name].append(ep)
+    return found
+
+
+def available(kind: str) -> list[PluginEntry]:
+    """Every installed plugin of a kind, sorted by name; imports nothing."""
+    out = []
+    for name, eps in sorted(_entries(kind).items()):
+        for ep in eps:
+            dist = ep.dist.name if getattr(ep, "dist", None) is not None else None
+            out.append(PluginEntry(kind, name, ep.value, dist))
+    return out
+
+
+def load(kind: str, name: str) -> type:
+    """The plugin class registered as ``name`` in ``kind``'s group."""
+    eps = _entries(kind).get(name)
+    if not eps:
+        names = ", ".join(sorted(_entries(kind))) or "none installed"
+        raise PluginError(
+            f"unknown {kind} {name!r}",
+            hint=f"available {kind} plugins: {names} (`conveyor plugins` lists them all)",
+        )
+    if len(eps) > 1:
+        where = ", ".join(ep.value for ep in eps)
+        raise PluginError(
+            f"{kind} {name!r} is registered more than once: {where}",
+            hint="uninstall one of the packages that provide it",
+        )
+    try:
+        return eps[0].load()
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        extra = _EXTRA_FOR_MODULE.get(missing)
+        hint = f"pip install 'conveyor[{extra}]'" if extra else f"pip install {missing}"
+        raise PluginError(
+            f"{kind} {name!r} needs the Python package {missing!r}, which is not installed",
+            hint=hint,
+        ) from exc

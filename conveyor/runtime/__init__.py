@@ -1,0 +1,1 @@
+"""Runtimes run one task per partition. Each is a plugin in the ``conveyor.runtimes`` group."""

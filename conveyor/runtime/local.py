@@ -1,0 +1,61 @@
+"""The local runtime: a pool of threads in this process, ``degree`` tasks at once.
+
+Arrow, DuckDB and the database drivers release the GIL while they work, so threads run
+partitions in parallel. Every task goes through pickle before it runs, so anything that
+could not cross to a Ray worker fails here first, with the same message.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from conveyor.core import JobOptions
+from conveyor.errors import TransferError
+from conveyor.runtime.task import Progress, Task, TaskResult, run_task
+
+
+@dataclass
+class LocalRuntimeConfig:
+    #: how often a partition that failed with a retriable error is tried again
+    max_retries: int = 2
+
+
+def roundtrip(task: Task) -> Task:
+    try:
+        return pickle.loads(pickle.dumps(task))
+    except Exception as exc:
+        raise TransferError(
+            f"partition {task.partition.key}: the task does not pickle: {type(exc).__name__}: {exc}",
+            partition=task.partition.key,
+            hint="plugins must hold only plain config; open connections inside read/write",
+        ) from None
+
+
+class LocalRuntime:
+    config_class = LocalRuntimeConfig
+
+    def __init__(self, config: LocalRuntimeConfig, options: JobOptions) -> None:
+        self.config = config
+
+    def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
+        """Run every task, at most ``degree`` at once; stop starting new ones after a failure."""
+        results: list[TaskResult] = []
+        pending = list(reversed(tasks))
+        running: set[Future[TaskResult]] = set()
+        failed = False
+        with ThreadPoolExecutor(max_workers=max(1, degree), thread_name_prefix="conveyor") as pool:
+            while pending or running:
+                while pending and not failed and len(running) < degree:
+                    task = roundtrip(pending.pop())
+                    running.add(pool.submit(run_task, task, progress, self.config.max_retries))
+                if not running:
+                    break
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    result = fut.result()
+                    results.append(result)
+                    failed = failed or not result.ok
+        return sorted(results, key=lambda r: r.index)

@@ -1,0 +1,105 @@
+"""One task: move one partition from the source into the sink, with retries.
+
+Shared by every runtime, so retry and error rules are the same on local threads and on a
+Ray cluster. A partition is written in one transaction by the sink, so retrying a failed
+attempt cannot duplicate rows.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from conveyor.core import Partition, SinkPlan
+from conveyor.errors import ConveyorError, TransferError
+
+
+class Progress(Protocol):
+    """Receives what tasks do, per batch (never per row)."""
+
+    def started(self, key: str) -> None: ...
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None: ...
+
+    def finished(self, result: TaskResult) -> None: ...
+
+
+class NullProgress:
+    def started(self, key: str) -> None:
+        pass
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None:
+        pass
+
+    def finished(self, result: TaskResult) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything one partition needs; plain data, pickled to wherever it runs."""
+
+    source: Any
+    sink: Any
+    plan: SinkPlan
+    partition: Partition
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    partition: str
+    index: int
+    rows: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    attempts: int = 1
+    error: ConveyorError | None = None
+    traceback: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _reported(batches: Iterator[Any], key: str, progress: Progress) -> Iterator[Any]:
+    for batch in batches:
+        progress.advanced(key, batch.num_rows, batch.nbytes)
+        yield batch
+
+
+def _as_conveyor_error(exc: BaseException, key: str) -> ConveyorError:
+    if isinstance(exc, ConveyorError):
+        return exc
+    # An error no connector translated: report it as fatal, with its type, for this partition.
+    first = (str(exc).splitlines() or [""])[0]
+    return TransferError(f"partition {key}: {type(exc).__name__}: {first}", partition=key, retriable=False)
+
+
+def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: float = 0.5) -> TaskResult:
+    """Run a task, retrying retriable errors up to ``max_retries`` times with backoff."""
+    key = task.partition.key
+    progress.started(key)
+    attempt = 0
+    while True:
+        attempt += 1
+        start = time.perf_counter()
+        try:
+            batches = _reported(task.source.read(task.partition), key, progress)
+            stats = task.sink.write(task.plan, task.partition, batches)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a TaskResult
+            err = _as_conveyor_error(exc, key)
+            retriable = isinstance(err, TransferError) and err.retriable
+            if retriable and attempt <= max_retries:
+                time.sleep(min(backoff * 2 ** (attempt - 1), 30.0))
+                continue
+            result = TaskResult(
+                key, task.partition.index, seconds=time.perf_counter() - start, attempts=attempt,
+                error=err, traceback=traceback.format_exc(),
+            )
+        else:
+            result = TaskResult(key, task.partition.index, stats.rows, stats.bytes, stats.seconds, attempt)
+        progress.finished(result)
+        return result

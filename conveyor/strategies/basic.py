@@ -1,0 +1,64 @@
+"""The strategies every source can serve, or that need only a file listing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conveyor.core import FileEntry, FileSet, JobOptions, Partition, PlanRequest, SupportsFileListing, WholeSource
+from conveyor.errors import PlanningError
+
+
+@dataclass
+class NoneStrategyConfig:
+    pass
+
+
+class NoneStrategy:
+    """One partition: the whole source, read by one task."""
+
+    config_class = NoneStrategyConfig
+
+    def __init__(self, config: NoneStrategyConfig, options: JobOptions) -> None:
+        self.config = config
+
+    def plan(self, request: PlanRequest) -> list[Partition]:
+        return [WholeSource(index=0, count=1, estimated_rows=request.info.estimated_rows)]
+
+
+@dataclass
+class FilesStrategyConfig:
+    #: files per partition; 0 spreads the files evenly over ``degree`` partitions
+    files_per_partition: int = 1
+
+    def __post_init__(self) -> None:
+        if self.files_per_partition < 0:
+            raise ValueError("files_per_partition must be >= 0")
+
+
+class FilesStrategy:
+    """One partition per input file (or per group of ``files_per_partition`` files)."""
+
+    config_class = FilesStrategyConfig
+
+    def __init__(self, config: FilesStrategyConfig, options: JobOptions) -> None:
+        self.config = config
+
+    def plan(self, request: PlanRequest) -> list[Partition]:
+        source = request.source
+        if not isinstance(source, SupportsFileListing):
+            raise PlanningError(
+                f"strategy=files needs a source made of files; {request.info.label} is not",
+                hint="use strategy=none",
+            )
+        entries = source.list_files()
+        per = self.config.files_per_partition or max(1, -(-len(entries) // request.degree))
+        groups = [entries[i : i + per] for i in range(0, len(entries), per)]
+        return [
+            FileSet(index=i, count=len(groups), paths=tuple(e.path for e in g), estimated_rows=_rows(g))
+            for i, g in enumerate(groups)
+        ]
+
+
+def _rows(entries: list[FileEntry]) -> int | None:
+    counts = [e.rows for e in entries]
+    return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)

@@ -1,0 +1,61 @@
+"""Shared fixtures: the CLI as a subprocess, and TPC-H data made by tpchgen-cli."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.startswith("error:")]
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 180) -> CliResult:
+    """Run `conveyor ARGS` as a user would, in a subprocess, with a bounded time."""
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    proc = subprocess.run(
+        [str(BIN / "conveyor"), *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def cli(tmp_path: Path):
+    """`conveyor run/plan` with the Hydra run directory kept under the test's tmp_path."""
+
+    def _run(*args: str, **kw: object) -> CliResult:
+        extra: list[str] = []
+        if args and args[0] == "run":
+            extra = [f"hydra.run.dir={tmp_path}/hydra-run", f"hydra.sweep.dir={tmp_path}/hydra-multirun"]
+        return run_cli(*args, *extra, cwd=kw.pop("cwd", tmp_path), **kw)  # type: ignore[arg-type]
+
+    return _run
+
+
+@pytest.fixture(scope="session")
+def tpch_orders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """TPC-H orders at SF 0.01 (15,000 rows) as 4 Parquet files, made by tpchgen-cli."""
+    out = tmp_path_factory.mktemp("tpch")
+    tool = shutil.which("tpchgen-cli", path=str(BIN)) or shutil.which("tpchgen-cli")
+    assert tool, "tpchgen-cli is not installed (make test installs it)"
+    subprocess.run(
+        [tool, "parquet", "-s", "0.01", "--tables=orders", "--parts=4", f"--output-dir={out}"],
+        check=True, capture_output=True, timeout=120,
+    )
+    return out / "orders"

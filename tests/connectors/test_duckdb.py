@@ -1,0 +1,141 @@
+"""The DuckDB source and sink against real DuckDB database files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from conveyor.errors import SchemaError, TransferError
+from tests.helpers import job
+
+
+def _rows(db: Path, sql: str) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def _tables(db: Path) -> list[str]:
+    return [r[0] for r in _rows(db, "SELECT table_name FROM information_schema.tables ORDER BY 1")]
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(3):
+        ids = pa.array(range(i * 100, i * 100 + 100), pa.int64())
+        table = pa.table({"id": ids, "Name": pc.cast(ids, pa.string()), "amount": pa.array([1.5] * 100)})
+        pq.write_table(table, folder / f"p{i}.parquet")
+    return folder
+
+
+def _sink(db: Path, table: str = "t") -> dict:
+    return {"type": "duckdb", "database": str(db), "table": table}
+
+
+def test_create_then_append_then_truncate(files: Path, tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    src = {"type": "parquet", "path": str(files)}
+    report = job(src, _sink(db), "files", load_mode="create", degree=2)
+    assert report.rows == 300 and len(report.results) == 3
+    assert _rows(db, "SELECT count(*), count(DISTINCT id), sum(id) FROM t") == [(300, 300, sum(range(300)))]
+    job(src, _sink(db), "files", load_mode="append")
+    assert _rows(db, "SELECT count(*), count(DISTINCT id) FROM t") == [(600, 300)]
+    job(src, _sink(db), "files", load_mode="truncate")
+    assert _rows(db, "SELECT count(*), count(DISTINCT id) FROM t") == [(300, 300)]
+    assert _tables(db) == ["t"]  # no staging table left behind
+    with pytest.raises(SchemaError, match="already exists"):
+        job(src, _sink(db), load_mode="create")
+
+
+def test_map_by_name_is_case_insensitive_and_fills_defaults(files: Path, tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE t (amount DOUBLE, name VARCHAR, ID BIGINT NOT NULL, note VARCHAR DEFAULT 'x')")
+    con.close()
+    job({"type": "parquet", "path": str(files)}, _sink(db), load_mode="append")
+    assert _rows(db, "SELECT count(*), min(ID), max(name), min(note) FROM t") == [(300, 0, "99", "x")]
+
+
+def test_map_by_position(files: Path, tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE t (a BIGINT, b VARCHAR, c DOUBLE)")
+    con.close()
+    job({"type": "parquet", "path": str(files)}, _sink(db), load_mode="truncate", map_method="position")
+    assert _rows(db, "SELECT count(*), sum(a), sum(c) FROM t") == [(300, sum(range(300)), 450.0)]
+
+
+def test_missing_columns_are_reported_before_rows_move(files: Path, tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE t (id BIGINT, other VARCHAR NOT NULL)")
+    con.execute("INSERT INTO t VALUES (-1, 'keep')")
+    con.close()
+    with pytest.raises(SchemaError) as info:
+        job({"type": "parquet", "path": str(files)}, _sink(db), load_mode="truncate")
+    assert "source columns with no target column: Name, amount" in str(info.value)
+    assert "NOT NULL target columns without a default the source does not fill: other" in str(info.value)
+    assert _rows(db, "SELECT * FROM t") == [(-1, "keep")]
+    assert _tables(db) == ["t"]
+
+
+def test_missing_target_table(files: Path, tmp_path: Path) -> None:
+    with pytest.raises(SchemaError, match="duckdb table main.nope does not exist"):
+        job({"type": "parquet", "path": str(files)}, _sink(tmp_path / "t.duckdb", "nope"), load_mode="append")
+
+
+def test_a_failed_replace_leaves_the_old_table(files: Path, tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    src = {"type": "parquet", "path": str(files)}
+    job(src, _sink(db), "files", load_mode="create")
+    (files / "p1.parquet").write_bytes(b"PAR1 this is not parquet PAR1")  # damaged in the middle
+    for mode in ("replace", "truncate"):
+        with pytest.raises(SchemaError, match="p1.parquet"):
+            job(src, _sink(db), "files", load_mode=mode)
+        assert _rows(db, "SELECT count(*) FROM t") == [(300,)]
+        assert _tables(db) == ["t"]
+
+
+def test_a_value_that_does_not_cast_fails_the_partition_and_rolls_back(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE t (v INTEGER)")
+    con.execute("INSERT INTO t VALUES (7)")
+    con.close()
+    csv = tmp_path / "in.csv"
+    csv.write_text("v\n1\n2\nnot-a-number\n")
+    with pytest.raises(TransferError, match="duckdb"):
+        job({"type": "csv", "path": str(csv)}, _sink(db), load_mode="truncate")
+    assert _rows(db, "SELECT * FROM t") == [(7,)]
+
+
+def test_duckdb_source_table_and_query(tmp_path: Path) -> None:
+    src_db, out = tmp_path / "src.duckdb", tmp_path / "out"
+    con = duckdb.connect(str(src_db))
+    con.execute("CREATE TABLE s AS SELECT range AS id, range % 7 AS k, 'é' || range::VARCHAR AS txt FROM range(10000)")
+    con.close()
+    report = job({"type": "duckdb", "database": str(src_db), "table": "s"}, {"type": "parquet", "path": str(out)},
+                 load_mode="replace", batch_size=1000)
+    assert report.rows == 10000
+    back = pq.read_table(out)
+    assert back.num_rows == 10000 and sorted(back.column("id").to_pylist()) == list(range(10000))
+    report = job({"type": "duckdb", "database": str(src_db), "query": "SELECT k, count(*) AS n FROM s GROUP BY k"},
+                 _sink(tmp_path / "agg.duckdb", "agg"), load_mode="create")
+    assert report.rows == 7
+    assert _rows(tmp_path / "agg.duckdb", "SELECT sum(n) FROM agg") == [(10000,)]
+
+
+def test_duckdb_source_missing_table(tmp_path: Path) -> None:
+    src_db = tmp_path / "src.duckdb"
+    duckdb.connect(str(src_db)).close()
+    with pytest.raises(SchemaError, match="duckdb source"):
+        job({"type": "duckdb", "database": str(src_db), "table": "nope"}, _sink(tmp_path / "o.duckdb"), load_mode="create")

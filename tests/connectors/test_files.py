@@ -1,0 +1,78 @@
+"""Parquet and CSV sources and sinks on the local filesystem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from conveyor.errors import SchemaError
+from tests.helpers import job
+
+
+def _table(lo: int, hi: int) -> pa.Table:
+    ids = pa.array(range(lo, hi), pa.int64())
+    return pa.table({"id": ids, "txt": pc.cast(ids, pa.string())})
+
+
+def test_csv_to_parquet_to_csv_round_trip(tmp_path: Path) -> None:
+    src = tmp_path / "csv"
+    src.mkdir()
+    for i in range(3):
+        pacsv.write_csv(_table(i * 1000, i * 1000 + 1000), src / f"f{i}.csv")
+    report = job({"type": "csv", "path": str(src)}, {"type": "parquet", "path": str(tmp_path / "pq")}, "files",
+                 load_mode="create", degree=2, batch_size=300)
+    assert report.rows == 3000
+    written = sorted(p.name for p in (tmp_path / "pq").iterdir())
+    assert written == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert sorted(pq.read_table(tmp_path / "pq").column("id").to_pylist()) == list(range(3000))
+    job({"type": "parquet", "path": str(tmp_path / "pq")}, {"type": "csv", "path": str(tmp_path / "back")}, load_mode="replace")
+    back = pacsv.read_csv(tmp_path / "back" / "part-00000.csv")
+    assert sorted(back.column("id").to_pylist()) == list(range(3000))
+    assert back.column("txt").type == pa.int64()  # CSV carries no types: digits re-infer as integers
+
+
+def test_csv_types_come_from_the_first_file(tmp_path: Path) -> None:
+    """A later file whose column would infer differently still gets the first file's types."""
+    src = tmp_path / "csv"
+    src.mkdir()
+    (src / "a.csv").write_text("id,code\n1,001\n2,002\n")
+    (src / "b.csv").write_text("id,code\n3,\n4,\n")  # all-null column: inferred as null on its own
+    job({"type": "csv", "path": str(src)}, {"type": "parquet", "path": str(tmp_path / "o")}, "files", load_mode="create")
+    t = pq.read_table(tmp_path / "o")
+    assert t.schema.field("code").type == pa.int64() and t.num_rows == 4
+
+
+def test_append_adds_files_and_replace_swaps_them(tmp_path: Path) -> None:
+    pq.write_table(_table(0, 10), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    src = {"type": "parquet", "path": str(tmp_path / "in.parquet")}
+    job(src, {"type": "parquet", "path": str(out)}, load_mode="append")
+    job(src, {"type": "parquet", "path": str(out)}, load_mode="append")
+    assert pq.read_table(out).num_rows == 20 and len(list(out.iterdir())) == 2
+    job(src, {"type": "parquet", "path": str(out)}, load_mode="replace")
+    assert pq.read_table(out).num_rows == 10 and [p.name for p in out.iterdir()] == ["part-00000.parquet"]
+
+
+def test_a_failed_replace_keeps_the_old_files(tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(_table(0, 10), src / "a.parquet")
+    out = tmp_path / "out"
+    job({"type": "parquet", "path": str(src)}, {"type": "parquet", "path": str(out)}, "files", load_mode="create")
+    pq.write_table(pa.table({"other": [1]}), src / "b.parquet")  # different columns
+    with pytest.raises(SchemaError, match="b.parquet: its columns differ"):
+        job({"type": "parquet", "path": str(src)}, {"type": "parquet", "path": str(out)}, "files", load_mode="replace")
+    assert [p.name for p in out.iterdir()] == ["part-00000.parquet"] and pq.read_table(out).num_rows == 10
+
+
+def test_empty_partition_writes_a_valid_empty_file(tmp_path: Path) -> None:
+    pq.write_table(_table(0, 0), tmp_path / "empty.parquet")
+    report = job({"type": "parquet", "path": str(tmp_path / "empty.parquet")}, {"type": "parquet", "path": str(tmp_path / "o")},
+                 load_mode="create")
+    assert report.rows == 0
+    assert pq.read_table(tmp_path / "o").schema.names == ["id", "txt"]

@@ -1,0 +1,157 @@
+"""Whole jobs through the `conveyor` command, as a user runs them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import REPO
+
+
+def _same_rows(db: Path, table: str, parquet_glob: str) -> tuple[int, int, int]:
+    """(target rows, rows only in the files, rows only in the table), compared by DuckDB."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        n = con.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+        files_only = con.execute(
+            f"SELECT count(*) FROM (SELECT * FROM read_parquet('{parquet_glob}') EXCEPT ALL SELECT * FROM \"{table}\")"
+        ).fetchone()[0]
+        table_only = con.execute(
+            f"SELECT count(*) FROM (SELECT * FROM \"{table}\" EXCEPT ALL SELECT * FROM read_parquet('{parquet_glob}'))"
+        ).fetchone()[0]
+    finally:
+        con.close()
+    return n, files_only, table_only
+
+
+def test_demo_pipeline_loads_every_row(cli, tpch_orders: Path, tmp_path: Path) -> None:
+    db = tmp_path / "demo.duckdb"
+    res = cli("run", "pipeline=demo", f"source.path={tpch_orders}", f"sink.database={db}")
+    assert res.code == 0, res.err
+    assert "total" in res.out and "15,000" in res.out and "files-00003" in res.out
+    assert _same_rows(db, "orders", f"{tpch_orders}/*.parquet") == (15000, 0, 0)
+    # replace again: the same rows, not twice as many
+    assert cli("run", "pipeline=demo", f"source.path={tpch_orders}", f"sink.database={db}").code == 0
+    assert _same_rows(db, "orders", f"{tpch_orders}/*.parquet") == (15000, 0, 0)
+
+
+def test_make_demo_from_the_makefile(tpch_orders: Path, tmp_path: Path) -> None:
+    """The README's first command, pointed at this test's folder and the current virtualenv."""
+    import subprocess
+    import sys
+
+    venv = Path(sys.executable).parent.parent
+    proc = subprocess.run(
+        ["make", "-C", str(REPO), "demo", f"VENV={venv}", f"DEMO_DIR={tmp_path}/demo", "SF=0.01"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "total" in proc.stdout and "15,000" in proc.stdout
+    assert _same_rows(tmp_path / "demo" / "demo.duckdb", "orders", f"{tmp_path}/demo/orders/*.parquet") == (15000, 0, 0)
+
+
+def test_multirun_runs_one_job_per_value(cli, tpch_orders: Path, tmp_path: Path) -> None:
+    res = cli("run", "-m", "pipeline=demo", "strategy=none,files", f"source.path={tpch_orders}",
+              f"sink.database={tmp_path}/m.duckdb")
+    assert res.code == 0, res.err
+    totals = [line for line in res.out.splitlines() if "total" in line and "15,000" in line]
+    assert len(totals) == 2, res.out
+    assert "strategy=none" in res.out and "strategy=files" in res.out
+    assert (tmp_path / "hydra-multirun" / "0").is_dir() and (tmp_path / "hydra-multirun" / "1").is_dir()
+
+
+def test_plan_moves_nothing(cli, tpch_orders: Path, tmp_path: Path) -> None:
+    db = tmp_path / "plan.duckdb"
+    res = cli("plan", "pipeline=demo", f"source.path={tpch_orders}", f"sink.database={db}")
+    assert res.code == 0, res.err
+    assert "4 partition(s)" in res.out and "orders.1.parquet" in res.out and "3,750" in res.out
+    assert not db.exists()
+
+
+def test_plugins_lists_the_builtins(cli) -> None:
+    res = cli("plugins")
+    assert res.code == 0
+    for line in ("sources:", "parquet", "duckdb", "strategies:", "files", "runtimes:", "local"):
+        assert line in res.out
+
+
+# --- bad input: one clear line, a non-zero exit, no traceback ----------------------------------
+
+
+def _one_clear_line(res, code: int, *needles: str) -> None:
+    assert res.code == code, (res.code, res.out, res.err)
+    assert "Traceback" not in res.err and "Traceback" not in res.out
+    text = res.err
+    for needle in needles:
+        assert needle in text, text
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needles"),
+    [
+        (["source.type=nope"], 2, ["error: unknown source 'nope'", "available source plugins: csv, duckdb, parquet"]),
+        (["source=nope"], 2, ["Could not find 'source/nope'", "Available options in 'source'", "parquet"]),
+        (["+source.pathh=x"], 2, ["error: source.pathh: unknown key"]),
+        (["batch_size=lots"], 2, ["error: batch_size:", "lots"]),
+        (["degree=0"], 2, ["error: degree: 0 is not valid", "hint:"]),
+        (["load_mode=upsert"], 2, ["error: load_mode: 'upsert' is not one of"]),
+        (["source.path=/nonexistent/dir"], 2, ["error: source.path '/nonexistent/dir': no such file or folder", "hint:"]),
+    ],
+)
+def test_bad_input(cli, tmp_path: Path, tpch_orders: Path, args: list[str], code: int, needles: list[str]) -> None:
+    base = ["pipeline=demo", f"source.path={tpch_orders}", f"sink.database={tmp_path}/x.duckdb"]
+    res = cli("run", *base, *args)
+    _one_clear_line(res, code, *needles)
+
+
+def test_strategy_the_source_cannot_serve(cli, tmp_path: Path) -> None:
+    duckdb.connect(str(tmp_path / "src.duckdb")).execute("CREATE TABLE t AS SELECT 1 AS a").close()
+    res = cli("run", "source=duckdb", f"source.database={tmp_path}/src.duckdb", "source.table=t", "strategy=files",
+              f"sink.database={tmp_path}/x.duckdb", "sink.table=t2")
+    _one_clear_line(res, 2, "error: strategy=files needs a source made of files", "hint: use strategy=none")
+    assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_empty_glob(cli, tmp_path: Path) -> None:
+    res = cli("run", "pipeline=demo", f"source.path={tmp_path}/nothing-*.parquet", f"sink.database={tmp_path}/x.duckdb")
+    _one_clear_line(res, 2, "the glob matches no files")
+
+
+def test_unknown_key_in_a_yaml_file(cli, tmp_path: Path, tpch_orders: Path) -> None:
+    conf = tmp_path / "conf" / "pipeline"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text(
+        "# @package _global_\nsource:\n  path: x\n  compresion: zstd\nsink:\n  database: x.duckdb\n  table: t\n"
+    )
+    res = cli("run", "--config-dir", str(tmp_path / "conf"), "pipeline=mine")
+    _one_clear_line(res, 2, "error: source.compresion: unknown key")
+
+
+def test_verbose_shows_the_traceback(cli, tmp_path: Path) -> None:
+    res = cli("run", "--verbose", "pipeline=demo", "source.path=/nonexistent", f"sink.database={tmp_path}/x.duckdb")
+    assert res.code == 2 and "Traceback" in res.err and "error: source.path" in res.err
+
+
+def test_unknown_command(cli) -> None:
+    res = cli("frobnicate")
+    _one_clear_line(res, 2, "error: unknown command 'frobnicate'")
+
+
+def test_the_wheel_ships_the_config_tree(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import zipfile
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wheel = next(tmp_path.glob("conveyor-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in ("conveyor/configs/config.yaml", "conveyor/configs/pipeline/demo.yaml", "conveyor/configs/source/parquet.yaml",
+                 "conveyor/configs/sink/duckdb.yaml", "conveyor/configs/strategy/files.yaml", "conveyor/configs/runtime/local.yaml",
+                 "conveyor/py.typed"):
+        assert name in names, name

@@ -1,0 +1,43 @@
+"""A third-party plugin package, installed with pip, found through its entry point and run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import REPO
+
+PLUGIN = REPO / "tests" / "plugins" / "conveyor-example"
+
+
+@pytest.fixture(scope="module")
+def installed_plugin():
+    pip = [sys.executable, "-m", "pip"]
+    proc = subprocess.run([*pip, "install", "--quiet", "--no-deps", "--no-build-isolation", str(PLUGIN)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    yield PLUGIN
+    subprocess.run([*pip, "uninstall", "--quiet", "-y", "conveyor-example"], capture_output=True, timeout=120)
+
+
+def test_plugins_lists_the_third_party_source(installed_plugin: Path, cli) -> None:
+    res = cli("plugins")
+    assert res.code == 0
+    line = next(line for line in res.out.splitlines() if line.strip().startswith("sequence"))
+    assert "conveyor_example:SequenceSource" in line and "[conveyor-example]" in line
+
+
+def test_a_job_runs_with_the_third_party_source(installed_plugin: Path, cli, tmp_path: Path) -> None:
+    confdir = installed_plugin / "conveyor_example" / "configs"
+    res = cli("run", "--config-dir", str(confdir), "source=sequence", "source.stop=250000", "strategy=none",
+              "sink=parquet", f"sink.path={tmp_path}/out", "load_mode=create", "batch_size=50000")
+    assert res.code == 0, res.err
+    table = pq.read_table(tmp_path / "out")
+    assert table.num_rows == 250000
+    n = table.column("n").to_pylist()
+    assert sorted(n) == list(range(250000))
+    assert table.column("square").to_pylist()[:4] == [v * v for v in n[:4]]

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from omegaconf import OmegaConf
+
+from conveyor.config import build_job
+from conveyor.core import JobOptions
+from conveyor.errors import ConfigError, PluginError
+
+
+def _cfg(**overrides: object):
+    base = {
+        "source": {"type": "parquet", "path": "data/x.parquet", "storage_options": {}},
+        "sink": {"type": "duckdb", "database": "t.duckdb", "table": "t", "schema": "main"},
+        "strategy": {"type": "files", "files_per_partition": 1},
+        "runtime": {"type": "local", "max_retries": 0},
+        "load_mode": "append",
+        "map_method": "name",
+        "batch_size": 1000,
+        "degree": 2,
+    }
+    cfg = OmegaConf.create(base)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    return cfg
+
+
+def test_builds_typed_plugins_without_connecting() -> None:
+    spec = build_job(_cfg())
+    assert spec.names == {"source": "parquet", "sink": "duckdb", "strategy": "files", "runtime": "local"}
+    assert spec.source.config.path == "data/x.parquet"
+    assert spec.options.batch_size == 1000 and spec.options.degree == 2
+    # everything a worker receives pickles
+    pickle.loads(pickle.dumps((spec.source, spec.sink, spec.strategy, spec.runtime)))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("source.pathh", "x", "source.pathh: unknown key"),
+        ("sink.tabel", "x", "sink.tabel: unknown key"),
+        ("degre", 3, "degre: unknown key"),
+        ("batch_size", "many", "batch_size:"),
+        ("strategy.files_per_partition", "two", "strategy.files_per_partition:"),
+        ("load_mode", "upsert", "load_mode: 'upsert' is not one of truncate, append, create, replace"),
+        ("map_method", "guess", "map_method: 'guess' is not one of name, position"),
+        ("batch_size", 0, "batch_size: 0 must be > 0"),
+        ("degree", 0, "degree: 0 is not valid"),
+        ("sink.table", "???", "sink.table: a value is required"),
+        ("strategy.files_per_partition", -1, "strategy: files_per_partition must be >= 0"),
+    ],
+)
+def test_bad_values_name_the_key_path(key: str, value: object, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_job(_cfg(**{key: value}))
+    assert str(info.value).startswith(expected), str(info.value)
+
+
+def test_duckdb_source_needs_table_or_query() -> None:
+    cfg = _cfg()
+    cfg.source = {"type": "duckdb", "database": "x.duckdb", "table": None, "query": None}
+    with pytest.raises(ConfigError, match="set exactly one of table or query"):
+        build_job(cfg)
+
+
+def test_unknown_plugin_type() -> None:
+    with pytest.raises(PluginError, match="unknown source 'nope'"):
+        build_job(_cfg(**{"source.type": "nope"}))
+
+
+def test_missing_environment_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CONVEYOR_TEST_UNSET", raising=False)
+    with pytest.raises(ConfigError, match="cannot resolve"):
+        build_job(_cfg(**{"source.path": "${oc.env:CONVEYOR_TEST_UNSET}"}))
+
+
+@pytest.mark.parametrize(("degree", "cpus", "expected"), [(4, 2, 4), (-1, 8, 8), (-2, 8, 4), (-4, 2, 1), (1, 1, 1)])
+def test_negative_degree_is_a_fraction_of_the_cpus(degree: int, cpus: int, expected: int) -> None:
+    assert JobOptions.resolve_degree(degree, cpus) == expected

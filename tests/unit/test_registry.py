@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conveyor import registry
+from conveyor.errors import PluginError
+
+
+def test_builtins_are_registered_through_entry_points() -> None:
+    names = {kind: {e.name for e in registry.available(kind)} for kind in registry.KINDS}
+    assert {"parquet", "csv", "duckdb"} <= names["source"]
+    assert {"parquet", "csv", "duckdb"} <= names["sink"]
+    assert {"none", "files"} <= names["strategy"]
+    assert "local" in names["runtime"]
+
+
+def test_listing_imports_no_plugin_module() -> None:
+    code = (
+        "import sys; from conveyor import registry\n"
+        "[registry.available(k) for k in registry.KINDS]\n"
+        "loaded = [m for m in sys.modules if m.startswith(('conveyor.connectors', 'conveyor.strategies', 'duckdb', 'pyarrow'))]\n"
+        "print(loaded)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.strip() == "[]"
+
+
+def test_load_returns_the_class() -> None:
+    from conveyor.connectors.files import ParquetSource
+
+    assert registry.load("source", "parquet") is ParquetSource
+
+
+def test_unknown_name_lists_the_available_ones() -> None:
+    with pytest.raises(PluginError) as info:
+        registry.load("sink", "nosuchsink")
+    assert "unknown sink 'nosuchsink'" in str(info.value)
+    assert "duckdb" in (info.value.hint or "") and "parquet" in (info.value.hint or "")
+
+
+def test_unknown_kind() -> None:
+    with pytest.raises(PluginError):
+        registry.available("gizmo")
