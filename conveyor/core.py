@@ -93,6 +93,60 @@ class FileSet(Partition):
         return f"{len(self.paths)} files: {self.paths[0]} .. {self.paths[-1]}" if self.paths else "no files"
 
 
+@dataclass(frozen=True)
+class PageRange(Partition):
+    """Heap pages [start, stop) of a table (PostgreSQL ctid ranges); ``stop=None`` is open-ended."""
+
+    start: int = 0
+    stop: int | None = None
+    kind: ClassVar[str] = "ctid"
+
+    def describe(self) -> str:
+        return f"pages [{self.start}, {'end' if self.stop is None else self.stop})"
+
+
+@dataclass(frozen=True)
+class KeyRange(Partition):
+    """Rows whose ``column`` is in [lower, upper); ``None`` bounds are open; NULL keys if ``nulls``."""
+
+    column: str = ""
+    lower: Any = None
+    upper: Any = None
+    nulls: bool = False
+    kind: ClassVar[str] = "range"
+
+    def describe(self) -> str:
+        lo = "-inf" if self.lower is None else repr(self.lower)
+        hi = "+inf" if self.upper is None else repr(self.upper)
+        return f"{self.column} in [{lo}, {hi})" + (" or NULL" if self.nulls else "")
+
+
+@dataclass(frozen=True)
+class ModuloBucket(Partition):
+    """Rows whose integer ``column`` modulo ``buckets`` is ``bucket`` (NULL keys in bucket 0)."""
+
+    column: str = ""
+    buckets: int = 1
+    bucket: int = 0
+    kind: ClassVar[str] = "modulo"
+
+    def describe(self) -> str:
+        return f"abs({self.column} % {self.buckets}) = {self.bucket}" + (" or NULL" if self.bucket == 0 else "")
+
+
+@dataclass(frozen=True)
+class ValueSet(Partition):
+    """Rows whose ``column`` equals one of ``values`` (``None`` in values: NULL keys)."""
+
+    column: str = ""
+    values: tuple[Any, ...] = ()
+    kind: ClassVar[str] = "values"
+
+    def describe(self) -> str:
+        shown = ", ".join(repr(v) for v in self.values[:3]) + (", ..." if len(self.values) > 3 else "")
+        return f"{self.column} in ({shown})"
+
+
 # --- what a source says about itself --------------------------------------------------------
 
 
@@ -111,6 +165,11 @@ class SourceInfo:
     label: str
     estimated_rows: int | None = None
     estimated_bytes: int | None = None
+    #: connector-specific facts another connector may use (e.g. PostgreSQL column types)
+    details: tuple[tuple[str, Any], ...] = ()
+
+    def detail(self, name: str, default: Any = None) -> Any:
+        return dict(self.details).get(name, default)
 
 
 @runtime_checkable
@@ -118,6 +177,39 @@ class SupportsFileListing(Protocol):
     """A source made of files; ``strategy=files`` needs it."""
 
     def list_files(self) -> list[FileEntry]: ...
+
+
+@dataclass(frozen=True)
+class KeyStats:
+    """What a source knows of a distribute key: its kind, bounds and counts."""
+
+    column: str
+    #: integer | numeric | temporal | other
+    kind: str
+    min: Any = None
+    max: Any = None
+    rows: int | None = None
+    nulls: int | None = None
+
+
+@runtime_checkable
+class SupportsCtid(Protocol):
+    """A heap table read by page ranges; raises PlanningError, saying why, when it is not one."""
+
+    def ctid_pages(self) -> int: ...
+
+
+@runtime_checkable
+class SupportsKeys(Protocol):
+    """A source that answers questions about a column (rangeid, ntile, random, datadriven)."""
+
+    def key_stats(self, column: str) -> KeyStats: ...
+
+    def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]: ...
+
+    def key_values(self, column: str) -> list[Any]: ...
+
+    def query_values(self, query: str) -> list[Any]: ...
 
 
 # --- plugin interfaces ----------------------------------------------------------------------
@@ -146,7 +238,23 @@ class SinkPlan:
     columns: tuple[str, ...]
     source_columns: tuple[str, ...]
     schema: Any = None
+    #: a native path both connectors agreed on (e.g. "pgcopy-binary"); None: Arrow batches
+    native: str | None = None
+    #: why this path was taken, for ``conveyor plan`` and the report
+    path_reason: str = ""
     details: tuple[tuple[str, Any], ...] = ()
+
+    def detail(self, name: str, default: Any = None) -> Any:
+        return dict(self.details).get(name, default)
+
+
+@dataclass(frozen=True)
+class PrepareRequest:
+    """What a sink's ``prepare`` gets: the source's schema and description, and the source."""
+
+    schema: pa.Schema
+    info: SourceInfo
+    source: Any = None
 
 
 @dataclass(frozen=True)
@@ -160,9 +268,13 @@ class WriteStats:
 
 
 class Sink(Protocol):
-    """Writes Arrow record batches with a lifecycle: prepare, write per partition, finalize or abort."""
+    """Writes Arrow record batches with a lifecycle: prepare, write per partition, finalize or abort.
 
-    def prepare(self, schema: pa.Schema) -> SinkPlan: ...
+    A sink may also offer ``write_native(plan, source, part)`` for a native path it agreed on
+    in ``prepare`` (``plan.native``); the task calls it instead of reading Arrow batches.
+    """
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan: ...
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[pa.RecordBatch]) -> WriteStats: ...
 

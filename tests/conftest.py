@@ -59,3 +59,46 @@ def tpch_orders(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True, capture_output=True, timeout=120,
     )
     return out / "orders"
+
+
+# --- throwaway PostgreSQL servers (source and target), started once per test session ----------
+
+PG_PASSWORD = "conveyor-test-Secret-7"
+
+
+@pytest.fixture(scope="session")
+def pg_servers():
+    """Two PostgreSQL servers on loopback ports in temp folders, run as an unprivileged user."""
+    from conveyor.testing.pgserver import PgServer
+
+    servers = [PgServer(name, password=PG_PASSWORD) for name in ("source", "target")]
+    os.environ["PGPASSWORD"] = PG_PASSWORD  # what password_env reads by default
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_source(pg_servers):
+    return pg_servers[0]
+
+
+@pytest.fixture(scope="session")
+def pg_target(pg_servers):
+    return pg_servers[1]
+
+
+def pg_exec(server, *statements: str) -> list[tuple]:
+    """Run statements on a test server; returns the last one's rows (if any)."""
+    import psycopg
+
+    with psycopg.connect(server.dsn(), autocommit=True) as con:
+        rows: list[tuple] = []
+        for stmt in statements:
+            cur = con.execute(stmt)
+            rows = cur.fetchall() if cur.description else []
+        return rows

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches
-from conveyor.core import JobOptions, Partition, SinkPlan, SourceInfo, WholeSource, WriteStats
+from conveyor.core import PrepareRequest, JobOptions, Partition, SinkPlan, SourceInfo, WholeSource, WriteStats
 from conveyor.errors import ConnectError, PlanningError, SchemaError, TransferError
 from conveyor.mapping import TargetColumn, map_columns
 
@@ -145,7 +145,8 @@ class DuckDBSink:
         ).fetchall()
         return [TargetColumn(*r) for r in rows] or None
 
-    def prepare(self, schema: Any) -> SinkPlan:
+    def prepare(self, request: PrepareRequest) -> SinkPlan:
+        schema = request.schema
         import pyarrow as pa
 
         mode = self.options.load_mode

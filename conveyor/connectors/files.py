@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches, rebatch, same_columns
-from conveyor.core import FileEntry, FileSet, JobOptions, Partition, SinkPlan, SourceInfo, WholeSource, WriteStats
+from conveyor.core import PrepareRequest, FileEntry, FileSet, JobOptions, Partition, SinkPlan, SourceInfo, WholeSource, WriteStats
 from conveyor.errors import ConfigError, ConnectError, PlanningError, SchemaError, TransferError
 
 _GLOB_CHARS = ("*", "?", "[")
@@ -249,7 +249,12 @@ class _FileSink:
             raise ConfigError(f"sink.path {self.config.path!r} is a file; give a folder", key="sink.path")
         return [p for p in fs.ls(root, detail=False) if p.endswith(self.extension) and not fs.isdir(p)]
 
-    def prepare(self, schema: Any) -> SinkPlan:
+    def _check_types(self, schema: Any) -> None:
+        """Fail before any row moves when the format cannot hold a column's type."""
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan:
+        schema = request.schema
+        self._check_types(schema)
         fs, root = self._fs()
         mode = self.options.load_mode
         existing = self._existing(fs, root)
@@ -325,6 +330,20 @@ class ParquetSink(_FileSink):
 
     config_class = ParquetSinkConfig
     extension = ".parquet"
+
+    def _check_types(self, schema: Any) -> None:
+        import io
+
+        import pyarrow as pa
+
+        for field in schema:
+            try:
+                self._writer(io.BytesIO(), pa.schema([field])).close()
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError) as exc:
+                raise SchemaError(
+                    f"parquet sink: column {field.name} of type {field.type} cannot be stored in Parquet: {exc}",
+                    hint="cast the column in the source (e.g. to text in source.query), or write CSV",
+                ) from None
 
     def _writer(self, out: Any, schema: Any) -> Any:
         import pyarrow.parquet as pq

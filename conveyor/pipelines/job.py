@@ -10,11 +10,12 @@ only for append.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.config import JobSpec
-from conveyor.core import Partition, PlanRequest, SourceInfo, WriteStats
+from conveyor.core import Partition, PlanRequest, PrepareRequest, SinkPlan, SourceInfo, WriteStats
 from conveyor.errors import ConveyorError, PlanningError
 from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult
 
@@ -24,6 +25,10 @@ class JobPlan:
     spec: JobSpec
     info: SourceInfo
     partitions: list[Partition]
+    #: what the strategy chose and why (strategy=auto explains its choice)
+    note: str = ""
+    #: the data path the sink expects to take (e.g. a native pass-through), when it says
+    path: str = ""
 
 
 @dataclass
@@ -32,6 +37,7 @@ class JobReport:
     results: list[TaskResult] = field(default_factory=list)
     seconds: float = 0.0
     target: str = ""
+    sink_plan: SinkPlan | None = None
     error: ConveyorError | None = None
 
     @property
@@ -53,7 +59,11 @@ def plan_job(spec: JobSpec) -> JobPlan:
     partitions = spec.strategy.plan(PlanRequest(source=spec.source, info=info, degree=spec.options.degree))
     if not partitions:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
-    return JobPlan(spec=spec, info=info, partitions=partitions)
+    note = spec.strategy.explain() if hasattr(spec.strategy, "explain") else ""
+    path = ""
+    if hasattr(spec.sink, "explain_path"):
+        path = spec.sink.explain_path(PrepareRequest(schema=info.schema, info=info, source=spec.source))
+    return JobPlan(spec=spec, info=info, partitions=partitions, note=note, path=path)
 
 
 def run_job(spec: JobSpec, progress: Progress | None = None) -> JobReport:
@@ -66,11 +76,23 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
     """Prepare the sink, run the planned partitions, finalize; abort the sink on any failure."""
     start = time.perf_counter() if start is None else start
     spec = plan.spec
-    sink_plan = spec.sink.prepare(plan.info.schema)
-    report = JobReport(plan=plan, target=sink_plan.target)
-    tasks = [Task(spec.source, spec.sink, sink_plan, part) for part in plan.partitions]
+    with _session(spec.source) as source:
+        return _execute(plan, source, progress or NullProgress(), start)
+
+
+def _session(source: Any) -> Any:
+    """A source may hold something for the whole job (a snapshot); it yields what tasks get."""
+    session = getattr(source, "session", None)
+    return session() if session is not None else nullcontext(source)
+
+
+def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> JobReport:
+    spec = plan.spec
+    sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, source=source))
+    report = JobReport(plan=plan, target=sink_plan.target, sink_plan=sink_plan)
+    tasks = [Task(source, spec.sink, sink_plan, part) for part in plan.partitions]
     try:
-        report.results = spec.runtime.run(tasks, spec.options.degree, progress or NullProgress())
+        report.results = spec.runtime.run(tasks, spec.options.degree, progress)
         failures = [r for r in report.results if not r.ok]
         if failures:
             err = failures[0].error

@@ -20,6 +20,8 @@ def summary_table(report: JobReport) -> Any:
         f"strategy={spec.names['strategy']}, runtime={spec.names['runtime']}, degree={spec.options.degree}, "
         f"load_mode={spec.options.load_mode}"
     )
+    if report.sink_plan is not None and report.sink_plan.path_reason:
+        title += f"\npath: {report.sink_plan.path_reason}"
     table = Table(title=title, title_justify="left")
     for col, justify in (("partition", "left"), ("reads", "left"), ("rows", "right"), ("MB", "right"),
                          ("seconds", "right"), ("rows/s", "right"), ("attempts", "right")):
@@ -43,6 +45,8 @@ def plan_table(plan: JobPlan) -> Any:
         title=f"{plan.info.label}: {len(plan.partitions)} partition(s), strategy={spec.names['strategy']}, "
         f"degree={spec.options.degree}, sink={spec.names['sink']}, load_mode={spec.options.load_mode}",
         title_justify="left",
+        caption="\n".join(x for x in (f"strategy: {plan.note}" if plan.note else "", f"path: {plan.path}" if plan.path else "") if x),
+        caption_justify="left",
     )
     table.add_column("partition")
     table.add_column("reads")

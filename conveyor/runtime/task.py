@@ -87,8 +87,12 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
         attempt += 1
         start = time.perf_counter()
         try:
-            batches = _reported(task.source.read(task.partition), key, progress)
-            stats = task.sink.write(task.plan, task.partition, batches)
+            if task.plan.native:
+                stats = task.sink.write_native(task.plan, task.source, task.partition)
+                progress.advanced(key, stats.rows, stats.bytes)
+            else:
+                batches = _reported(task.source.read(task.partition), key, progress)
+                stats = task.sink.write(task.plan, task.partition, batches)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a TaskResult
             err = _as_conveyor_error(exc, key)
             retriable = isinstance(err, TransferError) and err.retriable

@@ -1,0 +1,141 @@
+"""Connections, identifiers and error translation shared by the PostgreSQL source and sink.
+
+Passwords never live in a config object: ``password_env`` names the environment variable
+that holds it (``PGPASSWORD`` by default, as libpq does), read when a connection opens, in
+the process that opens it. Driver messages are scrubbed of it before they reach an error.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from conveyor.errors import ConnectError, ConveyorError, SchemaError, TransferError
+
+# SQLSTATE classes and codes a retry may cure: connection failures, a restarting server,
+# serialization failures and deadlocks.
+_RETRIABLE_CLASSES = ("08",)
+_RETRIABLE_CODES = {"40001", "40P01", "57P01", "57P02", "57P03", "53300"}
+
+
+@dataclass
+class PgConnConfig:
+    host: str = "127.0.0.1"
+    port: int = 5432
+    user: str = "postgres"
+    dbname: str = "postgres"
+    #: the environment variable holding the password (read where the connection opens)
+    password_env: str = "PGPASSWORD"
+    connect_timeout: int = 10
+    #: extra libpq settings, e.g. {sslmode: require}
+    options: dict[str, str] | None = None
+
+    def password(self) -> str | None:
+        return os.environ.get(self.password_env) if self.password_env else None
+
+    def where(self) -> str:
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.dbname}"
+
+    def conninfo(self) -> dict[str, Any]:
+        """Keyword arguments for psycopg.connect (the password included, never logged)."""
+        kw: dict[str, Any] = {
+            "host": self.host, "port": self.port, "user": self.user, "dbname": self.dbname,
+            "connect_timeout": self.connect_timeout, "application_name": "conveyor",
+        }
+        pw = self.password()
+        if pw is not None:
+            kw["password"] = pw
+        kw.update(self.options or {})
+        return kw
+
+    def uri(self) -> str:
+        """A libpq URI for ADBC (the password included, never logged)."""
+        pw = self.password()
+        auth = quote(self.user, safe="") + (":" + quote(pw, safe="") if pw is not None else "")
+        params = {"connect_timeout": str(self.connect_timeout), "application_name": "conveyor", **(self.options or {})}
+        query = "&".join(f"{quote(k)}={quote(str(v))}" for k, v in params.items())
+        return f"postgresql://{auth}@{quote(self.host)}:{self.port}/{quote(self.dbname, safe='')}?{query}"
+
+    def subprocess_env(self) -> dict[str, str]:
+        """The environment for a psql subprocess: libpq variables, the password included."""
+        env = dict(os.environ)
+        env.update(PGHOST=self.host, PGPORT=str(self.port), PGUSER=self.user, PGDATABASE=self.dbname,
+                   PGCONNECT_TIMEOUT=str(self.connect_timeout), PGAPPNAME="conveyor")
+        pw = self.password()
+        if pw is not None:
+            env["PGPASSWORD"] = pw
+        return env
+
+    def scrub(self, text: str) -> str:
+        pw = self.password()
+        if pw:
+            text = text.replace(pw, "***").replace(quote(pw, safe=""), "***")
+        return text
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    state = getattr(exc, "sqlstate", None)
+    if state:
+        return str(state)
+    diag = getattr(exc, "diag", None)
+    return getattr(diag, "sqlstate", None) if diag is not None else None
+
+
+def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str | None = None) -> ConveyorError:
+    """A psycopg or ADBC error as one Conveyor error, classified and scrubbed of secrets."""
+    if isinstance(exc, ConveyorError):
+        return exc
+    state = sqlstate(exc) or ""
+    msg = conf.scrub(first_line(exc))
+    msg = msg.removeprefix("IO: ").removeprefix("INVALID_ARGUMENT: ").removeprefix("INVALID_DATA: ")
+    where = f"postgres {conf.host}:{conf.port}/{conf.dbname}"
+    text = f"{where}: {doing}: {msg}"
+    if state.startswith("28") or "password authentication failed" in msg or "no password supplied" in msg:
+        return ConnectError(text, hint=f"check the user and the password in ${conf.password_env}")
+    if state.startswith(("42P01", "3F000", "42703", "42704")):
+        return SchemaError(text, hint="check the schema, table and column names")
+    if state.startswith("08") or "connection to server" in msg or "Connection refused" in msg or "could not connect" in msg:
+        if partition is None:
+            return ConnectError(text, hint=f"is the server running and reachable at {conf.host}:{conf.port}?")
+        return TransferError(text, partition=partition, retriable=True)
+    retriable = state.startswith(_RETRIABLE_CLASSES) or state in _RETRIABLE_CODES or "server closed the connection" in msg
+    return TransferError(text, partition=partition, retriable=retriable)
+
+
+def connect(conf: PgConnConfig, autocommit: bool = False) -> Any:
+    """A psycopg connection, or a ConnectError naming the server (not the password)."""
+    import psycopg
+
+    try:
+        return psycopg.connect(autocommit=autocommit, **conf.conninfo())
+    except psycopg.Error as exc:
+        raise translate(exc, conf, "cannot connect") from None
+
+
+def adbc_connect(conf: PgConnConfig, partition: str | None = None) -> Any:
+    """An ADBC connection (autocommit off: one transaction until commit or rollback)."""
+    import adbc_driver_manager
+    import adbc_driver_postgresql.dbapi as pgdbapi
+
+    try:
+        return pgdbapi.connect(conf.uri())
+    except adbc_driver_manager.Error as exc:
+        raise translate(exc, conf, "cannot connect", partition) from None
+
+
+def ident(*names: str) -> str:
+    """A quoted, optionally qualified identifier: ident("public", "Orders") -> "public"."Orders"."""
+    return ".".join('"' + n.replace('"', '""') + '"' for n in names)
+
+
+def literal(value: Any) -> str:
+    """A value as an SQL literal, quoted by psycopg (for partition bounds rendered into COPY)."""
+    from psycopg import sql
+
+    return sql.Literal(value).as_string(None)

@@ -1,0 +1,422 @@
+"""PostgreSQL sink: binary COPY from Arrow batches (ADBC), or a binary COPY pass-through.
+
+Each partition is written in one transaction, so a failed or retried partition leaves
+nothing. Load modes:
+
+- append: COPY into the target, one transaction per partition.
+- truncate: COPY into an UNLOGGED staging table copied from the target's definition; at
+  the end, in one transaction, TRUNCATE the target and INSERT the staged rows.
+- create: COPY into a new staging table made from the source schema, renamed to the target
+  at the end (fails, before any row moves, if the target exists).
+- replace: like create (or, if the target exists, a staging table LIKE the target INCLUDING
+  ALL), then DROP the old target and rename the staging table in one transaction.
+
+A failed run drops the staging table: the target is as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.arrowutil import CountingBatches
+from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, translate
+from conveyor.connectors.postgres.types import PgColumn, column_ddl, read_columns
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, WriteStats
+from conveyor.errors import ConveyorError, SchemaError, TransferError
+from conveyor.mapping import TargetColumn, map_columns
+
+COPY_PATHS = ("auto", "arrow", "passthrough")
+_CHUNK = 1 << 20
+
+
+@dataclass
+class PostgresSinkConfig(PgConnConfig):
+    schema: str = "public"
+    table: str = "???"
+    #: create / replace make the new table UNLOGGED (faster, not crash-safe, not replicated)
+    unlogged: bool = False
+    #: auto: pass a PostgreSQL source's binary COPY stream through untouched when the column
+    #: types are identical, else Arrow; arrow: always decode to Arrow; passthrough: require it
+    copy_path: str = "auto"
+    #: run ANALYZE on the target after the load
+    analyze: bool = False
+
+    def __post_init__(self) -> None:
+        if self.copy_path not in COPY_PATHS:
+            raise ValueError(f"copy_path: {self.copy_path!r} is not one of {', '.join(COPY_PATHS)}")
+
+
+@dataclass(frozen=True)
+class _Target:
+    exists: bool
+    relkind: str = ""
+    columns: tuple[PgColumn, ...] = ()
+    mapping: tuple[TargetColumn, ...] = ()
+
+
+class PostgresSink:
+    config_class = PostgresSinkConfig
+
+    def __init__(self, config: PostgresSinkConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.schema}.{self.config.table}"
+
+    def _qualified(self, table: str | None = None) -> str:
+        return ident(self.config.schema, table or self.config.table)
+
+    def _stage(self) -> str:
+        return f"_conveyor_stage_{self.options.run_id}"
+
+    def _target(self, con: Any) -> _Target:
+        row = con.execute(
+            "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s",
+            [self.config.schema, self.config.table],
+        ).fetchone()
+        if row is None:
+            return _Target(False)
+        cols = read_columns(con, f"SELECT * FROM {self._qualified()} LIMIT 0")
+        meta = con.execute(
+            "SELECT a.attname, a.attnotnull, a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' "
+            "FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            [self._qualified()],
+        ).fetchall()
+        mapping = tuple(TargetColumn(name, c.type_sql, not notnull, bool(hasdef)) for (name, notnull, hasdef), c in zip(meta, cols))
+        return _Target(True, row[0], tuple(cols), mapping)
+
+    # --- prepare ------------------------------------------------------------------------------
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan:
+        mode, schema = self.options.load_mode, request.schema
+        where = f"postgres table {self.name}"
+        con = connect(self.config, autocommit=True)
+        stage_created = False
+        try:
+            target = self._target(con)
+            if mode in ("append", "truncate") and not target.exists:
+                raise SchemaError(f"{where} does not exist on {self.config.where()}",
+                                  hint="create it first, or use load_mode=create or replace")
+            if mode == "create" and target.exists:
+                raise SchemaError(f"{where} already exists", hint="use load_mode=replace, truncate or append")
+            if mode == "replace" and target.relkind == "p":
+                raise SchemaError(f"{where} is partitioned: replace would lose its partitions", hint="use load_mode=truncate")
+            source_cols = dict((c.name, c) for c in (request.info.detail("postgres_columns") or ()))
+            write_table = self.config.table
+            if mode in ("create", "replace") and not target.exists:
+                ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}" for f in schema)
+                unlogged = "UNLOGGED " if self.config.unlogged else ""
+                con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} ({ddl})")
+                pairs = [(n, n) for n in schema.names]
+                write_table, stage_created = self._stage(), True
+            else:
+                pairs = map_columns(schema.names, target.mapping, self.options.map_method, where)
+                if mode in ("truncate", "replace"):
+                    like = "INCLUDING DEFAULTS" if mode == "truncate" else "INCLUDING ALL"
+                    unlogged = "UNLOGGED " if mode == "truncate" or self.config.unlogged else ""
+                    con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} (LIKE {self._qualified()} {like})")
+                    write_table, stage_created = self._stage(), True
+            plan = self._plan(request, pairs, write_table, where, con)
+        except BaseException as exc:
+            if stage_created:
+                with contextlib.suppress(Exception):
+                    con.execute(f"DROP TABLE IF EXISTS {self._qualified(self._stage())}")
+            if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
+                raise
+            raise translate(exc, self.config, f"preparing {where}") from None
+        finally:
+            con.close()
+        return plan
+
+    def _plan(self, request: PrepareRequest, pairs: list[tuple[str, str]], write_table: str, where: str, con: Any) -> SinkPlan:
+        target_cols = {c.name: c for c in read_columns(con, f"SELECT * FROM {self._qualified(write_table)} LIMIT 0")}
+        tcols = [target_cols[t] for _, t in pairs]
+        native, reason = self._negotiate(request, pairs, tcols)
+        casts: tuple[Any, ...] = ()
+        if native is None:
+            casts = self._cast_plan(request.schema, pairs, write_table, where, [c.type_sql for c in tcols])
+        return SinkPlan(
+            target=f"{self.config.where()} {self.name}",
+            write_target=write_table,
+            load_mode=self.options.load_mode,
+            columns=tuple(t for _, t in pairs),
+            source_columns=tuple(s for s, _ in pairs),
+            schema=request.schema,
+            native=native,
+            path_reason=reason,
+            details=(("casts", casts), ("target_types", tuple(c.type_sql for c in tcols))),
+        )
+
+    def explain_path(self, request: PrepareRequest) -> str:
+        """Which path a run would take (for ``conveyor plan``); reads the target, changes nothing."""
+        con = connect(self.config, autocommit=True)
+        try:
+            target = self._target(con)
+        finally:
+            con.close()
+        if target.exists and self.options.load_mode not in ("create",):
+            pairs = map_columns(request.schema.names, target.mapping, self.options.map_method, f"postgres table {self.name}")
+            by_name = {c.name: c for c in target.columns}
+            tcols = [by_name[t] for _, t in pairs]
+        else:  # a new table gets the source's built-in types
+            pairs = [(n, n) for n in request.schema.names]
+            src = {c.name: c for c in (request.info.detail("postgres_columns") or ())}
+            tcols = [src[n] if n in src and src[n].type_oid < 16384 else PgColumn(n, 0, -1, "", "", "", "") for n in request.schema.names]
+        return self._negotiate(request, pairs, tcols)[1]
+
+    def _negotiate(self, request: PrepareRequest, pairs: list[tuple[str, str]], tcols: list[PgColumn]) -> tuple[str | None, str]:
+        """Pass the binary COPY stream through when both ends are PostgreSQL with identical types."""
+        from conveyor.connectors.postgres.source import PostgresSource
+
+        mode = self.config.copy_path
+        if mode == "arrow":
+            return None, "arrow: copy_path=arrow"
+        why = None
+        src_cols = {c.name: c for c in (request.info.detail("postgres_columns") or ())}
+        if not isinstance(request.source, PostgresSource) or not src_cols:
+            why = "the source is not PostgreSQL"
+        elif shutil.which("psql") is None:
+            why = "psql (PostgreSQL's client) is not installed"
+        else:
+            for (s, _), t in zip(pairs, tcols):
+                sc = src_cols[s]
+                same = sc.type_oid == t.type_oid and sc.type_oid < 16384 and sc.typtype == "b"
+                same = same or (sc.typtype == "e" and t.typtype == "e" and sc.typname == t.typname)
+                if not same:
+                    why = f"column {s}: {sc.type_sql} -> {t.type_sql} differ"
+                    break
+        if why is None:
+            return "pgcopy-binary", "pass-through: PostgreSQL binary COPY stream, identical column types"
+        if mode == "passthrough":
+            raise SchemaError(f"copy_path=passthrough is not possible: {why}", hint="use sink.copy_path=auto or arrow")
+        return None, f"arrow: {why}"
+
+    def _cast_plan(self, schema: Any, pairs: list[tuple[str, str]], write_table: str, where: str, types: list[str]) -> tuple[Any, ...]:
+        """Per column, the Arrow type to cast to, or None where PostgreSQL must cast (via a temp table)."""
+        import pyarrow as pa
+
+        conn = adbc_connect(self.config)
+        cur = conn.cursor()
+        try:
+            cols = ", ".join(ident(t) for _, t in pairs)
+            cur.execute(f"SELECT {cols} FROM {self._qualified(write_table)} LIMIT 0")
+            target_schema = cur.fetch_arrow_table().schema
+            casts = tuple(_arrow_cast_target(schema.field(s).type, target_schema.field(i)) for i, (s, _) in enumerate(pairs))
+            if any(c is None for c in casts):
+                self._probe(cur, schema, pairs, casts, types, write_table, where)
+            return casts
+        except ConveyorError:
+            raise
+        except Exception as exc:
+            raise translate(exc, self.config, f"checking types of {where}") from None
+        finally:
+            cur.close()
+            conn.rollback()
+            conn.close()
+
+    def _probe(self, cur: Any, schema: Any, pairs: list[tuple[str, str]], casts: tuple[Any, ...], types: list[str],
+               write_table: str, where: str) -> None:
+        """PostgreSQL must cast some columns: check it can, on an empty temp table, then roll back."""
+        import adbc_driver_manager
+        import pyarrow as pa
+
+        empty = pa.Table.from_batches([], schema=_ingest_schema(schema, pairs, casts))
+        cur.adbc_ingest("_conveyor_probe", empty, mode="create", temporary=True)
+        try:
+            cur.execute(self._insert_from_temp([t for _, t in pairs], types, write_table, "_conveyor_probe"))
+        except adbc_driver_manager.Error as exc:
+            raise SchemaError(f"{where}: the source columns do not fit: {str(exc).splitlines()[0]}",
+                              hint="cast the column in the source, or change the target column's type") from None
+
+    def _insert_from_temp(self, columns: Sequence[str], types: Sequence[str], write_table: str, temp: str) -> str:
+        """Move a partition from its temp table into the target, PostgreSQL casting where Arrow could not."""
+        cols = ", ".join(ident(t) for t in columns)
+        exprs = ", ".join(f"{ident(t)}::{ty}" for t, ty in zip(columns, types))  # a no-op where types agree
+        return f"INSERT INTO {self._qualified(write_table)} ({cols}) SELECT {exprs} FROM pg_temp.{ident(temp)}"
+
+    # --- write -------------------------------------------------------------------------------
+
+    def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+        import pyarrow as pa
+
+        start = time.perf_counter()
+        pairs = list(zip(plan.source_columns, plan.columns))
+        casts = plan.detail("casts")
+        out_schema = _ingest_schema(plan.schema, pairs, casts)
+        counted = CountingBatches(batches)
+        reader = pa.RecordBatchReader.from_batches(out_schema, _cast_batches(counted, pairs, casts, out_schema, part.key))
+        conn = adbc_connect(self.config, part.key)
+        cur = conn.cursor()
+        try:
+            if all(c is not None for c in casts):
+                cur.adbc_ingest(plan.write_target, reader, mode="append", db_schema_name=self.config.schema)
+            else:
+                temp = f"_conveyor_in_{part.index}"
+                cur.adbc_ingest(temp, reader, mode="create", temporary=True)
+                cur.execute(self._insert_from_temp(plan.columns, plan.detail("target_types"), plan.write_target, temp))
+            conn.commit()
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            if counted.error is not None:  # the source failed: the driver only wrapped it
+                raise counted.error from None
+            if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
+                raise
+            raise translate(exc, self.config, f"writing {part.key} into {self.name}", part.key) from None
+        finally:
+            cur.close()
+            conn.close()
+        return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
+
+    def write_native(self, plan: SinkPlan, source: Any, part: Partition) -> WriteStats:
+        """Relay the source's binary COPY stream: psql reads it, this process forwards 1 MiB chunks."""
+        start = time.perf_counter()
+        src_cols = ", ".join(ident(c) for c in plan.source_columns)
+        copy_out = f"COPY ({source.select_sql(part, src_cols)}) TO STDOUT (FORMAT binary)"
+        args = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1"]
+        for stmt in [*source.begin_snapshot_sql(), copy_out, "COMMIT"]:
+            args += ["-c", stmt]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                env=source.config.subprocess_env())
+        con = connect(self.config)
+        nbytes, tail = 0, b""
+        try:
+            cols = ", ".join(ident(c) for c in plan.columns)
+            with con.cursor() as cur:
+                with cur.copy(f"COPY {self._qualified(plan.write_target)} ({cols}) FROM STDIN (FORMAT binary)") as cp:
+                    assert proc.stdout is not None
+                    while chunk := proc.stdout.read(_CHUNK):
+                        cp.write(chunk)
+                        nbytes += len(chunk)
+                        tail = (tail + chunk)[-2:]
+                    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                    if proc.wait() != 0 or tail != b"\xff\xff":
+                        msg = source.config.scrub(err.strip().splitlines()[-1] if err.strip() else f"psql exited {proc.returncode}")
+                        raise TransferError(f"postgres source {source.config.where()}: reading {part.key}: {msg}",
+                                            partition=part.key, retriable="connection" in msg or "terminat" in msg)
+                rows = cur.rowcount
+            con.commit()
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                con.rollback()
+            if proc.poll() is None:
+                proc.kill()
+            if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
+                raise
+            raise translate(exc, self.config, f"writing {part.key} into {self.name}", part.key) from None
+        finally:
+            con.close()
+            proc.wait()
+        return WriteStats(part.key, rows, nbytes, time.perf_counter() - start)
+
+    # --- finalize / abort -----------------------------------------------------------------------
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        con = connect(self.config)
+        try:
+            if plan.write_target != self.config.table:
+                stage = self._qualified(plan.write_target)
+                if plan.load_mode == "truncate":
+                    cols = ", ".join(ident(c) for c in plan.columns)
+                    con.execute(f"TRUNCATE {self._qualified()}")
+                    con.execute(f"INSERT INTO {self._qualified()} ({cols}) SELECT {cols} FROM {stage}")
+                    con.execute(f"DROP TABLE {stage}")
+                else:
+                    if plan.load_mode == "replace":
+                        con.execute(f"DROP TABLE IF EXISTS {self._qualified()}")
+                    con.execute(f"ALTER TABLE {stage} RENAME TO {ident(self.config.table)}")
+            con.commit()
+            if self.config.analyze:
+                con.execute(f"ANALYZE {self._qualified()}")
+                con.commit()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                con.rollback()
+            raise translate(exc, self.config, f"finalizing {self.name}") from None
+        finally:
+            con.close()
+
+    def abort(self, plan: SinkPlan) -> None:
+        if plan.write_target == self.config.table:
+            return
+        con = connect(self.config, autocommit=True)
+        try:
+            con.execute(f"DROP TABLE IF EXISTS {self._qualified(plan.write_target)}")
+        finally:
+            con.close()
+
+
+# --- Arrow casting, column by column -------------------------------------------------------------
+
+
+def _storage(arr: Any) -> Any:
+    import pyarrow as pa
+
+    return arr.storage if isinstance(arr.type, pa.BaseExtensionType) else arr
+
+
+def _arrow_cast_target(src: Any, target_field: Any) -> Any:
+    """The Arrow type a source column is cast to for ADBC's COPY writer; None: PostgreSQL casts."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    tgt = target_field.type
+    meta = {k.decode(): v.decode() for k, v in (target_field.metadata or {}).items()}
+    if isinstance(tgt, pa.BaseExtensionType) and tgt.extension_name == "arrow.opaque":
+        if meta.get("POSTGRESQL:type") != "numeric":
+            return None  # inet, money, ...: PostgreSQL parses the text
+        typmod = int(meta.get("POSTGRESQL:typmod", "-1"))
+        if typmod >= 0:
+            p, s = ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0xFFFF
+            tgt = pa.decimal128(p, s) if p <= 38 else pa.decimal256(p, s)
+        elif pa.types.is_decimal(src):
+            return src
+        else:
+            return None
+    check_src = src.storage_type if isinstance(src, pa.BaseExtensionType) else src
+    check_tgt = tgt.storage_type if isinstance(tgt, pa.BaseExtensionType) else tgt
+    if isinstance(src, pa.BaseExtensionType) and src == tgt:
+        return tgt
+    if isinstance(tgt, pa.BaseExtensionType) and tgt.extension_name == "arrow.uuid" and not pa.types.is_fixed_size_binary(check_src):
+        return None
+    try:
+        pc.cast(pa.array([], check_src), check_tgt)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        return None
+    return tgt
+
+
+def _ingest_schema(schema: Any, pairs: Sequence[tuple[str, str]], casts: Sequence[Any]) -> Any:
+    import pyarrow as pa
+
+    return pa.schema([pa.field(t, c if c is not None else schema.field(s).type) for (s, t), c in zip(pairs, casts)])
+
+
+def _cast_batches(batches: Iterator[Any], pairs: Sequence[tuple[str, str]], casts: Sequence[Any], out_schema: Any, key: str) -> Iterator[Any]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for batch in batches:
+        arrays = []
+        for (s, t), target in zip(pairs, casts):
+            arr = batch.column(s)
+            if target is not None and arr.type != target:
+                try:
+                    if isinstance(target, pa.BaseExtensionType):
+                        arr = pa.ExtensionArray.from_storage(target, pc.cast(_storage(arr), target.storage_type))
+                    else:
+                        arr = pc.cast(_storage(arr), target)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise TransferError(f"column {s} -> {t}: a value does not fit {target}: {exc}", partition=key,
+                                        hint="cast it in the source, or widen the target column") from None
+            arrays.append(arr)
+        yield pa.RecordBatch.from_arrays(arrays, schema=out_schema)

@@ -1,0 +1,325 @@
+"""PostgreSQL source: a table or a query, read through binary COPY by ADBC's libpq driver.
+
+ADBC decodes the binary COPY stream into Arrow in native code. Types it has no Arrow
+type for (inet, money, ranges, geometric, ...) are read as their text form; numeric(p,s)
+becomes decimal(p,s); numeric without a precision is read as PostgreSQL prints it (text),
+since an Arrow decimal has a fixed scale and no NaN. Every partition of a job reads one
+snapshot, exported by the driver for the duration of the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.arrowutil import rebatch
+from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, translate
+from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_columns
+from conveyor.core import (
+    JobOptions,
+    KeyRange,
+    KeyStats,
+    ModuloBucket,
+    PageRange,
+    Partition,
+    SourceInfo,
+    ValueSet,
+    WholeSource,
+)
+from conveyor.errors import PlanningError, SchemaError, TransferError
+
+_HEAP_KINDS = {"r": "table", "m": "materialized view", "p": "partitioned table"}
+_KIND_NAMES = {"v": "view", "f": "foreign table", "p": "partitioned table", "m": "materialized view", "r": "table"}
+
+
+@dataclass
+class PostgresSourceConfig(PgConnConfig):
+    #: read a table (schema + table) ...
+    schema: str = "public"
+    table: str | None = None
+    #: ... or any query (ctid needs a table)
+    query: str | None = None
+    #: all partitions read one exported snapshot (consistent while the table is written to)
+    snapshot: bool = True
+
+    def __post_init__(self) -> None:
+        if bool(self.table) == bool(self.query):
+            raise ValueError("set exactly one of table or query")
+
+
+class PostgresSource:
+    """Reads a PostgreSQL table or query as Arrow batches; serves every partition method."""
+
+    config_class = PostgresSourceConfig
+
+    def __init__(self, config: PostgresSourceConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+        self.columns: tuple[PgColumn, ...] = ()
+        self.snapshot_id: str | None = None
+
+    # --- describing --------------------------------------------------------------------------
+
+    @property
+    def relation(self) -> str:
+        return f"{self.config.schema}.{self.config.table}"
+
+    def _from(self) -> str:
+        if self.config.table:
+            return ident(self.config.schema, self.config.table)
+        return f"({self.config.query}) AS _conveyor_q"
+
+    def _relation_info(self, con: Any) -> tuple[str, str | None, int, float]:
+        row = con.execute(
+            "SELECT c.relkind, am.amname, c.oid, c.reltuples FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_am am ON am.oid = c.relam "
+            "WHERE n.nspname = %s AND c.relname = %s",
+            [self.config.schema, self.config.table],
+        ).fetchone()
+        if row is None:
+            raise SchemaError(f"postgres source: table {self.relation} does not exist",
+                              hint=f"check source.schema and source.table on {self.config.where()}")
+        return row[0], row[1], row[2], row[3]
+
+    def describe(self) -> SourceInfo:
+        con = connect(self.config, autocommit=True)
+        try:
+            estimate = None
+            if self.config.table:
+                kind, _, _, reltuples = self._relation_info(con)
+                estimate = int(reltuples) if reltuples and reltuples > 0 else None
+                label = f"postgres {_KIND_NAMES.get(kind, 'relation')} {self.relation}"
+            else:
+                label = "postgres query"
+            try:
+                self.columns = tuple(read_columns(con, f"SELECT * FROM {self._from()} LIMIT 0"))
+            except Exception as exc:
+                raise translate(exc, self.config, "describing the source") from None
+        finally:
+            con.close()
+        schema = self._arrow_schema()
+        details = (("postgres_columns", self.columns), ("postgres_where", self.config.where()))
+        return SourceInfo(schema=schema, label=label, estimated_rows=estimate, details=details)
+
+    def _arrow_schema(self) -> Any:
+        """The Arrow schema of the batches ``read`` yields (ADBC's, with numerics as decimals)."""
+        import pyarrow as pa
+
+        conn = adbc_connect(self.config)
+        try:
+            cur = conn.cursor()
+            try:
+                cur.execute(f"SELECT {self._select_list()} FROM {self._from()} LIMIT 0")
+                raw = cur.fetch_arrow_table().schema
+            except Exception as exc:
+                raise translate(exc, self.config, "describing the source") from None
+            finally:
+                cur.close()
+        finally:
+            conn.close()
+        fields = []
+        for col, field in zip(self.columns, raw):
+            typ = numeric_arrow_type(col) or field.type
+            fields.append(pa.field(col.name, typ))
+        return pa.schema(fields)
+
+    def _select_list(self) -> str:
+        return ", ".join(c.select_expr() for c in self.columns)
+
+    # --- the snapshot every partition reads -----------------------------------------------------
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[PostgresSource]:
+        """Export a snapshot and hold it open for the job; yields the copy tasks receive."""
+        if not self.config.snapshot:
+            yield self
+            return
+        con = connect(self.config)
+        try:
+            con.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            snap = con.execute("SELECT pg_export_snapshot()").fetchone()[0]
+            shipped = copy.copy(self)
+            shipped.snapshot_id = snap
+            yield shipped
+        finally:
+            with contextlib.suppress(Exception):
+                con.rollback()
+            con.close()
+
+    # --- capabilities for the strategies --------------------------------------------------------
+
+    def ctid_pages(self) -> int:
+        if not self.config.table:
+            raise PlanningError("strategy=ctid needs a table, and the source is a query",
+                                hint="use strategy=rangeid, ntile or random with a distribute_key, or none")
+        con = connect(self.config, autocommit=True)
+        try:
+            kind, am, oid, _ = self._relation_info(con)
+            if kind not in _HEAP_KINDS or (am not in (None, "heap")):
+                what = f"a {am} table" if am not in (None, "heap") else f"a {_KIND_NAMES.get(kind, 'relation')}"
+                raise PlanningError(f"strategy=ctid: {self.relation} is {what}, which has no ctid page ranges",
+                                    hint="use strategy=rangeid or ntile with strategy.distribute_key=<column>, or none")
+            # a partitioned table: each leaf has its own pages, and one page range covers them all
+            row = con.execute(
+                "SELECT greatest(pg_relation_size(%s::oid), coalesce(max(pg_relation_size(relid)), 0)) "
+                "/ current_setting('block_size')::int FROM pg_partition_tree(%s::oid) WHERE isleaf",
+                [oid, oid],
+            ).fetchone()
+            return int(row[0] or 0)
+        finally:
+            con.close()
+
+    def _column(self, name: str) -> PgColumn:
+        if not self.columns:
+            self.describe()
+        for col in self.columns:
+            if col.name == name:
+                return col
+        raise SchemaError(f"postgres source: distribute_key {name!r} is not a column of {self.relation if self.config.table else 'the query'}",
+                          hint=f"columns are: {', '.join(c.name for c in self.columns)}")
+
+    def _query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        con = connect(self.config, autocommit=True)
+        try:
+            return con.execute(sql, params).fetchall()
+        except Exception as exc:
+            raise translate(exc, self.config, "planning") from None
+        finally:
+            con.close()
+
+    def key_stats(self, column: str) -> KeyStats:
+        col = self._column(column)
+        q = ident(column)
+        lo, hi, rows, nonnull = self._query(f"SELECT min({q}), max({q}), count(*), count({q}) FROM {self._from()}")[0]
+        return KeyStats(column, col.kind, lo, hi, rows, rows - nonnull)
+
+    def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]:
+        col, q = self._column(column), ident(column)
+        if buckets <= 1:
+            return []
+        if exact:
+            rows = self._query(
+                f"SELECT min(k) FROM (SELECT {q} AS k, ntile({int(buckets)}) OVER (ORDER BY {q}) AS b "
+                f"FROM {self._from()} WHERE {q} IS NOT NULL) t GROUP BY b ORDER BY b"
+            )
+            return [r[0] for r in rows[1:]]
+        fractions = ", ".join(str(i / buckets) for i in range(1, buckets))
+        sample = self._sample_clause()
+        if col.kind not in ("integer", "numeric", "temporal"):
+            raise PlanningError(f"{column!r} cannot be balanced by sampling", hint="use strategy=ntile")
+        row = self._query(
+            f"SELECT percentile_disc(ARRAY[{fractions}]) WITHIN GROUP (ORDER BY {q}) FROM {self._from()} {sample}"
+        )[0]
+        return list(row[0] or [])
+
+    def _sample_clause(self) -> str:
+        """About 200,000 sampled rows for tables (TABLESAMPLE SYSTEM), all rows for queries."""
+        if not self.config.table:
+            return ""
+        est = self._query(f"SELECT reltuples FROM pg_class WHERE oid = {literal(self.relation)}::regclass")[0][0]
+        if not est or est <= 200_000:
+            return ""
+        return f"TABLESAMPLE SYSTEM ({min(100.0, 100.0 * 200_000 / est):.6f}) REPEATABLE (42)"
+
+    def key_values(self, column: str) -> list[Any]:
+        self._column(column)
+        q = ident(column)
+        return [r[0] for r in self._query(f"SELECT DISTINCT {q} FROM {self._from()} ORDER BY 1 NULLS FIRST")]
+
+    def query_values(self, query: str) -> list[Any]:
+        return [r[0] for r in self._query(query)]
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def where(self, part: Partition) -> str:
+        """The partition as a WHERE clause (empty for the whole source)."""
+        if isinstance(part, WholeSource):
+            return ""
+        if isinstance(part, PageRange):
+            if not self.config.table:
+                raise PlanningError("a ctid partition needs a table source")
+            cond = f"ctid >= '({part.start},0)'::tid"
+            if part.stop is not None:
+                cond += f" AND ctid < '({part.stop},0)'::tid"
+            return f" WHERE {cond}"
+        if isinstance(part, KeyRange):
+            q = ident(part.column)
+            conds = []
+            if part.lower is not None:
+                conds.append(f"{q} >= {literal(part.lower)}")
+            if part.upper is not None:
+                conds.append(f"{q} < {literal(part.upper)}")
+            cond = " AND ".join(conds) or f"{q} IS NOT NULL"
+            return f" WHERE ({cond})" + (f" OR {q} IS NULL" if part.nulls else "")
+        if isinstance(part, ModuloBucket):
+            q = ident(part.column)
+            cond = f"abs(mod({q}, {int(part.buckets)})) = {int(part.bucket)}"
+            return f" WHERE {cond}" + (f" OR {q} IS NULL" if part.bucket == 0 else "")
+        if isinstance(part, ValueSet):
+            q = ident(part.column)
+            values = [v for v in part.values if v is not None]
+            conds = [f"{q} IN ({', '.join(literal(v) for v in values)})"] if values else []
+            if len(values) < len(part.values):
+                conds.append(f"{q} IS NULL")
+            return f" WHERE {' OR '.join(conds) or 'false'}"
+        raise PlanningError(f"postgres source cannot read a {part.kind} partition")
+
+    def select_sql(self, part: Partition, columns: str | None = None) -> str:
+        return f"SELECT {columns or self._select_list()} FROM {self._from()}{self.where(part)}"
+
+    def begin_snapshot_sql(self) -> list[str]:
+        """The statements that start a task's transaction on the job's snapshot."""
+        if not self.snapshot_id:
+            return ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
+        return ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", f"SET TRANSACTION SNAPSHOT {literal(self.snapshot_id)}"]
+
+    def read(self, part: Partition) -> Iterator[Any]:
+        sql = self.select_sql(part)
+        conn = adbc_connect(self.config, part.key)
+        cur = conn.cursor()
+        try:
+            try:
+                # ADBC opened a transaction (autocommit is off): pin it to the job's snapshot
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                if self.snapshot_id:
+                    cur.execute(f"SET TRANSACTION SNAPSHOT {literal(self.snapshot_id)}")
+                cur.execute(sql)
+                reader = cur.fetch_record_batch()
+            except Exception as exc:
+                raise translate(exc, self.config, f"reading {part.key}", part.key) from None
+            yield from rebatch(self._convert(reader, part.key), self.options.batch_size)
+        finally:
+            cur.close()
+            conn.rollback()
+            conn.close()
+
+    def _convert(self, reader: Any, key: str) -> Iterator[Any]:
+        """numeric text -> decimal, extension metadata stripped; column by column, never per row."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        targets = [numeric_arrow_type(c) for c in self.columns]
+        names = [c.name for c in self.columns]
+        try:
+            for batch in reader:
+                arrays = []
+                for col, arr, target in zip(self.columns, batch.columns, targets):
+                    if target is not None:
+                        storage = arr.storage if isinstance(arr.type, pa.BaseExtensionType) else arr
+                        try:
+                            arr = pc.cast(storage, target)
+                        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                            raise TransferError(
+                                f"postgres column {col.name} ({col.type_sql}): a value does not fit {target}: {exc}",
+                                partition=key,
+                                hint="NaN and Infinity have no Arrow decimal form; cast the column to text or float8 in source.query",
+                            ) from None
+                    arrays.append(arr)
+                yield pa.RecordBatch.from_arrays(arrays, names=names)
+        except TransferError:
+            raise
+        except Exception as exc:
+            raise translate(exc, self.config, f"reading {key}", key) from None

@@ -1,0 +1,168 @@
+"""PostgreSQL <-> Arrow type mapping.
+
+Reading (ADBC decodes binary COPY natively): integers, floats, bool, text types, bytea,
+date, time, timestamp(tz), interval, uuid, json(b), enums and arrays of those keep their
+Arrow types; numeric(p,s) becomes decimal128/256(p,s); numeric without a precision is read as
+its text (exact, NaN included: Arrow decimals have a fixed scale and no NaN); every other type
+(inet, money, ranges, geometric, bit, xml, composite, ...) is read as its text form.
+
+Writing (ADBC's binary COPY writer): each batch column is cast to the Arrow type ADBC reads
+for the target column (int64 -> int32 for an integer column, string -> decimal for numeric,
+...). A column Arrow cannot cast goes through a temporary table and PostgreSQL's own cast
+(text -> inet, text -> numeric with NaN, ...). ``create`` makes columns from the Arrow
+schema, or, when the source is PostgreSQL, with the source's own built-in types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.errors import SchemaError
+
+# Types ADBC's PostgreSQL driver decodes to a proper Arrow type (others become opaque binary).
+NATIVE = {
+    "int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar", "bpchar", "name", "char",
+    "bytea", "date", "time", "timestamp", "timestamptz", "interval", "uuid", "json", "jsonb", "numeric", "oid",
+}
+_INTEGER = {"int2", "int4", "int8", "oid"}
+_NUMERIC = {"numeric", "float4", "float8"}
+_TEMPORAL = {"date", "timestamp", "timestamptz"}
+USER_OID_START = 16384  # OIDs below are built into every server
+
+
+@dataclass(frozen=True)
+class PgColumn:
+    name: str
+    type_oid: int
+    typmod: int
+    type_sql: str  # format_type(): "numeric(12,2)", "character varying(10)", "mood", ...
+    typname: str
+    typtype: str  # b base, e enum, d domain, c composite, r range, ...
+    elem: str  # element typname for arrays, "" otherwise
+    base_sql: str = ""  # for domains: the base type
+
+    @property
+    def effective(self) -> str:
+        return self.typname
+
+    @property
+    def kind(self) -> str:
+        if self.typname in _INTEGER:
+            return "integer"
+        if self.typname in _NUMERIC:
+            return "numeric"
+        if self.typname in _TEMPORAL:
+            return "temporal"
+        return "other"
+
+    @property
+    def native(self) -> bool:
+        """ADBC reads it as a proper Arrow type (else it is read as text)."""
+        if self.typtype == "e":
+            return True
+        if self.elem:
+            return self.elem in NATIVE and self.elem not in ("numeric",)
+        return self.typtype == "b" and self.typname in NATIVE
+
+    @property
+    def unconstrained_numeric(self) -> bool:
+        return self.typname == "numeric" and self.typmod < 0
+
+    def select_expr(self) -> str:
+        from conveyor.connectors.postgres.common import ident
+
+        q = ident(self.name)
+        if self.typtype == "d" and self.base_sql:
+            return f"{q}::{self.base_sql} AS {q}"
+        if self.unconstrained_numeric or not self.native:
+            return f"{q}::text AS {q}"
+        return q
+
+
+def read_columns(con: Any, sql: str) -> list[PgColumn]:
+    """The columns of a query's result, with their exact PostgreSQL types (psycopg connection)."""
+    cur = con.execute(sql)
+    res = cur.pgresult
+    names = [d.name for d in cur.description]
+    oids = [res.ftype(i) for i in range(res.nfields)]
+    mods = [res.fmod(i) for i in range(res.nfields)]
+    rows = con.execute(
+        "SELECT format_type(m.oid, m.mod), t.typname, t.typtype, coalesce(e.typname, ''), "
+        "CASE WHEN t.typtype = 'd' THEN format_type(t.typbasetype, t.typtypmod) ELSE '' END, "
+        "CASE WHEN t.typtype = 'd' THEN b.typname ELSE t.typname END "
+        "FROM unnest(%s::oid[], %s::int[]) WITH ORDINALITY AS m(oid, mod, ord) "
+        "JOIN pg_type t ON t.oid = m.oid LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A' "
+        "LEFT JOIN pg_type b ON b.oid = t.typbasetype ORDER BY m.ord",
+        [oids, mods],
+    ).fetchall()
+    cols = []
+    for name, oid, mod, (type_sql, typname, typtype, elem, base_sql, base_name) in zip(names, oids, mods, rows):
+        if typtype == "d":  # a domain reads as its base type
+            cols.append(PgColumn(name, oid, mod, type_sql, base_name, "d", "", base_sql))
+        else:
+            cols.append(PgColumn(name, oid, mod, type_sql, typname, typtype, elem))
+    return cols
+
+
+def numeric_arrow_type(col: PgColumn) -> Any:
+    """decimal128/256(p, s) for numeric(p, s); None for every other column."""
+    import pyarrow as pa
+
+    if col.typname != "numeric" or col.typmod < 0 or col.elem:
+        return None
+    precision = ((col.typmod - 4) >> 16) & 0xFFFF
+    scale = (col.typmod - 4) & 0xFFFF
+    if scale > precision or scale >= 0x8000:  # negative scale (PostgreSQL 15+): keep text
+        return None
+    return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
+
+
+def arrow_to_pg(field: Any) -> str:
+    """The PostgreSQL type ``create`` gives an Arrow field."""
+    import pyarrow as pa
+    import pyarrow.types as t
+
+    typ = field.type
+    if isinstance(typ, pa.BaseExtensionType):
+        name = typ.extension_name
+        if name == "arrow.uuid":
+            return "uuid"
+        if name == "arrow.json":
+            return "jsonb"
+        typ = typ.storage_type
+    if t.is_dictionary(typ):
+        typ = typ.value_type
+    simple = [
+        (t.is_boolean, "boolean"), (t.is_int8, "smallint"), (t.is_int16, "smallint"), (t.is_int32, "integer"),
+        (t.is_int64, "bigint"), (t.is_uint8, "smallint"), (t.is_uint16, "integer"), (t.is_uint32, "bigint"),
+        (t.is_uint64, "numeric(20,0)"), (t.is_float16, "real"), (t.is_float32, "real"), (t.is_float64, "double precision"),
+        (t.is_string, "text"), (t.is_large_string, "text"), (t.is_binary, "bytea"), (t.is_large_binary, "bytea"),
+        (t.is_fixed_size_binary, "bytea"), (t.is_date, "date"), (t.is_time, "time"), (t.is_null, "text"),
+        (t.is_interval, "interval"), (t.is_duration, "interval"),
+    ]
+    if hasattr(t, "is_string_view") and (t.is_string_view(typ) or t.is_binary_view(typ)):
+        return "text" if t.is_string_view(typ) else "bytea"
+    for test, pg in simple:
+        if test(typ):
+            return pg
+    if t.is_timestamp(typ):
+        return "timestamp with time zone" if typ.tz else "timestamp without time zone"
+    if t.is_decimal(typ):
+        return f"numeric({typ.precision},{typ.scale})"
+    if t.is_list(typ) or t.is_large_list(typ) or t.is_fixed_size_list(typ):
+        inner = arrow_to_pg(typ.value_field)
+        return f"{inner}[]"
+    raise SchemaError(
+        f"column {field.name}: Arrow type {typ} has no PostgreSQL mapping",
+        hint="cast it in the source (e.g. to text or JSON) or create the target table yourself",
+    )
+
+
+def column_ddl(field: Any, source_col: PgColumn | None) -> str:
+    """One column of a CREATE TABLE: the source's own type when it is built in, else mapped."""
+    if source_col is not None and source_col.type_oid < USER_OID_START and source_col.typtype == "b":
+        return source_col.type_sql
+    if source_col is not None and source_col.typtype == "d" and source_col.base_sql:
+        return source_col.base_sql
+    return arrow_to_pg(field)

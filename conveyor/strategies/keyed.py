@@ -1,0 +1,242 @@
+"""Strategies for database sources: ctid, rangeid, ntile, random, datadriven and auto.
+
+They are generic: each asks the source through a capability protocol (``SupportsCtid``,
+``SupportsKeys``) and returns plain partitions (page ranges, key ranges, modulo buckets,
+value sets); the source renders them in its own SQL dialect. Key ranges are contiguous and
+open at both ends, so every row lands in exactly one partition even if the key's minimum or
+maximum moved since planning; NULL keys go to the first partition.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.core import (
+    JobOptions,
+    KeyRange,
+    KeyStats,
+    ModuloBucket,
+    PageRange,
+    Partition,
+    PlanRequest,
+    SupportsCtid,
+    SupportsKeys,
+    ValueSet,
+    WholeSource,
+)
+from conveyor.errors import ConfigError, PlanningError
+
+
+@dataclass
+class KeyedStrategyConfig:
+    #: the column that splits the rows (FastTransfer: --distributeKeyColumn)
+    distribute_key: str | None = None
+    #: how many partitions; 0 = degree (ctid: 4 x degree, smaller partitions balance better)
+    partitions: int = 0
+
+    def __post_init__(self) -> None:
+        if self.partitions < 0:
+            raise ValueError("partitions must be >= 0")
+
+
+@dataclass
+class RangeIdStrategyConfig(KeyedStrategyConfig):
+    #: rows: ranges hold about the same number of rows (sampled quantiles), so a skewed key
+    #: does not leave one worker with most rows; width: equal-width ranges from min to max
+    balance: str = "rows"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.balance not in ("rows", "width"):
+            raise ValueError(f"balance: {self.balance!r} is not one of rows, width")
+
+
+@dataclass
+class DataDrivenStrategyConfig(KeyedStrategyConfig):
+    #: a query whose first column lists the distribute_key values, one partition each
+    #: (FastTransfer: --datadrivenquery); without it, one partition per distinct value
+    datadriven_query: str | None = None
+
+
+def _keys(request: PlanRequest, method: str) -> SupportsKeys:
+    if not isinstance(request.source, SupportsKeys):
+        raise PlanningError(f"strategy={method} needs a database source; {request.info.label} is not one", hint="use strategy=none or files")
+    return request.source
+
+
+def _key_column(config: KeyedStrategyConfig, method: str) -> str:
+    if not config.distribute_key:
+        raise ConfigError(f"strategy.distribute_key: strategy={method} needs a distribute key", key="strategy.distribute_key",
+                          hint=f"set strategy.distribute_key=<column>")
+    return config.distribute_key
+
+
+def ranges_from_bounds(column: str, bounds: list[Any]) -> list[Partition]:
+    """Contiguous ranges split at ``bounds`` (inner boundaries), open at both ends."""
+    inner = sorted({b for b in bounds if b is not None})
+    edges: list[Any] = [None, *inner, None]
+    n = len(edges) - 1
+    return [KeyRange(index=i, count=n, column=column, lower=edges[i], upper=edges[i + 1], nulls=(i == 0)) for i in range(n)]
+
+
+def width_bounds(stats: KeyStats, buckets: int) -> list[Any]:
+    """Inner boundaries of equal-width ranges between min and max."""
+    lo, hi = stats.min, stats.max
+    if lo is None or hi is None or buckets <= 1 or lo == hi:
+        return []
+    if isinstance(lo, dt.datetime) or isinstance(lo, dt.date):
+        step = (hi - lo) / buckets
+        return [lo + step * i for i in range(1, buckets)]
+    if isinstance(lo, int) and isinstance(hi, int):
+        step = max(1, (hi - lo + 1) // buckets)
+        return [lo + step * i for i in range(1, buckets) if lo + step * i <= hi]
+    if isinstance(lo, decimal.Decimal):
+        step = (hi - lo) / buckets
+        return [lo + step * i for i in range(1, buckets)]
+    step = (float(hi) - float(lo)) / buckets
+    return [float(lo) + step * i for i in range(1, buckets)]
+
+
+class _Base:
+    config_class: type = KeyedStrategyConfig
+    method = ""
+
+    def __init__(self, config: Any, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+        self._note = ""
+
+    def explain(self) -> str:
+        return self._note
+
+    def _count(self, request: PlanRequest, default_factor: int = 1) -> int:
+        return self.config.partitions or max(1, request.degree * default_factor)
+
+
+class CtidStrategy(_Base):
+    """Heap page ranges (PostgreSQL ctid): no key needed, every page read once."""
+
+    method = "ctid"
+
+    def plan(self, request: PlanRequest) -> list[Partition]:
+        if not isinstance(request.source, SupportsCtid):
+            raise PlanningError(f"strategy=ctid needs a PostgreSQL table; {request.info.label} is not one", hint="use strategy=none")
+        pages = request.source.ctid_pages()
+        n = max(1, min(self._count(request, 4), pages or 1))
+        step = -(-max(pages, 1) // n)
+        starts = list(range(0, max(pages, 1), step))
+        parts: list[Partition] = []
+        for i, start in enumerate(starts):
+            stop = None if i == len(starts) - 1 else starts[i + 1]
+            parts.append(PageRange(index=i, count=len(starts), start=start, stop=stop))
+        self._note = f"{pages} pages in {len(parts)} ranges; the last is open-ended"
+        return parts
+
+
+class RangeIdStrategy(_Base):
+    """Ranges of a numeric or date key, balanced by row count (default) or by width."""
+
+    config_class = RangeIdStrategyConfig
+    method = "rangeid"
+
+    def plan(self, request: PlanRequest) -> list[Partition]:
+        source, column = _keys(request, self.method), _key_column(self.config, self.method)
+        stats = source.key_stats(column)
+        if stats.kind not in ("integer", "numeric", "temporal"):
+            raise PlanningError(
+                f"strategy=rangeid: distribute_key {column!r} is not numeric or a date/time",
+                hint="use strategy=ntile or datadriven for this column, or pick a numeric key",
+            )
+        n = self._count(request)
+        if self.config.balance == "width":
+            bounds = width_bounds(stats, n)
+        else:
+            bounds = source.key_quantiles(column, n, exact=False)
+        parts = ranges_from_bounds(column, bounds)
+        self._note = f"{len(parts)} ranges of {column} balanced by {self.config.balance} (min {stats.min!r}, max {stats.max!r})"
+        return parts
+
+
+class NtileStrategy(_Base):
+    """NTILE(n) over the key: exact quantile boundaries, computed once, as key ranges."""
+
+    method = "ntile"
+
+    def plan(self, request: PlanRequest) -> list[Partition]:
+        source, column = _keys(request, self.method), _key_column(self.config, self.method)
+        source.key_stats(column)  # checks the column exists
+        parts = ranges_from_bounds(column, source.key_quantiles(column, self._count(request), exact=True))
+        self._note = f"{len(parts)} ntile ranges of {column}"
+        return parts
+
+
+class RandomStrategy(_Base):
+    """Modulo of an integer key: abs(key % n) = i (FastTransfer's Random method)."""
+
+    method = "random"
+
+    def plan(self, request: PlanRequest) -> list[Partition]:
+        source, column = _keys(request, self.method), _key_column(self.config, self.method)
+        stats = source.key_stats(column)
+        if stats.kind != "integer":
+            raise PlanningError(f"strategy=random: distribute_key {column!r} is not an integer column",
+                                hint="use strategy=ntile or rangeid")
+        n = self._count(request)
+        return [ModuloBucket(index=i, count=n, column=column, buckets=n, bucket=i) for i in range(n)]
+
+
+class DataDrivenStrategy(_Base):
+    """One partition per distinct key value, or per row of ``datadriven_query``."""
+
+    config_class = DataDrivenStrategyConfig
+    method = "datadriven"
+
+    def plan(self, request: PlanRequest) -> list[Partition]:
+        source, column = _keys(request, self.method), _key_column(self.config, self.method)
+        if self.config.datadriven_query:
+            values = source.query_values(self.config.datadriven_query)
+            self._note = f"{len(values)} values of {column} from datadriven_query (rows with other values are not read)"
+        else:
+            values = source.key_values(column)
+            self._note = f"{len(values)} distinct values of {column}"
+        if not values:
+            return [ValueSet(index=0, count=1, column=column, values=())]
+        groups = _spread(values, self.config.partitions)
+        return [ValueSet(index=i, count=len(groups), column=column, values=tuple(g)) for i, g in enumerate(groups)]
+
+
+def _spread(values: list[Any], partitions: int) -> list[list[Any]]:
+    if not partitions or partitions >= len(values):
+        return [[v] for v in values]
+    return [values[i::partitions] for i in range(partitions)]
+
+
+class AutoStrategy(_Base):
+    """ctid for a heap table; else rangeid on a numeric distribute_key; else none."""
+
+    method = "auto"
+
+    def plan(self, request: PlanRequest) -> list[Partition]:
+        source = request.source
+        if isinstance(source, SupportsCtid):
+            try:
+                parts = CtidStrategy(self.config, self.options).plan(request)
+                self._note = f"chose ctid: {request.info.label} is a heap table ({len(parts)} page ranges)"
+                return parts
+            except PlanningError as exc:
+                why = exc.message
+        else:
+            why = "the source has no ctid"
+        if self.config.distribute_key and isinstance(source, SupportsKeys):
+            stats = source.key_stats(self.config.distribute_key)
+            if stats.kind in ("integer", "numeric", "temporal"):
+                cfg = RangeIdStrategyConfig(distribute_key=self.config.distribute_key, partitions=self.config.partitions)
+                parts = RangeIdStrategy(cfg, self.options).plan(request)
+                self._note = f"chose rangeid on {self.config.distribute_key}: {why}"
+                return parts
+            why += f"; {self.config.distribute_key} is not numeric"
+        self._note = f"chose none: {why}" + ("" if self.config.distribute_key else "; no distribute_key set")
+        return [WholeSource(index=0, count=1, estimated_rows=request.info.estimated_rows)]

@@ -1,0 +1,142 @@
+"""Throwaway PostgreSQL servers for tests and benchmarks.
+
+Each server gets its own data directory under a temp folder, listens on 127.0.0.1 only on a
+free port, and requires a password over TCP (scram-sha-256). PostgreSQL refuses to run as
+root: as root the server runs as the unprivileged ``postgres`` system user (created by
+Debian's package), otherwise as the current user.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def find_bindir() -> Path:
+    """The folder holding initdb and pg_ctl (highest installed version first)."""
+    env = os.environ.get("PG_BINDIR")
+    if env:
+        return Path(env)
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]), reverse=True)
+    if candidates:
+        return Path(candidates[0]).parent
+    initdb = shutil.which("initdb")
+    if initdb:
+        return Path(initdb).parent
+    raise RuntimeError("PostgreSQL server binaries not found: run scripts/ensure-postgres.sh (make test does)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class PgServer:
+    """A running throwaway server; ``dsn`` connects as its superuser over TCP."""
+
+    name: str = "pg"
+    password: str = "conveyor-test-secret"
+    settings: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    root: Path | None = None
+    user: str = "postgres"
+
+    def _as_server_user(self, args: list[str]) -> list[str]:
+        if os.geteuid() == 0:
+            return ["runuser", "-u", self.user, "--", *args]
+        return args
+
+    def start(self, timeout: float = 60.0) -> PgServer:
+        bindir = find_bindir()
+        self.root = Path(tempfile.mkdtemp(prefix=f"conveyor-{self.name}-"))
+        data, sock = self.root / "data", self.root / "sock"
+        sock.mkdir()
+        pwfile = self.root / "pw"
+        pwfile.write_text(self.password + "\n")
+        if os.geteuid() == 0:
+            info = pwd.getpwnam(self.user)
+            for p in (self.root, sock, pwfile):
+                os.chown(p, info.pw_uid, info.pw_gid)
+        else:
+            self.user = pwd.getpwuid(os.geteuid()).pw_name
+        subprocess.run(
+            self._as_server_user([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--pwfile", str(pwfile),
+                                  "-A", "scram-sha-256", "-E", "UTF8", "--locale", "C.UTF-8", "--no-sync"]),
+            check=True, capture_output=True, timeout=120,
+        )
+        self.port = self.port or free_port()
+        conf = {
+            "listen_addresses": "'127.0.0.1'",
+            "port": str(self.port),
+            "unix_socket_directories": f"'{sock}'",
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "max_connections": "50",
+            "shared_buffers": "128MB",
+            "max_wal_size": "2GB",
+            "timezone": "'UTC'",
+            **self.settings,
+        }
+        with open(data / "postgresql.conf", "a") as f:
+            f.writelines(f"{k} = {v}\n" for k, v in conf.items())
+        subprocess.run(
+            self._as_server_user([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(self.root / "log"), "-w", "-t", str(int(timeout)), "start"]),
+            check=True, capture_output=True, timeout=timeout + 10,
+        )
+        self._wait(timeout)
+        return self
+
+    def _wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"PostgreSQL {self.name} did not listen on port {self.port} within {timeout}s")
+
+    def stop(self) -> None:
+        if self.root is None:
+            return
+        bindir = find_bindir()
+        subprocess.run(
+            self._as_server_user([str(bindir / "pg_ctl"), "-D", str(self.root / "data"), "-m", "immediate", "-w", "stop"]),
+            capture_output=True, timeout=60,
+        )
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root = None
+
+    def restart(self, timeout: float = 60.0) -> None:
+        assert self.root is not None
+        bindir = find_bindir()
+        subprocess.run(
+            self._as_server_user([str(bindir / "pg_ctl"), "-D", str(self.root / "data"), "-l", str(self.root / "log"),
+                                  "-m", "fast", "-w", "restart"]),
+            check=True, capture_output=True, timeout=timeout,
+        )
+        self._wait(timeout)
+
+    def dsn(self, dbname: str = "postgres", password: str | None = None) -> str:
+        pw = self.password if password is None else password
+        return f"host=127.0.0.1 port={self.port} user=postgres password={pw} dbname={dbname}"
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres:{self.password}@127.0.0.1:{self.port}/{dbname}"
+
+    def __enter__(self) -> PgServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
