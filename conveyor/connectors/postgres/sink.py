@@ -252,8 +252,9 @@ class PostgresSink:
         pairs = list(zip(plan.source_columns, plan.columns))
         casts = plan.detail("casts")
         out_schema = _ingest_schema(plan.schema, pairs, casts)
-        counted = CountingBatches(batches)
-        reader = pa.RecordBatchReader.from_batches(out_schema, _cast_batches(counted, pairs, casts, out_schema, part.key))
+        # errors raised while reading or casting are kept: the driver would only wrap them
+        counted = CountingBatches(_cast_batches(iter(batches), pairs, casts, out_schema, part.key))
+        reader = pa.RecordBatchReader.from_batches(out_schema, counted)
         conn = adbc_connect(self.config, part.key)
         cur = conn.cursor()
         try:
@@ -267,7 +268,7 @@ class PostgresSink:
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 conn.rollback()
-            if counted.error is not None:  # the source failed: the driver only wrapped it
+            if counted.error is not None:  # the source or a cast failed: the driver only wrapped it
                 raise counted.error from None
             if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
                 raise
@@ -388,11 +389,20 @@ def _arrow_cast_target(src: Any, target_field: Any) -> Any:
         return tgt
     if isinstance(tgt, pa.BaseExtensionType) and tgt.extension_name == "arrow.uuid" and not pa.types.is_fixed_size_binary(check_src):
         return None
+    if _is_binary(check_src) != _is_binary(check_tgt):
+        return None  # bytes are not parsed as numbers or text here: PostgreSQL decides (and refuses)
     try:
         pc.cast(pa.array([], check_src), check_tgt)
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         return None
     return tgt
+
+
+def _is_binary(typ: Any) -> bool:
+    import pyarrow.types as t
+
+    return bool(t.is_binary(typ) or t.is_large_binary(typ) or t.is_fixed_size_binary(typ)
+                or (hasattr(t, "is_binary_view") and t.is_binary_view(typ)))
 
 
 def _ingest_schema(schema: Any, pairs: Sequence[tuple[str, str]], casts: Sequence[Any]) -> Any:

@@ -1,0 +1,52 @@
+"""Bad input through the CLI: one clear line and a hint, the right exit code, nothing written."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.testing.pgserver import free_port
+from tests.conftest import PG_PASSWORD, pg_exec
+
+
+@pytest.fixture(scope="module")
+def tables(pg_source, pg_target):
+    pg_exec(pg_source, "DROP TABLE IF EXISTS bad_src CASCADE", "CREATE TABLE bad_src (id int, name text, blob bytea)",
+            "INSERT INTO bad_src VALUES (1, 'a', '\\x01'), (2, 'b', '\\x02')", "CREATE VIEW bad_view AS SELECT * FROM bad_src")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS bad_dst", "CREATE TABLE bad_dst (id int, name text, blob int)",
+            "INSERT INTO bad_dst VALUES (42, 'keep', 0)")
+    return pg_source, pg_target
+
+
+def _args(src, dst, *extra: str) -> list[str]:
+    return ["run", "source=postgres", f"source.port={src.port}", "source.table=bad_src", "sink=postgres",
+            f"sink.port={dst.port}", "sink.table=bad_dst", "strategy=none", "load_mode=truncate", *extra]
+
+
+CASES = [
+    ("wrong password", ["source.password_env=CONVEYOR_WRONG_PW"], 3, ["password authentication failed", "hint: check the user and the password in $CONVEYOR_WRONG_PW"]),
+    ("unreachable port", ["source.port={free}"], 3, ["cannot connect", "hint: is the server running and reachable at 127.0.0.1:"]),
+    ("missing table", ["source.table=nope"], 4, ["error: postgres source: table public.nope does not exist"]),
+    ("missing target", ["sink.table=nope"], 4, ["error: postgres table public.nope does not exist", "load_mode=create"]),
+    ("ctid on a view", ["source.table=bad_view", "strategy=ctid"], 2, ["public.bad_view is a view, which has no ctid", "hint: use strategy=rangeid or ntile"]),
+    ("missing key", ["strategy=rangeid", "strategy.distribute_key=nope"], 4, ["distribute_key 'nope' is not a column", "columns are: id, name, blob"]),
+    ("text key for rangeid", ["strategy=rangeid", "strategy.distribute_key=name"], 2, ["distribute_key 'name' is not numeric", "strategy=ntile"]),
+    ("no key", ["strategy=random"], 2, ["strategy.distribute_key: strategy=random needs a distribute key"]),
+    ("incompatible type", ["sink.copy_path=arrow"], 4, ["the source columns do not fit", "cannot cast type bytea to integer"]),
+    ("forced passthrough", ["sink.copy_path=passthrough"], 4, ["copy_path=passthrough is not possible: column blob: bytea -> integer differ"]),
+    ("bad copy_path", ["sink.copy_path=fast"], 2, ["copy_path: 'fast' is not one of auto, arrow, passthrough"]),
+]
+
+
+@pytest.mark.parametrize(("name", "extra", "code", "needles"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input(tables, cli, name: str, extra: list[str], code: int, needles: list[str]) -> None:
+    src, dst = tables
+    extra = [e.replace("{free}", str(free_port())) for e in extra]
+    res = cli(*_args(src, dst, *extra), env={"CONVEYOR_WRONG_PW": "not-the-password"})
+    assert res.code == code, (res.code, res.out, res.err)
+    assert "Traceback" not in res.err + res.out
+    assert len(res.error_lines) == 1, res.err
+    for needle in needles:
+        assert needle in res.err, res.err
+    assert PG_PASSWORD not in res.err + res.out
+    assert pg_exec(dst, "SELECT * FROM bad_dst") == [(42, "keep", 0)]
+    assert pg_exec(dst, "SELECT count(*) FROM pg_class WHERE relname LIKE '_conveyor_stage%'")[0][0] == 0

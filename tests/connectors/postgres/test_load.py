@@ -1,0 +1,117 @@
+"""Load modes, column mapping, UNLOGGED and partitioned targets, Parquet -> PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from conveyor.errors import SchemaError, TransferError
+from tests.conftest import pg_exec
+from tests.connectors.postgres.test_strategies import checksum
+from tests.helpers import job
+
+
+def _sink(server, table: str, **kw) -> dict:
+    return {"type": "postgres", "port": server.port, "table": table, **kw}
+
+
+@pytest.fixture
+def parquet_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for i in range(3):
+        ids = pa.array(range(i * 1000, i * 1000 + 1000), pa.int64())
+        pq.write_table(pa.table({"ID": ids, "Label": pc.cast(ids, pa.string())}), folder / f"f{i}.parquet")
+    return folder
+
+
+def test_parquet_to_postgres_tpch_orders(tpch_orders: Path, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS orders")
+    report = job({"type": "parquet", "path": str(tpch_orders)}, _sink(pg_target, "orders"), "files", load_mode="create", degree=2)
+    assert report.rows == 15000
+    types = dict(pg_exec(pg_target, "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                                    "WHERE attrelid = 'orders'::regclass AND attnum > 0"))
+    assert types["o_totalprice"] == "numeric(15,2)" and types["o_orderdate"] == "date" and types["o_comment"] == "text"
+    import duckdb
+
+    expected = duckdb.sql(f"SELECT count(*), sum(o_orderkey), sum(o_totalprice), count(DISTINCT o_comment) "
+                          f"FROM read_parquet('{tpch_orders}/*.parquet')").fetchone()
+    got = pg_exec(pg_target, "SELECT count(*), sum(o_orderkey), sum(o_totalprice), count(DISTINCT o_comment) FROM orders")[0]
+    assert tuple(got) == tuple(expected)
+
+
+def test_append_truncate_and_mapping_by_name(parquet_dir: Path, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS mapped",
+            "CREATE TABLE mapped (label text, id integer NOT NULL, loaded_at timestamptz NOT NULL DEFAULT now())")
+    src = {"type": "parquet", "path": str(parquet_dir)}
+    job(src, _sink(pg_target, "mapped"), "files", load_mode="append", degree=2)
+    job(src, _sink(pg_target, "mapped"), "files", load_mode="append", degree=2)
+    assert pg_exec(pg_target, "SELECT count(*), count(DISTINCT id), min(label), count(loaded_at) FROM mapped")[0] == (6000, 3000, "0", 6000)
+    job(src, _sink(pg_target, "mapped"), "files", load_mode="truncate", degree=2)
+    assert pg_exec(pg_target, "SELECT count(*), count(DISTINCT id) FROM mapped")[0] == (3000, 3000)
+    assert pg_exec(pg_target, "SELECT count(*) FROM pg_class WHERE relname LIKE '_conveyor_stage%'")[0][0] == 0
+
+
+def test_mapping_by_position(parquet_dir: Path, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS pos", "CREATE TABLE pos (a bigint, b text)")
+    job({"type": "parquet", "path": str(parquet_dir)}, _sink(pg_target, "pos"), load_mode="append", map_method="position")
+    assert pg_exec(pg_target, "SELECT count(*), sum(a), max(b::int) FROM pos")[0] == (3000, sum(range(3000)), 2999)
+
+
+def test_extra_and_missing_columns_are_reported_before_rows_move(parquet_dir: Path, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS strict_t", "CREATE TABLE strict_t (id int, must text NOT NULL)", "INSERT INTO strict_t VALUES (-1, 'keep')")
+    with pytest.raises(SchemaError) as info:
+        job({"type": "parquet", "path": str(parquet_dir)}, _sink(pg_target, "strict_t"), load_mode="truncate")
+    assert "source columns with no target column: Label" in str(info.value)
+    assert "without a default the source does not fill: must" in str(info.value)
+    assert pg_exec(pg_target, "SELECT * FROM strict_t") == [(-1, "keep")]
+
+
+def test_a_failed_replace_leaves_the_old_table(parquet_dir: Path, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS keep_me", "CREATE TABLE keep_me (ID bigint, \"Label\" text)", "INSERT INTO keep_me VALUES (7, 'old')")
+    (parquet_dir / "f1.parquet").write_bytes(b"PAR1 damaged PAR1")
+    for mode in ("replace", "truncate"):
+        with pytest.raises(SchemaError, match="f1.parquet"):
+            job({"type": "parquet", "path": str(parquet_dir)}, _sink(pg_target, "keep_me"), "files", load_mode=mode, degree=2)
+        assert pg_exec(pg_target, "SELECT * FROM keep_me") == [(7, "old")]
+    assert pg_exec(pg_target, "SELECT count(*) FROM pg_class WHERE relname LIKE '_conveyor_stage%'")[0][0] == 0
+
+
+def test_a_value_that_does_not_fit_rolls_its_partition_back(pg_target, tmp_path: Path) -> None:
+    pq.write_table(pa.table({"v": pa.array([1, 2, 3_000_000_000], pa.int64())}), tmp_path / "big.parquet")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS small", "CREATE TABLE small (v int4)")
+    with pytest.raises(TransferError, match="column v -> v: a value does not fit int32"):
+        job({"type": "parquet", "path": str(tmp_path / "big.parquet")}, _sink(pg_target, "small"), load_mode="append")
+    assert pg_exec(pg_target, "SELECT count(*) FROM small")[0][0] == 0
+
+
+def test_unlogged_and_partitioned_targets(parquet_dir: Path, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS unl", "DROP TABLE IF EXISTS parted",
+            "CREATE TABLE parted (id bigint, label text) PARTITION BY RANGE (id)",
+            "CREATE TABLE parted_a PARTITION OF parted FOR VALUES FROM (0) TO (1500)",
+            "CREATE TABLE parted_b PARTITION OF parted FOR VALUES FROM (1500) TO (10000)")
+    src = {"type": "parquet", "path": str(parquet_dir)}
+    job(src, _sink(pg_target, "unl", unlogged=True), "files", load_mode="create", degree=2)
+    assert pg_exec(pg_target, "SELECT relpersistence FROM pg_class WHERE relname = 'unl'")[0][0] == "u"
+    assert pg_exec(pg_target, "SELECT count(*) FROM unl")[0][0] == 3000
+    job(src, _sink(pg_target, "parted"), "files", load_mode="truncate", degree=2)
+    job(src, _sink(pg_target, "parted"), "files", load_mode="append", degree=2)
+    assert pg_exec(pg_target, "SELECT count(*) FROM parted_a")[0][0] == 3000
+    assert pg_exec(pg_target, "SELECT count(*) FROM parted_b")[0][0] == 3000
+    with pytest.raises(SchemaError, match="partitioned"):
+        job(src, _sink(pg_target, "parted"), load_mode="replace")
+
+
+def test_postgres_to_postgres_replace_swaps_in_one_transaction(pg_source, pg_target) -> None:
+    pg_exec(pg_source, "DROP TABLE IF EXISTS src_r", "CREATE TABLE src_r AS SELECT g AS id, md5(g::text) AS h FROM generate_series(1, 5000) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS dst_r", "CREATE TABLE dst_r (id int PRIMARY KEY, h text)", "INSERT INTO dst_r VALUES (0, 'old')")
+    report = job({"type": "postgres", "port": pg_source.port, "table": "src_r"}, _sink(pg_target, "dst_r"), "ctid",
+                 load_mode="replace", degree=2)
+    assert report.sink_plan.native == "pgcopy-binary"
+    assert checksum(pg_target, "dst_r") == checksum(pg_source, "src_r")
+    # INCLUDING ALL: the primary key came along
+    assert pg_exec(pg_target, "SELECT count(*) FROM pg_index WHERE indrelid = 'dst_r'::regclass AND indisprimary")[0][0] == 1
