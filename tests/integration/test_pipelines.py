@@ -1,0 +1,79 @@
+"""One run per shipped pipeline config (configs/pipeline/*.yaml), through the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import REPO, pg_exec
+
+PIPELINES = sorted(p.stem for p in (REPO / "configs" / "pipeline").glob("*.yaml"))
+
+
+def _orders_count(tpch_orders: Path) -> int:
+    return duckdb.sql(f"SELECT count(*) FROM read_parquet('{tpch_orders}/*.parquet')").fetchone()[0]
+
+
+def run_demo(cli, tmp_path, tpch_orders, pg_source, pg_target):
+    db = tmp_path / "d.duckdb"
+    assert cli("run", "pipeline=demo", f"source.path={tpch_orders}", f"sink.database={db}").code == 0
+    return duckdb.connect(str(db), read_only=True).execute("SELECT count(*) FROM orders").fetchone()[0]
+
+
+def run_parquet_to_duckdb(cli, tmp_path, tpch_orders, pg_source, pg_target):
+    db = tmp_path / "p.duckdb"
+    duckdb.connect(str(db)).execute(f"CREATE TABLE o AS SELECT * FROM read_parquet('{tpch_orders}/*.parquet') LIMIT 0").close()
+    res = cli("run", "pipeline=parquet_to_duckdb", f"source.path={tpch_orders}/*.parquet", f"sink.database={db}", "sink.table=o")
+    assert res.code == 0, res.err
+    return duckdb.connect(str(db), read_only=True).execute("SELECT count(*) FROM o").fetchone()[0]
+
+
+def run_duckdb_to_parquet(cli, tmp_path, tpch_orders, pg_source, pg_target):
+    db = tmp_path / "s.duckdb"
+    duckdb.connect(str(db)).execute(f"CREATE TABLE o AS SELECT * FROM read_parquet('{tpch_orders}/*.parquet')").close()
+    res = cli("run", "pipeline=duckdb_to_parquet", f"source.database={db}", "source.table=o", f"sink.path={tmp_path}/out")
+    assert res.code == 0, res.err
+    return pq.read_table(tmp_path / "out").num_rows
+
+
+def _load_orders_into_source(cli, tpch_orders, pg_source) -> None:
+    pg_exec(pg_source, "DROP TABLE IF EXISTS orders")
+    res = cli("run", "pipeline=parquet_to_postgres", f"source.path={tpch_orders}", f"sink.port={pg_source.port}",
+              "sink.table=orders", "load_mode=create")
+    assert res.code == 0, res.err
+
+
+def run_parquet_to_postgres(cli, tmp_path, tpch_orders, pg_source, pg_target):
+    _load_orders_into_source(cli, tpch_orders, pg_source)
+    return pg_exec(pg_source, "SELECT count(*) FROM orders")[0][0]
+
+
+def run_pg_to_pg(cli, tmp_path, tpch_orders, pg_source, pg_target):
+    _load_orders_into_source(cli, tpch_orders, pg_source)
+    pg_exec(pg_target, "DROP TABLE IF EXISTS orders")
+    res = cli("run", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=orders",
+              f"sink.port={pg_target.port}", "sink.table=orders", "load_mode=create")
+    assert res.code == 0, res.err
+    assert "pass-through" in res.out
+    return pg_exec(pg_target, "SELECT count(*) FROM orders")[0][0]
+
+
+def run_postgres_to_parquet(cli, tmp_path, tpch_orders, pg_source, pg_target):
+    _load_orders_into_source(cli, tpch_orders, pg_source)
+    res = cli("run", "pipeline=postgres_to_parquet", f"source.port={pg_source.port}", "source.table=orders",
+              f"sink.path={tmp_path}/pgout")
+    assert res.code == 0, res.err
+    return pq.read_table(tmp_path / "pgout").num_rows
+
+
+def test_every_pipeline_has_a_run() -> None:
+    assert PIPELINES and all(f"run_{name}" in globals() for name in PIPELINES), PIPELINES
+
+
+@pytest.mark.parametrize("name", PIPELINES)
+def test_pipeline(name: str, cli, tmp_path: Path, tpch_orders: Path, pg_source, pg_target) -> None:
+    rows = globals()[f"run_{name}"](cli, tmp_path, tpch_orders, pg_source, pg_target)
+    assert rows == _orders_count(tpch_orders)
