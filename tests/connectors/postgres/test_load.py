@@ -115,3 +115,18 @@ def test_postgres_to_postgres_replace_swaps_in_one_transaction(pg_source, pg_tar
     assert checksum(pg_target, "dst_r") == checksum(pg_source, "src_r")
     # INCLUDING ALL: the primary key came along
     assert pg_exec(pg_target, "SELECT count(*) FROM pg_index WHERE indrelid = 'dst_r'::regclass AND indisprimary")[0][0] == 1
+
+
+def test_plan_shows_the_path_and_the_strategys_choice(pg_source, pg_target, cli) -> None:
+    pg_exec(pg_source, "DROP TABLE IF EXISTS planned", "CREATE TABLE planned AS SELECT g AS id FROM generate_series(1, 1000) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS planned", "CREATE TABLE planned (id int)")
+    base = ["plan", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=planned",
+            f"sink.port={pg_target.port}", "sink.table=planned", "strategy=auto"]
+    res = cli(*base)
+    assert res.code == 0, res.err
+    assert "strategy: chose ctid" in res.out and "path: pass-through" in res.out
+    res = cli(*base, "sink.copy_path=arrow")
+    assert "path: arrow: copy_path=arrow" in res.out
+    pg_exec(pg_target, "DROP TABLE planned", "CREATE TABLE planned (id bigint)")
+    assert "path: arrow: column id: integer -> bigint differ" in cli(*base).out
+    assert pg_exec(pg_target, "SELECT count(*) FROM planned")[0][0] == 0
