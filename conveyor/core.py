@@ -94,6 +94,18 @@ class FileSet(Partition):
 
 
 @dataclass(frozen=True)
+class RowGroupSet(Partition):
+    """Some row groups of one Parquet file (to split one large file over several tasks)."""
+
+    path: str = ""
+    row_groups: tuple[int, ...] = ()
+    kind: ClassVar[str] = "rowgroups"
+
+    def describe(self) -> str:
+        return f"{self.path} row groups {self.row_groups[0]}..{self.row_groups[-1]}" if self.row_groups else self.path
+
+
+@dataclass(frozen=True)
 class PageRange(Partition):
     """Heap pages [start, stop) of a table (PostgreSQL ctid ranges); ``stop=None`` is open-ended."""
 
@@ -155,6 +167,8 @@ class FileEntry:
     path: str
     size: int | None = None
     rows: int | None = None
+    #: rows in each row group (Parquet), when known
+    row_groups: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches
-from conveyor.core import PrepareRequest, JobOptions, Partition, SinkPlan, SourceInfo, WholeSource, WriteStats
+from conveyor.connectors import fs as fs_util
+from conveyor.core import (
+    JobOptions, KeyRange, KeyStats, ModuloBucket, Partition, PrepareRequest, SinkPlan, SourceInfo, ValueSet, WholeSource,
+    WriteStats,
+)
 from conveyor.errors import ConnectError, PlanningError, SchemaError, TransferError
 from conveyor.mapping import TargetColumn, map_columns
 
@@ -47,48 +51,80 @@ class DuckDBSourceConfig:
     #: a table to read; or set ``query``
     table: str | None = None
     schema: str = "main"
-    #: any SQL query (read_parquet('...'), joins, ...); or set ``table``
+    #: any SQL query (read_parquet('s3://...'), joins, ...); or set ``table``
     query: str | None = None
     #: open the file read-only, so several processes can read it at once
     read_only: bool = True
+    #: fsspec filesystems registered with DuckDB, by protocol, with their storage options
+    #: (DuckDB cannot download httpfs here; s3 is registered by itself when the query names s3://)
+    filesystems: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: columns left out of the output (e.g. the ``filename`` column a datadriven split uses)
+    drop_columns: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if bool(self.table) == bool(self.query):
             raise ValueError("set exactly one of table or query")
 
 
+_KINDS = (("integer", ("is_integer",)), ("numeric", ("is_floating", "is_decimal")), ("temporal", ("is_date", "is_timestamp")))
+
+
 class DuckDBSource:
-    """Rows of a DuckDB table or query, as Arrow batches."""
+    """Rows of a DuckDB table or query, as Arrow batches; serves the keyed strategies."""
 
     config_class = DuckDBSourceConfig
 
     def __init__(self, config: DuckDBSourceConfig, options: JobOptions) -> None:
         self.config = config
         self.options = options
+        self._schema: Any = None
 
-    def _sql(self) -> str:
+    def _base_sql(self) -> str:
         if self.config.query:
             return self.config.query
         return f"SELECT * FROM {qualified(self.config.schema, self.config.table or '')}"
 
     def _con(self) -> Any:
         read_only = self.config.read_only and self.config.database != ":memory:"
-        return _connect(self.config.database, read_only=read_only)
+        con = _connect(self.config.database, read_only=read_only)
+        filesystems = dict(self.config.filesystems)
+        if "s3://" in (self.config.query or "") and "s3" not in filesystems:
+            filesystems["s3"] = {}
+        for protocol, options in filesystems.items():
+            fs, _ = fs_util.filesystem(f"{protocol}://", options)
+            con.register_filesystem(fs)
+        return con
 
-    def _execute(self, con: Any, sql: str) -> Any:
+    def _execute(self, con: Any, sql: str, params: list[Any] | None = None) -> Any:
         import duckdb
 
         try:
-            return con.execute(sql)
+            return con.execute(sql, params or [])
         except duckdb.CatalogException as exc:
             raise SchemaError(f"duckdb source: {str(exc).splitlines()[0]}", hint="check source.table / source.query") from None
+        except duckdb.IOException as exc:
+            raise ConnectError(f"duckdb source: {str(exc).splitlines()[0]}", hint="check the files, the bucket and the credentials") from None
         except duckdb.Error as exc:
             raise SchemaError(f"duckdb source query failed: {str(exc).splitlines()[0]}") from None
+
+    def _select(self, where: str = "") -> str:
+        exclude = ""
+        if self.config.drop_columns:
+            exclude = f" EXCLUDE ({', '.join(qident(c) for c in self.config.drop_columns)})"
+        return f"SELECT *{exclude} FROM ({self._base_sql()}) AS _conveyor_q{where}"
+
+    def _query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        con = self._con()
+        try:
+            return self._execute(con, sql, params).fetchall()
+        finally:
+            con.close()
 
     def describe(self) -> SourceInfo:
         con = self._con()
         try:
-            schema = self._execute(con, f"SELECT * FROM ({self._sql()}) LIMIT 0").to_arrow_reader().schema
+            self._schema = self._execute(con, f"SELECT * FROM ({self._base_sql()}) AS _conveyor_q LIMIT 0").to_arrow_reader().schema
+            schema = self._execute(con, self._select() + " LIMIT 0").to_arrow_reader().schema
             rows = None
             if self.config.table:
                 rows = self._execute(con, f"SELECT count(*) FROM {qualified(self.config.schema, self.config.table)}").fetchone()[0]
@@ -97,13 +133,79 @@ class DuckDBSource:
         what = f"table {self.config.schema}.{self.config.table}" if self.config.table else "query"
         return SourceInfo(schema=schema, label=f"duckdb {what} in {self.config.database}", estimated_rows=rows)
 
+    # --- capabilities for the keyed strategies -------------------------------------------------
+
+    def _column_type(self, column: str) -> Any:
+        if self._schema is None:
+            self.describe()
+        if column not in self._schema.names:
+            raise SchemaError(f"duckdb source: distribute_key {column!r} is not a column of the source",
+                              hint=f"columns are: {', '.join(self._schema.names)}")
+        return self._schema.field(column).type
+
+    def key_stats(self, column: str) -> KeyStats:
+        import pyarrow.types as t
+
+        typ = self._column_type(column)
+        kind = next((k for k, tests in _KINDS if any(getattr(t, f)(typ) for f in tests)), "other")
+        q = qident(column)
+        lo, hi, rows, nonnull = self._query(f"SELECT min({q}), max({q}), count(*), count({q}) FROM ({self._base_sql()}) AS _q")[0]
+        return KeyStats(column, kind, lo, hi, rows, rows - nonnull)
+
+    def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]:
+        self._column_type(column)
+        if buckets <= 1:
+            return []
+        fractions = ", ".join(str(i / buckets) for i in range(1, buckets))
+        row = self._query(f"SELECT quantile_disc({qident(column)}, [{fractions}]) FROM ({self._base_sql()}) AS _q")[0]
+        return list(row[0] or [])
+
+    def key_values(self, column: str) -> list[Any]:
+        self._column_type(column)
+        q = qident(column)
+        return [r[0] for r in self._query(f"SELECT DISTINCT {q} FROM ({self._base_sql()}) AS _q ORDER BY 1 NULLS FIRST")]
+
+    def query_values(self, query: str) -> list[Any]:
+        return [r[0] for r in self._query(query)]
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def where(self, part: Partition) -> tuple[str, list[Any]]:
+        """The partition as a WHERE clause and its parameters."""
+        if isinstance(part, WholeSource):
+            return "", []
+        if isinstance(part, KeyRange):
+            q, conds, params = qident(part.column), [], []
+            if part.lower is not None:
+                conds.append(f"{q} >= ?")
+                params.append(part.lower)
+            if part.upper is not None:
+                conds.append(f"{q} < ?")
+                params.append(part.upper)
+            cond = " AND ".join(conds) or f"{q} IS NOT NULL"
+            return f" WHERE ({cond})" + (f" OR {q} IS NULL" if part.nulls else ""), params
+        if isinstance(part, ModuloBucket):
+            q = qident(part.column)
+            return f" WHERE abs({q} % {int(part.buckets)}) = {int(part.bucket)}" + (f" OR {q} IS NULL" if part.bucket == 0 else ""), []
+        if isinstance(part, ValueSet):
+            q = qident(part.column)
+            values = [v for v in part.values if v is not None]
+            conds = [f"{q} IN ({', '.join('?' for _ in values)})"] if values else []
+            if len(values) < len(part.values):
+                conds.append(f"{q} IS NULL")
+            return f" WHERE {' OR '.join(conds) or 'false'}", values
+        raise PlanningError(f"duckdb source cannot read a {part.kind} partition",
+                            hint="use strategy=none, rangeid, ntile, random or datadriven")
+
     def read(self, part: Partition) -> Iterator[Any]:
-        if not isinstance(part, WholeSource):
-            raise PlanningError(f"duckdb source cannot read a {part.kind} partition", hint="use strategy=none")
+        where, params = self.where(part)
         con = self._con()
         try:
-            reader = self._execute(con, self._sql()).to_arrow_reader(self.options.batch_size)
-            yield from reader
+            reader = self._execute(con, self._select(where), params).to_arrow_reader(self.options.batch_size)
+            try:
+                yield from reader
+            except Exception as exc:  # raised by DuckDB while it scans (a damaged file, a lost connection)
+                raise TransferError(f"duckdb source {part.key}: {str(exc).splitlines()[0]}", partition=part.key) from None
         finally:
             con.close()
 

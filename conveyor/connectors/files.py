@@ -9,14 +9,18 @@ only when every partition succeeded.
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.connectors import fs as fs_util
 from conveyor.arrowutil import CountingBatches, rebatch, same_columns
-from conveyor.core import PrepareRequest, FileEntry, FileSet, JobOptions, Partition, SinkPlan, SourceInfo, WholeSource, WriteStats
-from conveyor.errors import ConfigError, ConnectError, PlanningError, SchemaError, TransferError
+from conveyor.core import (
+    FileEntry, FileSet, JobOptions, Partition, PrepareRequest, RowGroupSet, SinkPlan, SourceInfo, WholeSource, WriteStats,
+)
+from conveyor.errors import ConfigError, ConveyorError, PlanningError, SchemaError, TransferError
 
 _GLOB_CHARS = ("*", "?", "[")
 
@@ -37,12 +41,7 @@ class CsvSourceConfig(FileSourceConfig):
 
 
 def _filesystem(path: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
-    import fsspec
-
-    try:
-        return fsspec.core.url_to_fs(path, **storage_options)
-    except (ImportError, ValueError) as exc:
-        raise ConfigError(f"path {path!r}: {exc}", key="path", hint="for s3:// install conveyor[s3]") from None
+    return fs_util.filesystem(path, storage_options)
 
 
 class _FileSource:
@@ -57,10 +56,12 @@ class _FileSource:
         self.options = options
         self._entries: list[FileEntry] | None = None
         self._schema: Any = None
+        self._fs_obj: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_entries"] = None  # workers get their files from the partition
+        state["_fs_obj"] = None  # each process builds its own filesystem
         return state
 
     def list_files(self) -> list[FileEntry]:
@@ -68,8 +69,15 @@ class _FileSource:
             self._entries = self._list()
         return self._entries
 
+    def _fs(self) -> Any:
+        """This process's filesystem object (built once per process, never pickled)."""
+        if self._fs_obj is None:
+            self._fs_obj = _filesystem(self.config.path, self.config.storage_options)[0]
+        return self._fs_obj
+
     def _list(self) -> list[FileEntry]:
         fs, root = _filesystem(self.config.path, self.config.storage_options)
+        self._fs_obj = fs
         where = f"source.path {self.config.path!r}"
         try:
             if any(c in root for c in _GLOB_CHARS):
@@ -84,22 +92,22 @@ class _FileSource:
             elif fs.exists(root):
                 found = [root]
             else:
-                raise ConfigError(f"{where}: no such file or folder", key="source.path", hint="check the path")
-        except (PermissionError, OSError) as exc:
-            raise ConnectError(f"{where}: {type(exc).__name__}: {exc}") from None
-        sizes = {p: fs.size(p) for p in found} if len(found) <= 10000 else {}
-        return [FileEntry(path=p, size=sizes.get(p)) for p in found]
+                raise ConfigError(f"{where}: no such file or folder", key="source.path", hint="check the path (and the bucket)")
+            sizes = {p: fs.size(p) for p in found} if len(found) <= 10000 else {}
+        except Exception as exc:
+            raise fs_util.translate(exc, where) from None
+        return [FileEntry(path=fs_util.display(fs, p), size=sizes.get(p)) for p in found]
 
     # subclasses: schema of one file, batches of one file
     def _file_schema(self, fs: Any, path: str) -> Any:
         raise NotImplementedError
 
-    def _read_file(self, fs: Any, path: str) -> Iterator[Any]:
+    def _read_file(self, fs: Any, path: str, row_groups: list[int] | None = None) -> Iterator[Any]:
         raise NotImplementedError
 
     def describe(self) -> SourceInfo:
         entries = self.list_files()
-        fs, _ = _filesystem(self.config.path, self.config.storage_options)
+        fs = self._fs()
         self._schema = self._file_schema(fs, entries[0].path)
         total = sum(e.size or 0 for e in entries)
         return SourceInfo(
@@ -109,7 +117,10 @@ class _FileSource:
         )
 
     def read(self, part: Partition) -> Iterator[Any]:
-        fs, _ = _filesystem(self.config.path, self.config.storage_options)
+        fs = self._fs()
+        if isinstance(part, RowGroupSet):
+            yield from rebatch(self._read_file(fs, part.path, list(part.row_groups)), self.options.batch_size)
+            return
         if isinstance(part, FileSet):
             paths: Sequence[str] = part.paths
         elif isinstance(part, WholeSource):
@@ -138,6 +149,8 @@ class ParquetSource(_FileSource):
 
         try:
             return pq.ParquetFile(fs.open(path, "rb"))
+        except (FileNotFoundError, PermissionError, ConnectionError) as exc:
+            raise fs_util.translate(exc, f"parquet file {path}") from None
         except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for damaged files
             raise SchemaError(f"parquet file {path}: cannot be read: {exc}", hint="is it a Parquet file, and whole?") from None
 
@@ -149,24 +162,24 @@ class ParquetSource(_FileSource):
         from concurrent.futures import ThreadPoolExecutor
 
         info = super().describe()
-        fs, _ = _filesystem(self.config.path, self.config.storage_options)
-        entries = self.list_files()
+        fs = self._fs()
 
         def footer(entry: FileEntry) -> FileEntry:
-            pf = self._open(fs, entry.path)
-            self._check_schema(entry.path, pf.schema_arrow)
-            return FileEntry(entry.path, entry.size, pf.metadata.num_rows)
+            meta = self._open(fs, entry.path)
+            self._check_schema(entry.path, meta.schema_arrow)
+            groups = tuple(meta.metadata.row_group(i).num_rows for i in range(meta.metadata.num_row_groups))
+            return FileEntry(entry.path, entry.size, meta.metadata.num_rows, groups)
 
         with ThreadPoolExecutor(max_workers=8) as pool:
-            self._entries = list(pool.map(footer, entries))
+            self._entries = list(pool.map(footer, self.list_files()))
         rows = sum(e.rows or 0 for e in self._entries)
         return SourceInfo(info.schema, info.label, estimated_rows=rows, estimated_bytes=info.estimated_bytes)
 
-    def _read_file(self, fs: Any, path: str) -> Iterator[Any]:
+    def _read_file(self, fs: Any, path: str, row_groups: list[int] | None = None) -> Iterator[Any]:
         pf = self._open(fs, path)
         self._check_schema(path, pf.schema_arrow)
         try:
-            yield from pf.iter_batches(batch_size=self.options.batch_size)
+            yield from pf.iter_batches(batch_size=self.options.batch_size, row_groups=row_groups)
         except OSError as exc:
             raise TransferError(f"parquet file {path}: {exc}") from None
 
@@ -183,7 +196,10 @@ class CsvSource(_FileSource):
 
         cfg = self.config
         compression = "gzip" if path.endswith(".gz") else None
-        stream = fs.open(path, "rb", compression=compression)
+        try:
+            stream = fs.open(path, "rb", compression=compression)
+        except Exception as exc:
+            raise fs_util.translate(exc, f"csv file {path}") from None
         read = pacsv.ReadOptions(autogenerate_column_names=not cfg.header, block_size=8 << 20)
         parse = pacsv.ParseOptions(delimiter=cfg.delimiter, quote_char=cfg.quote_char)
         convert = pacsv.ConvertOptions(column_types=column_types)
@@ -195,7 +211,9 @@ class CsvSource(_FileSource):
     def _file_schema(self, fs: Any, path: str) -> Any:
         return self._reader(fs, path).schema
 
-    def _read_file(self, fs: Any, path: str) -> Iterator[Any]:
+    def _read_file(self, fs: Any, path: str, row_groups: list[int] | None = None) -> Iterator[Any]:
+        if row_groups is not None:
+            raise PlanningError("csv files have no row groups", hint="set strategy.row_groups_per_partition=0")
         if self._schema is None:
             self._schema = self._file_schema(fs, path)
         reader = self._reader(fs, path, column_types=self._schema)
@@ -215,6 +233,8 @@ class FileSinkConfig:
     path: str = "???"
     #: file names are <prefix>-<partition>.<ext> (append adds the run id)
     prefix: str = "part"
+    #: hive-style output folders by these columns: <col>=<value>/<prefix>-....<ext>
+    partition_by: list[str] = field(default_factory=list)
     storage_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -243,30 +263,36 @@ class _FileSink:
         return fs, root.rstrip("/")
 
     def _existing(self, fs: Any, root: str) -> list[str]:
+        """The data files already under the folder (recursively, for hive-style output)."""
         if not fs.exists(root):
             return []
         if not fs.isdir(root):
             raise ConfigError(f"sink.path {self.config.path!r} is a file; give a folder", key="sink.path")
-        return [p for p in fs.ls(root, detail=False) if p.endswith(self.extension) and not fs.isdir(p)]
+        return [p for p in fs.find(root) if p.endswith(self.extension) and "/_conveyor_" not in p[len(root):]
+                and "/." not in p[len(root):]]
 
     def _check_types(self, schema: Any) -> None:
         """Fail before any row moves when the format cannot hold a column's type."""
 
     def prepare(self, request: PrepareRequest) -> SinkPlan:
         schema = request.schema
+        missing = [c for c in self.config.partition_by if c not in schema.names]
+        if missing:
+            raise SchemaError(f"sink.partition_by: no source column {', '.join(missing)}", hint=f"columns are: {', '.join(schema.names)}")
         self._check_types(schema)
-        fs, root = self._fs()
         mode = self.options.load_mode
-        existing = self._existing(fs, root)
-        if mode == "create" and existing:
-            raise SchemaError(f"sink.path {self.config.path!r} already holds {len(existing)} {self.extension} file(s)", hint="use load_mode=replace or append")
-        write_to = root if mode == "append" else posixpath.join(root, f"_conveyor_staging_{self.options.run_id}")
+        where = f"sink.path {self.config.path!r}"
         try:
+            fs, root = self._fs()
+            existing = self._existing(fs, root)
+            if mode == "create" and existing:
+                raise SchemaError(f"{where} already holds {len(existing)} {self.extension} file(s)", hint="use load_mode=replace or append")
+            write_to = root if mode == "append" else posixpath.join(root, f"_conveyor_staging_{self.options.run_id}")
             fs.makedirs(write_to, exist_ok=True)
-        except OSError as exc:
-            raise ConnectError(f"sink.path {self.config.path!r}: cannot create the folder: {exc}") from None
+        except Exception as exc:
+            raise fs_util.translate(exc, where) from None
         return SinkPlan(
-            target=root, write_target=write_to, load_mode=mode,
+            target=fs_util.display(fs, root), write_target=write_to, load_mode=mode,
             columns=tuple(schema.names), source_columns=tuple(schema.names), schema=schema,
         )
 
@@ -278,17 +304,51 @@ class _FileSink:
         import time
 
         fs, _ = self._fs()
-        final = posixpath.join(plan.write_target, self._name(part))
-        tmp = posixpath.join(plan.write_target, f".{self._name(part)}.tmp")
         start = time.perf_counter()
+        # everything is written under a temporary name first and renamed when whole
+        tmp = posixpath.join(plan.write_target, f"_conveyor_tmp_{self.options.run_id}_{part.index:05d}")
         try:
-            rows, nbytes = self._write_file(fs, tmp, batches, plan.schema)
-            fs.mv(tmp, final)
-        except BaseException:
-            if fs.exists(tmp):
-                fs.rm(tmp)
+            if self.config.partition_by:
+                rows, nbytes = self._write_hive(fs, tmp, batches, plan.schema, part)
+                for path in fs.find(tmp):
+                    fs.mv(path, posixpath.join(plan.write_target, path[len(tmp) + 1:]))
+            else:
+                rows, nbytes = self._write_file(fs, tmp, batches, plan.schema)
+                fs.mv(tmp, posixpath.join(plan.write_target, self._name(part)))
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                if fs.exists(tmp):
+                    fs.rm(tmp, recursive=True)
+            if isinstance(exc, (OSError, ConnectionError)) and not isinstance(exc, ConveyorError):
+                raise fs_util.translate(exc, f"sink.path {self.config.path!r}") from None
             raise
+        with contextlib.suppress(Exception):
+            if fs.exists(tmp):
+                fs.rm(tmp, recursive=True)
         return WriteStats(part.key, rows, nbytes, time.perf_counter() - start)
+
+    def _write_hive(self, fs: Any, folder: str, batches: Iterable[Any], schema: Any, part: Partition) -> tuple[int, int]:
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        counted = CountingBatches(batches)
+        keys = pa.schema([schema.field(c) for c in self.config.partition_by])
+        stem = self._name(part)[: -len(self.extension)]
+        ds.write_dataset(
+            pa.RecordBatchReader.from_batches(schema, counted), folder, filesystem=fs,
+            format=self._dataset_format(), file_options=self._dataset_options(),
+            partitioning=ds.partitioning(keys, flavor="hive"), basename_template=stem + "-{i}" + self.extension,
+            existing_data_behavior="overwrite_or_ignore",
+        )
+        if counted.error is not None:
+            raise counted.error
+        return counted.rows, counted.bytes
+
+    def _dataset_format(self) -> Any:
+        raise NotImplementedError
+
+    def _dataset_options(self) -> Any:
+        return None
 
     def _writer(self, out: Any, schema: Any) -> Any:
         raise NotImplementedError
@@ -310,18 +370,21 @@ class _FileSink:
         return counted.rows, counted.bytes
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
-        if plan.write_target == plan.target:
-            return
         fs, root = self._fs()
-        for old in self._existing(fs, root):
-            fs.rm(old)
-        for new in fs.ls(plan.write_target, detail=False):
-            fs.mv(new, posixpath.join(root, posixpath.basename(new)))
-        fs.rm(plan.write_target, recursive=True)
+        if plan.write_target == root:
+            return
+        try:
+            for old in self._existing(fs, root):
+                fs.rm(old)
+            for new in fs.find(plan.write_target):
+                fs.mv(new, posixpath.join(root, new[len(plan.write_target) + 1:]))
+            fs.rm(plan.write_target, recursive=True)
+        except Exception as exc:
+            raise fs_util.translate(exc, f"sink.path {self.config.path!r}") from None
 
     def abort(self, plan: SinkPlan) -> None:
-        fs, _ = self._fs()
-        if plan.write_target != plan.target and fs.exists(plan.write_target):
+        fs, root = self._fs()
+        if plan.write_target != root and fs.exists(plan.write_target):
             fs.rm(plan.write_target, recursive=True)
 
 
@@ -348,8 +411,18 @@ class ParquetSink(_FileSink):
     def _writer(self, out: Any, schema: Any) -> Any:
         import pyarrow.parquet as pq
 
-        compression = None if self.config.compression == "none" else self.config.compression
-        return pq.ParquetWriter(out, schema, compression=compression)
+        return pq.ParquetWriter(out, schema, compression=self._compression())
+
+    def _compression(self) -> str | None:
+        return None if self.config.compression == "none" else self.config.compression
+
+    def _dataset_format(self) -> Any:
+        import pyarrow.dataset as ds
+
+        return ds.ParquetFileFormat()
+
+    def _dataset_options(self) -> Any:
+        return self._dataset_format().make_write_options(compression=self._compression())
 
 
 class CsvSink(_FileSink):
@@ -361,5 +434,17 @@ class CsvSink(_FileSink):
     def _writer(self, out: Any, schema: Any) -> Any:
         import pyarrow.csv as pacsv
 
-        options = pacsv.WriteOptions(include_header=self.config.header, delimiter=self.config.delimiter)
-        return pacsv.CSVWriter(out, schema, write_options=options)
+        return pacsv.CSVWriter(out, schema, write_options=self._csv_options())
+
+    def _csv_options(self) -> Any:
+        import pyarrow.csv as pacsv
+
+        return pacsv.WriteOptions(include_header=self.config.header, delimiter=self.config.delimiter)
+
+    def _dataset_format(self) -> Any:
+        import pyarrow.dataset as ds
+
+        return ds.CsvFileFormat()
+
+    def _dataset_options(self) -> Any:
+        return self._dataset_format().make_write_options(include_header=self.config.header, delimiter=self.config.delimiter)

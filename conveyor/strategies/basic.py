@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conveyor.core import FileEntry, FileSet, JobOptions, Partition, PlanRequest, SupportsFileListing, WholeSource
+from conveyor.core import FileEntry, FileSet, RowGroupSet, JobOptions, Partition, PlanRequest, SupportsFileListing, WholeSource
 from conveyor.errors import PlanningError
 
 
@@ -29,10 +29,15 @@ class NoneStrategy:
 class FilesStrategyConfig:
     #: files per partition; 0 spreads the files evenly over ``degree`` partitions
     files_per_partition: int = 1
+    #: > 0: split Parquet files into partitions of this many row groups (one large file over
+    #: several tasks); 0: whole files
+    row_groups_per_partition: int = 0
 
     def __post_init__(self) -> None:
         if self.files_per_partition < 0:
             raise ValueError("files_per_partition must be >= 0")
+        if self.row_groups_per_partition < 0:
+            raise ValueError("row_groups_per_partition must be >= 0")
 
 
 class FilesStrategy:
@@ -51,12 +56,25 @@ class FilesStrategy:
                 hint="use strategy=none",
             )
         entries = source.list_files()
+        if self.config.row_groups_per_partition:
+            return self._row_groups(entries, request)
         per = self.config.files_per_partition or max(1, -(-len(entries) // request.degree))
         groups = [entries[i : i + per] for i in range(0, len(entries), per)]
         return [
             FileSet(index=i, count=len(groups), paths=tuple(e.path for e in g), estimated_rows=_rows(g))
             for i, g in enumerate(groups)
         ]
+
+
+    def _row_groups(self, entries: list[FileEntry], request: PlanRequest) -> list[Partition]:
+        if any(e.row_groups is None for e in entries):
+            raise PlanningError(f"row_groups_per_partition needs Parquet files; {request.info.label} has none",
+                                hint="set strategy.row_groups_per_partition=0")
+        per = self.config.row_groups_per_partition
+        spans = [(e.path, tuple(range(i, min(i + per, len(e.row_groups or ())))), e.row_groups or ())
+                 for e in entries for i in range(0, max(len(e.row_groups or ()), 1), per)]
+        return [RowGroupSet(index=i, count=len(spans), path=path, row_groups=groups, estimated_rows=sum(sizes[g] for g in groups))
+                for i, (path, groups, sizes) in enumerate(spans)]
 
 
 def _rows(entries: list[FileEntry]) -> int | None:

@@ -1,0 +1,63 @@
+"""Filesystems through fsspec: local paths, ``s3://`` (s3fs), ``memory://`` and any other.
+
+Credentials come from the standard places each filesystem reads (for S3: AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_ENDPOINT_URL, profiles) or from
+``storage_options`` (use ``${oc.env:VAR}`` for secrets there). S3 filesystems are built
+fresh for each job (no instance cache), so changed credentials are never served stale.
+Errors name the path or bucket, never a credential.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError
+
+_EXTRA = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
+
+
+def protocol_of(path: str) -> str:
+    return path.split("://", 1)[0] if "://" in path else "file"
+
+
+def filesystem(path: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """(filesystem, path inside it) for an fsspec URL."""
+    import fsspec
+
+    options = dict(storage_options or {})
+    if protocol_of(path) in ("s3", "s3a"):
+        options.setdefault("skip_instance_cache", True)
+        if "endpoint_url" in options:  # s3fs wants the endpoint in client_kwargs, as botocore does
+            options.setdefault("client_kwargs", {})["endpoint_url"] = options.pop("endpoint_url")
+    try:
+        return fsspec.core.url_to_fs(path, **options)
+    except ImportError as exc:
+        extra = _EXTRA.get(protocol_of(path))
+        hint = f"pip install 'conveyor[{extra}]'" if extra else f"install the fsspec implementation for {protocol_of(path)}://"
+        raise ConfigError(f"path {path!r}: {exc}", key="path", hint=hint) from None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"path {path!r}: {exc}", key="path") from None
+
+
+def display(fs: Any, path: str) -> str:
+    """A path as the user would write it (with its protocol, except for local files)."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return path if protocol in ("file", "local") else fs.unstrip_protocol(path)
+
+
+def translate(exc: BaseException, where: str) -> ConveyorError:
+    """A filesystem error as one Conveyor error naming the path or bucket."""
+    if isinstance(exc, ConveyorError):
+        return exc
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, FileNotFoundError):
+        return ConfigError(f"{where}: not found: {text}", hint="check the path (and that the bucket exists)")
+    if isinstance(exc, PermissionError):
+        return ConnectError(f"{where}: access denied: {text}",
+                            hint="check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or storage_options)")
+    name = type(exc).__name__
+    if name in ("EndpointConnectionError", "ClientConnectorError", "ConnectTimeoutError") or isinstance(exc, ConnectionError):
+        return ConnectError(f"{where}: cannot reach the storage: {text}", hint="check storage_options.endpoint_url and the network")
+    if name in ("ClientError", "NoCredentialsError"):
+        return ConnectError(f"{where}: {text}", hint="check the credentials and the bucket")
+    return SchemaError(f"{where}: {name}: {text}")
