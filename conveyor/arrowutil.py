@@ -52,3 +52,23 @@ class CountingBatches:
         self.rows += batch.num_rows
         self.bytes += batch.nbytes
         return batch
+
+
+def without_views(schema: pa.Schema) -> pa.Schema:
+    """The schema with string_view/binary_view as string/binary (for writers that lack view kernels)."""
+    import pyarrow as pa
+
+    def plain(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_string_view(t):
+            return pa.string()
+        if pa.types.is_binary_view(t):
+            return pa.binary()
+        return t
+
+    return pa.schema([f.with_type(plain(f.type)) for f in schema], metadata=schema.metadata)
+
+
+def cast_batches(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Each batch cast to ``schema`` (column by column, in Arrow)."""
+    for batch in batches:
+        yield batch if batch.schema.equals(schema) else batch.cast(schema)

@@ -71,8 +71,17 @@ def _console() -> Any:
     return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
+def _quiet_libraries() -> None:
+    """Drivers' INFO chatter (e.g. botocore's "Found credentials") is not the user's business."""
+    import logging
+
+    for name in ("botocore", "aiobotocore", "s3fs", "fsspec", "urllib3"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     """One composed config: validate, then plan (and run)."""
+    _quiet_libraries()
     from conveyor.config import build_job
     from conveyor.pipelines.job import execute, plan_job
     from conveyor.pipelines.report import plan_table, summary_table

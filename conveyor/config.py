@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -39,6 +39,8 @@ class JobConfig:
     batch_size: int = 65536
     #: N > 0 tasks at once; N < 0 = CPUs / |N|
     degree: int = 1
+    #: free-form values for ${vars.x} interpolation in pipeline configs (a bucket, a glob, ...)
+    vars: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,34 @@ def pg_exec(server, *statements: str) -> list[tuple]:
             cur = con.execute(stmt)
             rows = cur.fetchall() if cur.description else []
         return rows
+
+
+# --- an S3-compatible server on loopback (moto), with authentication -----------------------
+
+
+@pytest.fixture(scope="session")
+def s3():
+    from conveyor.testing.s3server import S3Server
+
+    server = S3Server().start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_orders(s3, tpch_orders: Path) -> str:
+    """TPC-H orders as 4 Parquet files in s3://conveyor-test/orders/."""
+    client = s3.client()
+    client.create_bucket(Bucket="conveyor-test")
+    for f in sorted(tpch_orders.iterdir()):
+        client.upload_file(str(f), "conveyor-test", f"orders/{f.name}")
+    return "s3://conveyor-test/orders"

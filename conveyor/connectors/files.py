@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.connectors import fs as fs_util
-from conveyor.arrowutil import CountingBatches, rebatch, same_columns
+from conveyor.arrowutil import CountingBatches, cast_batches, rebatch, same_columns, without_views
 from conveyor.core import (
     FileEntry, FileSet, JobOptions, Partition, PrepareRequest, RowGroupSet, SinkPlan, SourceInfo, WholeSource, WriteStats,
 )
@@ -83,6 +83,7 @@ class _FileSource:
             if any(c in root for c in _GLOB_CHARS):
                 found = sorted(p for p in fs.glob(root) if not fs.isdir(p))
                 if not found:
+                    self._check_bucket(fs, root, where)
                     raise ConfigError(f"{where}: the glob matches no files", key="source.path", hint="check the pattern")
             elif fs.isdir(root):
                 found = sorted(p for p in fs.find(root) if p.endswith(self.extensions))
@@ -92,11 +93,21 @@ class _FileSource:
             elif fs.exists(root):
                 found = [root]
             else:
-                raise ConfigError(f"{where}: no such file or folder", key="source.path", hint="check the path (and the bucket)")
+                self._check_bucket(fs, root, where)
+                raise ConfigError(f"{where}: no such file or folder", key="source.path", hint="check the path")
             sizes = {p: fs.size(p) for p in found} if len(found) <= 10000 else {}
         except Exception as exc:
             raise fs_util.translate(exc, where) from None
         return [FileEntry(path=fs_util.display(fs, p), size=sizes.get(p)) for p in found]
+
+    def _check_bucket(self, fs: Any, root: str, where: str) -> None:
+        """On an object store, say so when the bucket itself is missing."""
+        if fs_util.protocol_of(self.config.path) in ("file", "memory", "local"):
+            return
+        bucket = root.split("/", 1)[0]
+        if not fs.exists(bucket):
+            raise ConfigError(f"{where}: bucket {bucket!r} does not exist (or these credentials cannot see it)",
+                              key="source.path", hint="check the bucket name, the endpoint and the credentials")
 
     # subclasses: schema of one file, batches of one file
     def _file_schema(self, fs: Any, path: str) -> Any:
@@ -332,10 +343,11 @@ class _FileSink:
         import pyarrow.dataset as ds
 
         counted = CountingBatches(batches)
-        keys = pa.schema([schema.field(c) for c in self.config.partition_by])
+        plain = without_views(schema)  # the dataset writer has no string_view kernels
+        keys = pa.schema([plain.field(c) for c in self.config.partition_by])
         stem = self._name(part)[: -len(self.extension)]
         ds.write_dataset(
-            pa.RecordBatchReader.from_batches(schema, counted), folder, filesystem=fs,
+            pa.RecordBatchReader.from_batches(plain, cast_batches(counted, plain)), folder, filesystem=fs,
             format=self._dataset_format(), file_options=self._dataset_options(),
             partitioning=ds.partitioning(keys, flavor="hive"), basename_template=stem + "-{i}" + self.extension,
             existing_data_behavior="overwrite_or_ignore",
@@ -378,7 +390,8 @@ class _FileSink:
                 fs.rm(old)
             for new in fs.find(plan.write_target):
                 fs.mv(new, posixpath.join(root, new[len(plan.write_target) + 1:]))
-            fs.rm(plan.write_target, recursive=True)
+            if fs.exists(plan.write_target):  # object stores have no folders left to remove
+                fs.rm(plan.write_target, recursive=True)
         except Exception as exc:
             raise fs_util.translate(exc, f"sink.path {self.config.path!r}") from None
 

@@ -27,8 +27,9 @@ def filesystem(path: str, storage_options: dict[str, Any] | None = None) -> tupl
     options = dict(storage_options or {})
     if protocol_of(path) in ("s3", "s3a"):
         options.setdefault("skip_instance_cache", True)
-        if "endpoint_url" in options:  # s3fs wants the endpoint in client_kwargs, as botocore does
-            options.setdefault("client_kwargs", {})["endpoint_url"] = options.pop("endpoint_url")
+        endpoint = options.pop("endpoint_url", None)
+        if endpoint:  # s3fs wants the endpoint in client_kwargs, as botocore does
+            options.setdefault("client_kwargs", {})["endpoint_url"] = endpoint
     try:
         return fsspec.core.url_to_fs(path, **options)
     except ImportError as exc:
