@@ -20,6 +20,7 @@ commands:
             sweep jobs:  conveyor run -m strategy=none,files
   plan      print the partitions and what each reads; moves nothing
   plugins   list installed sources, sinks, strategies and runtimes
+  submit    send a job to a Ray cluster: conveyor submit [--address URL] [--follow] [--no-wait] overrides...
 
 Hydra options work after run/plan: --cfg job (print the composed config), --config-dir DIR
 (add your own configs, e.g. source/<plugin>.yaml), hydra.run.dir=..., --help.
@@ -144,10 +145,15 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_plugins()
         if command in ("run", "plan"):
             return _cmd_hydra(command, rest, verbose)
+        if command == "submit":
+            from conveyor import submit
+
+            _quiet_libraries()
+            return submit.submit(submit.parse(rest))
     except Exception as exc:  # noqa: BLE001
         return report_error(exc, verbose)
     _stderr(f"error: unknown command {command!r}")
-    _stderr("hint: commands are run, plan, plugins (conveyor --help)")
+    _stderr("hint: commands are run, plan, plugins, submit (conveyor --help)")
     return EXIT_CONFIG
 
 

@@ -136,6 +136,7 @@ def build_job(cfg: DictConfig, run_id: str | None = None) -> JobSpec:
         map_method=job.map_method,
         batch_size=job.batch_size,
         degree=JobOptions.resolve_degree(job.degree),
+        requested_degree=job.degree,
         run_id=run_id or uuid.uuid4().hex[:12],
     )
     built = {kind: build_plugin(kind, cfg, options) for kind in TOP_LEVEL_PLUGINS}

@@ -32,6 +32,8 @@ class JobOptions:
     batch_size: int = 65536
     degree: int = 1
     run_id: str = "run"
+    #: the degree as configured (negative: a fraction of the CPUs, which a cluster runtime resolves)
+    requested_degree: int = 1
 
     @staticmethod
     def resolve_degree(degree: int, cpus: int | None = None) -> int:

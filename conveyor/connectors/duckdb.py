@@ -227,6 +227,8 @@ class DuckDBSink:
     """
 
     config_class = DuckDBSinkConfig
+    #: DuckDB lets one process at a time write a database file
+    single_process = True
 
     def __init__(self, config: DuckDBSinkConfig, options: JobOptions) -> None:
         self.config = config

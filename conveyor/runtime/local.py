@@ -21,6 +21,8 @@ from conveyor.runtime.task import Progress, Task, TaskResult, run_task
 class LocalRuntimeConfig:
     #: how often a partition that failed with a retriable error is tried again
     max_retries: int = 2
+    #: batches a task reads ahead of its writer (memory per task ~ prefetch x batch size)
+    prefetch_batches: int = 4
 
 
 def roundtrip(task: Task) -> Task:
@@ -50,7 +52,7 @@ class LocalRuntime:
             while pending or running:
                 while pending and not failed and len(running) < degree:
                     task = roundtrip(pending.pop())
-                    running.add(pool.submit(run_task, task, progress, self.config.max_retries))
+                    running.add(pool.submit(run_task, task, progress, self.config.max_retries, prefetch=self.config.prefetch_batches))
                 if not running:
                     break
                 done, running = wait(running, return_when=FIRST_COMPLETED)

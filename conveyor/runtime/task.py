@@ -7,6 +7,8 @@ attempt cannot duplicate rows.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -78,8 +80,69 @@ def _as_conveyor_error(exc: BaseException, key: str) -> ConveyorError:
     return TransferError(f"partition {key}: {type(exc).__name__}: {first}", partition=key, retriable=False)
 
 
-def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: float = 0.5) -> TaskResult:
-    """Run a task, retrying retriable errors up to ``max_retries`` times with backoff."""
+class _Failed:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_DONE = object()
+
+
+def read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
+    """Read ahead in a thread, at most ``depth`` batches, so reading overlaps writing.
+
+    Memory stays bounded (``depth`` batches queued); when the consumer stops early, the
+    reader stops too and the source's generator is closed (its connection with it).
+    """
+    if depth <= 0:
+        yield from batches
+        return
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if not put(batch):
+                    break
+            else:
+                put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(_Failed(exc))
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    reader = threading.Thread(target=produce, name="conveyor-prefetch", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failed):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        reader.join(timeout=30)
+
+
+def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: float = 0.5, prefetch: int = 0) -> TaskResult:
+    """Run a task, retrying retriable errors up to ``max_retries`` times with backoff.
+
+    ``prefetch`` > 0 reads that many batches ahead of the writer, in a thread.
+    """
     key = task.partition.key
     progress.started(key)
     attempt = 0
@@ -91,7 +154,7 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
                 stats = task.sink.write_native(task.plan, task.source, task.partition)
                 progress.advanced(key, stats.rows, stats.bytes)
             else:
-                batches = _reported(task.source.read(task.partition), key, progress)
+                batches = _reported(read_ahead(task.source.read(task.partition), prefetch), key, progress)
                 stats = task.sink.write(task.plan, task.partition, batches)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a TaskResult
             err = _as_conveyor_error(exc, key)

@@ -69,11 +69,22 @@ def run_postgres_to_parquet(cli, tmp_path, tpch_orders, pg_source, pg_target):
     return pq.read_table(tmp_path / "pgout").num_rows
 
 
+def run_s3_parquet_to_postgres(cli, tmp_path, tpch_orders, pg_source, pg_target, request=None):
+    s3, s3_orders = request.getfixturevalue("s3"), request.getfixturevalue("s3_orders")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS orders_s3")
+    res = cli("run", "pipeline=s3_parquet_to_postgres", f"vars.files={s3_orders}/*.parquet", f"vars.endpoint={s3.endpoint}",
+              f"sink.port={pg_target.port}", "sink.table=orders_s3", "load_mode=create")
+    assert res.code == 0, res.err
+    return pg_exec(pg_target, "SELECT count(*) FROM orders_s3")[0][0]
+
+
 def test_every_pipeline_has_a_run() -> None:
     assert PIPELINES and all(f"run_{name}" in globals() for name in PIPELINES), PIPELINES
 
 
 @pytest.mark.parametrize("name", PIPELINES)
-def test_pipeline(name: str, cli, tmp_path: Path, tpch_orders: Path, pg_source, pg_target) -> None:
-    rows = globals()[f"run_{name}"](cli, tmp_path, tpch_orders, pg_source, pg_target)
+def test_pipeline(name: str, cli, tmp_path: Path, tpch_orders: Path, pg_source, pg_target, request) -> None:
+    run = globals()[f"run_{name}"]
+    extra = {"request": request} if "request" in run.__code__.co_varnames else {}
+    rows = run(cli, tmp_path, tpch_orders, pg_source, pg_target, **extra)
     assert rows == _orders_count(tpch_orders)

@@ -1,0 +1,206 @@
+"""The Ray runtime: one Ray task per partition, on local cores or across a Ray cluster.
+
+``address``: ``local`` starts a Ray instance for the job (sized to this machine) and stops it
+afterwards; ``auto`` joins the running cluster (Ray's own RAY_ADDRESS convention); or a
+``ray://host:port`` / ``host:port`` address. At most ``degree`` tasks run at once; a negative
+degree is a fraction of the cluster's CPUs.
+
+Failures: a task whose worker process dies is retried by Ray (``max_retries``); a retriable
+error (dropped connection, server restart, deadlock) is retried inside the task with backoff.
+Since the sink writes each partition in one transaction, a retry neither duplicates nor loses
+rows. A fatal error cancels the running tasks (their processes end, their open transactions
+roll back) and fails the job.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.core import JobOptions
+from conveyor.errors import ConfigError, ConnectError, TransferError
+from conveyor.runtime.task import Progress, Task, TaskResult, run_task
+
+
+@dataclass
+class RayRuntimeConfig:
+    #: local (start one for the job) | auto (the running cluster) | ray://host:port | host:port
+    address: str = "local"
+    #: how often a partition is tried again after a retriable error or a dead worker
+    max_retries: int = 2
+    #: CPUs Ray reserves for each task
+    num_cpus_per_task: float = 1.0
+    #: seconds to wait for a cluster to answer
+    connect_timeout: float = 30.0
+    #: names of environment variables (e.g. PGPASSWORD) forwarded to the workers; their values
+    #: travel in Ray's runtime_env, so set secrets in the cluster's environment where you can
+    forward_env: list[str] = field(default_factory=list)
+    #: batches a task reads ahead of its writer (memory per task ~ prefetch x batch size)
+    prefetch_batches: int = 4
+    #: seconds between progress polls on the driver
+    progress_interval: float = 0.5
+
+
+def _remote_run(task: Task, max_retries: int, prefetch: int, collector: Any) -> TaskResult:
+    """Runs on a Ray worker: the same task code as the local runtime, progress sent to an actor."""
+    return run_task(task, _RemoteProgress(collector), max_retries, prefetch=prefetch)
+
+
+class _RemoteProgress:
+    def __init__(self, collector: Any) -> None:
+        self.collector = collector
+
+    def started(self, key: str) -> None:
+        pass
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None:
+        self.collector.add.remote(key, rows, nbytes)
+
+    def finished(self, result: TaskResult) -> None:
+        pass
+
+
+class _Collector:
+    """A Ray actor adding up rows and bytes per partition while tasks run."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}
+
+    def add(self, key: str, rows: int, nbytes: int) -> None:
+        c = self.counts.setdefault(key, [0, 0])
+        c[0] += rows
+        c[1] += nbytes
+
+    def take(self) -> dict[str, list[int]]:
+        out, self.counts = self.counts, {}
+        return out
+
+
+class RayRuntime:
+    config_class = RayRuntimeConfig
+
+    def __init__(self, config: RayRuntimeConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+
+    # --- connecting ----------------------------------------------------------------------------
+
+    def _init(self) -> tuple[Any, bool]:
+        """(ray, whether this call started it)."""
+        import logging
+
+        try:
+            import ray
+        except ModuleNotFoundError:
+            raise ConfigError("runtime=ray needs the ray package", key="runtime", hint="pip install 'conveyor[ray]', or use runtime=local") from None
+        if ray.is_initialized():
+            return ray, False
+        env_vars = {k: os.environ[k] for k in self.config.forward_env if k in os.environ}
+        runtime_env = {"env_vars": env_vars} if env_vars else None
+        address = self.config.address
+        kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False, "runtime_env": runtime_env}
+        if address == "local":
+            kwargs.update(address="local", include_dashboard=False, num_cpus=os.cpu_count() or 1,
+                          object_store_memory=256 * 1024 * 1024)
+        else:
+            self._check_reachable(address)
+            kwargs["address"] = address
+        try:
+            ray.init(**kwargs)
+        except ConnectionError as exc:
+            raise ConnectError(f"ray cluster {address}: {str(exc).splitlines()[0]}", hint="is the cluster running? (ray status)") from None
+        return ray, True
+
+    def _check_reachable(self, address: str) -> None:
+        """Fail within ``connect_timeout`` on an address nothing listens on (ray.init waits far longer)."""
+        import socket
+
+        if address == "auto":
+            address = os.environ.get("RAY_ADDRESS", "auto")
+            if address == "auto":
+                return
+        hostport = address.split("://", 1)[-1]
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"runtime.address: {address!r} is not local, auto, ray://host:port or host:port", key="runtime.address")
+        deadline = time.monotonic() + self.config.connect_timeout
+        while True:
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+                return
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise ConnectError(f"ray cluster {address}: cannot connect: {exc}",
+                                       hint="is the cluster running? start one with `ray start --head`") from None
+                time.sleep(0.5)
+
+    def resolve_degree(self, ray: Any, degree: int) -> int:
+        requested = self.options.requested_degree
+        if requested < 0:
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            return JobOptions.resolve_degree(requested, cpus)
+        return degree
+
+    # --- running -----------------------------------------------------------------------------
+
+    def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
+        if tasks and getattr(tasks[0].sink, "single_process", False):
+            raise ConfigError(f"sink {type(tasks[0].sink).__name__} writes from one process and cannot run on Ray workers",
+                              key="runtime", hint="use runtime=local")
+        ray, started = self._init()
+        try:
+            return self._run(ray, tasks, self.resolve_degree(ray, degree), progress)
+        finally:
+            if started:
+                ray.shutdown()
+
+    def _run(self, ray: Any, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
+        remote = ray.remote(_remote_run).options(
+            num_cpus=self.config.num_cpus_per_task, max_retries=self.config.max_retries, retry_exceptions=False
+        )
+        collector = ray.remote(num_cpus=0)(_Collector).remote()
+        pending = list(reversed(tasks))
+        running: dict[Any, Task] = {}
+        results: list[TaskResult] = []
+        failed = False
+        while pending or running:
+            while pending and not failed and len(running) < degree:
+                task = pending.pop()
+                progress.started(task.partition.key)
+                ref = remote.remote(task, self.config.max_retries, self.config.prefetch_batches, collector)
+                running[ref] = task
+            done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)
+            self._forward(ray, collector, progress)
+            for ref in done:
+                task = running.pop(ref)
+                result = self._result(ray, ref, task)
+                results.append(result)
+                progress.finished(result)
+                if not result.ok and not failed:
+                    failed = True
+                    for other in running:  # cancel: the worker ends, its transaction rolls back
+                        ray.cancel(other, force=True)
+        self._forward(ray, collector, progress)
+        return sorted(results, key=lambda r: r.index)
+
+    def _forward(self, ray: Any, collector: Any, progress: Progress) -> None:
+        for key, (rows, nbytes) in ray.get(collector.take.remote()).items():
+            progress.advanced(key, rows, nbytes)
+
+    def _result(self, ray: Any, ref: Any, task: Task) -> TaskResult:
+        from ray.exceptions import RayError, TaskCancelledError
+
+        key = task.partition.key
+        try:
+            return ray.get(ref)
+        except TaskCancelledError:
+            return TaskResult(key, task.partition.index, error=TransferError(f"partition {key}: cancelled after another partition failed", partition=key))
+        except RayError as exc:
+            cause = getattr(exc, "cause", None)
+            first = (str(cause or exc).strip().splitlines() or [type(exc).__name__])[0]
+            err = TransferError(f"partition {key}: the Ray task failed after {self.config.max_retries} retries: {type(exc).__name__}: {first}",
+                                partition=key)
+            return TaskResult(key, task.partition.index, attempts=self.config.max_retries + 1, error=err)

@@ -1,0 +1,123 @@
+"""``conveyor submit``: send a job to a Ray cluster through Ray's job submission API.
+
+The config is composed and validated here (a wrong key fails before anything is sent), then
+shipped, unresolved (``${oc.env:...}`` stays a reference, so no secret travels), as the job's
+working directory; on the cluster the job runs ``conveyor run`` with ``runtime.address=auto``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conveyor.errors import ConfigError, ConnectError, TransferError
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+_FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+@dataclass
+class SubmitArgs:
+    overrides: list[str] = field(default_factory=list)
+    address: str | None = None
+    wait: bool = True
+    follow: bool = False
+    timeout: float = 3600.0
+
+
+def parse(args: list[str]) -> SubmitArgs:
+    out = SubmitArgs()
+    it = iter(args)
+    for arg in it:
+        if arg == "--address":
+            out.address = next(it, None)
+        elif arg.startswith("--address="):
+            out.address = arg.split("=", 1)[1]
+        elif arg == "--no-wait":
+            out.wait = False
+        elif arg == "--follow":
+            out.follow = True
+        elif arg.startswith("--timeout="):
+            out.timeout = float(arg.split("=", 1)[1])
+        elif arg.startswith("--"):
+            raise ConfigError(f"conveyor submit: unknown option {arg}", hint="options: --address URL, --follow, --no-wait, --timeout=S")
+        else:
+            out.overrides.append(arg)
+    return out
+
+
+def compose(overrides: list[str]) -> Any:
+    """The composed config (Hydra's compose API), interpolations left unresolved."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    try:
+        with initialize_config_module(config_module="conveyor.configs", version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+    except HydraException as exc:
+        raise ConfigError(str(exc).splitlines()[0], hint="check the overrides (conveyor run --cfg job shows the config)") from None
+    OmegaConf.set_struct(cfg, False)
+    if cfg.runtime.get("type") == "ray":
+        cfg.runtime.address = "auto"  # on the cluster, join it
+    return cfg
+
+
+def submit(args: SubmitArgs, echo: Any = print) -> int:
+    from omegaconf import OmegaConf
+
+    from conveyor.config import build_job
+
+    cfg = compose(args.overrides)
+    build_job(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))  # validate before sending
+    address = args.address or os.environ.get("RAY_API_SERVER_ADDRESS") or DEFAULT_ADDRESS
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ModuleNotFoundError:
+        raise ConfigError("conveyor submit needs ray", hint="pip install 'conveyor[ray]'") from None
+    try:
+        client = JobSubmissionClient(address)
+    except Exception as exc:  # ray raises ConnectionError / RuntimeError
+        raise ConnectError(f"ray job server {address}: {str(exc).splitlines()[0]}",
+                           hint="is the cluster's dashboard up? (ray start --head --dashboard-host 127.0.0.1)") from None
+    with tempfile.TemporaryDirectory(prefix="conveyor-submit-") as folder:
+        Path(folder, "job.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=False))
+        job_id = client.submit_job(
+            entrypoint="conveyor run --config-dir . --config-name job hydra.run.dir=.",
+            runtime_env={"working_dir": folder},
+        )
+    echo(f"submitted job {job_id} to {address}")
+    if not args.wait:
+        return 0
+    status = _wait(client, job_id, args, echo)
+    logs = client.get_job_logs(job_id)
+    if not args.follow:
+        echo(logs.rstrip())
+    if status != "SUCCEEDED":
+        last = [line for line in logs.splitlines() if line.startswith("error:")]
+        raise TransferError(f"ray job {job_id} {status.lower()}" + (f": {last[-1][7:]}" if last else ""),
+                            hint=f"ray job logs {job_id} --address {address}")
+    return 0
+
+
+def _wait(client: Any, job_id: str, args: SubmitArgs, echo: Any) -> str:
+    deadline = time.monotonic() + args.timeout
+    shown = 0
+    while True:
+        status = str(client.get_job_status(job_id)).split(".")[-1]
+        if args.follow:
+            logs = client.get_job_logs(job_id)
+            if len(logs) > shown:
+                echo(logs[shown:].rstrip())
+                shown = len(logs)
+        if status in _FINAL:
+            return status
+        if time.monotonic() > deadline:
+            client.stop_job(job_id)
+            raise TransferError(f"ray job {job_id}: still running after {args.timeout:.0f}s; stopped")
+        time.sleep(1.0)
