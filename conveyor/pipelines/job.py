@@ -55,6 +55,8 @@ class JobReport:
 
 def plan_job(spec: JobSpec) -> JobPlan:
     """Describe the source and plan its partitions; moves nothing."""
+    if hasattr(spec.runtime, "check"):
+        spec.runtime.check(spec.source, spec.sink)
     info = spec.source.describe()
     partitions = spec.strategy.plan(PlanRequest(source=spec.source, info=info, degree=spec.options.degree))
     if not partitions:

@@ -146,10 +146,15 @@ class RayRuntime:
 
     # --- running -----------------------------------------------------------------------------
 
-    def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
-        if tasks and getattr(tasks[0].sink, "single_process", False):
-            raise ConfigError(f"sink {type(tasks[0].sink).__name__} writes from one process and cannot run on Ray workers",
+    def check(self, source: Any, sink: Any) -> None:
+        """Refuse, before anything moves, a sink that cannot be written from several processes."""
+        if getattr(sink, "single_process", False):
+            raise ConfigError(f"sink {type(sink).__name__} writes from one process and cannot run on Ray workers",
                               key="runtime", hint="use runtime=local")
+
+    def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
+        if tasks:
+            self.check(tasks[0].source, tasks[0].sink)
         ray, started = self._init()
         try:
             return self._run(ray, tasks, self.resolve_degree(ray, degree), progress)

@@ -108,7 +108,7 @@ def test_bad_input(cli, tmp_path: Path, tpch_orders: Path, args: list[str], code
 
 def test_strategy_the_source_cannot_serve(cli, tmp_path: Path) -> None:
     duckdb.connect(str(tmp_path / "src.duckdb")).execute("CREATE TABLE t AS SELECT 1 AS a").close()
-    res = cli("run", "source=duckdb", f"source.database={tmp_path}/src.duckdb", "source.table=t", "strategy=files",
+    res = cli("run", "runtime=local", "source=duckdb", f"source.database={tmp_path}/src.duckdb", "source.table=t", "strategy=files",
               f"sink.database={tmp_path}/x.duckdb", "sink.table=t2")
     _one_clear_line(res, 2, "error: strategy=files needs a source made of files", "hint: use strategy=none")
     assert not (tmp_path / "x.duckdb").exists()

@@ -1,0 +1,53 @@
+"""Test-only sources that misbehave on purpose, shipped to Ray workers by value (cloudpickle).
+
+They live in the tests, not in Conveyor: production code has no test hooks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from conveyor.core import JobOptions, Partition, SourceInfo
+
+SCHEMA = pa.schema([("n", pa.int64())])
+
+
+@dataclass
+class SequenceConfig:
+    rows: int = 100_000
+    batch: int = 10_000
+    #: a file whose absence makes the first attempt kill its own process mid-partition
+    crash_marker: str = ""
+    #: seconds to sleep between batches (to give a fault time to strike mid-COPY)
+    pause: float = 0.0
+
+
+class SequenceSource:
+    """The integers [0, rows) in batches of ``batch``; one partition per ``part.index`` shard."""
+
+    config_class = SequenceConfig
+
+    def __init__(self, config: SequenceConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+
+    def describe(self) -> SourceInfo:
+        return SourceInfo(schema=SCHEMA, label="test sequence", estimated_rows=self.config.rows)
+
+    def read(self, part: Partition):  # noqa: ANN201
+        lo_all = self.config.rows * part.index // part.count
+        hi_all = self.config.rows * (part.index + 1) // part.count
+        for i, lo in enumerate(range(lo_all, hi_all, self.config.batch)):
+            hi = min(lo + self.config.batch, hi_all)
+            if self.config.crash_marker and i == 2 and not Path(self.config.crash_marker).exists():
+                Path(self.config.crash_marker).write_text(str(os.getpid()))
+                os._exit(17)  # the worker process dies mid-partition, its COPY unfinished
+            if self.config.pause:
+                time.sleep(self.config.pause)
+            yield pa.record_batch([pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), hi - lo)), lo - 1)], schema=SCHEMA)

@@ -1,0 +1,154 @@
+"""The Ray runtime against a real Ray instance (local, 2 CPUs) and real PostgreSQL servers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conveyor.config import build_job
+from conveyor.core import JobOptions, ModuloBucket
+from conveyor.errors import ConfigError
+from conveyor.pipelines.job import execute, plan_job, run_job
+from conveyor.runtime.ray import RayRuntime, RayRuntimeConfig
+from conveyor.testing.pgserver import free_port
+from tests.conftest import pg_exec
+from tests.connectors.postgres.test_strategies import checksum
+from tests.runtime import faults
+
+
+@pytest.fixture(scope="module")
+def ray_instance(pg_servers):
+    """A real Ray instance for this module; started after the servers so workers see PGPASSWORD."""
+    import logging
+
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(faults)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024 * 1024,
+             logging_level=logging.WARNING, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _spec(source: dict, sink: dict, strategy: dict, degree: int = 2, **runtime):
+    return build_job(OmegaConf.create({
+        "source": source, "sink": sink, "strategy": strategy,
+        "runtime": {"type": "ray", "max_retries": 2, **runtime}, "load_mode": "append", "degree": degree,
+    }))
+
+
+def _with_fault_source(spec, **config):
+    """The job with the test's sequence source in place of the configured one."""
+    from dataclasses import replace
+
+    source = faults.SequenceSource(faults.SequenceConfig(**config), spec.options)
+    return replace(spec, source=source, names={**spec.names, "source": "test-sequence"})
+
+
+@pytest.mark.parametrize("copy_path", ["auto", "arrow"])
+def test_pg_to_pg_on_ray(ray_instance, pg_source, pg_target, copy_path: str) -> None:
+    pg_exec(pg_source, "DROP TABLE IF EXISTS ray_src", "CREATE TABLE ray_src AS SELECT g AS id, md5(g::text) AS h, g * 0.5 AS x "
+                       "FROM generate_series(1, 50000) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS ray_dst", "CREATE TABLE ray_dst (id int, h text, x numeric)")
+    report = run_job(_spec({"type": "postgres", "port": pg_source.port, "table": "ray_src"},
+                           {"type": "postgres", "port": pg_target.port, "table": "ray_dst", "copy_path": copy_path},
+                           {"type": "ctid", "partitions": 5}))
+    assert len(report.results) == 5 and report.rows == 50000
+    assert checksum(pg_target, "ray_dst") == checksum(pg_source, "ray_src")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.rows: dict[str, int] = {}
+        self.done: list[str] = []
+
+    def started(self, key: str) -> None:
+        self.rows.setdefault(key, 0)
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None:
+        self.rows[key] = self.rows.get(key, 0) + rows
+
+    def finished(self, result) -> None:  # noqa: ANN001
+        self.done.append(result.partition)
+
+
+def test_progress_reaches_the_driver_while_tasks_run(ray_instance, pg_target, tmp_path: Path) -> None:
+    spec = _spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / "out")}, {"type": "none"})
+    spec = _with_fault_source(spec, rows=60000, batch=5000)
+    from conveyor.pipelines.job import JobPlan
+
+    plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=3) for i in range(3)])
+    recorder = Recorder()
+    report = execute(plan, recorder)
+    assert report.rows == 60000
+    assert sum(recorder.rows.values()) == 60000 and sorted(recorder.done) == [p.key for p in plan.partitions]
+
+
+def test_negative_degree_is_a_fraction_of_the_cluster(ray_instance) -> None:
+    runtime = RayRuntime(RayRuntimeConfig(), JobOptions(degree=1, requested_degree=-1))
+    assert runtime.resolve_degree(ray_instance, 1) == int(ray_instance.cluster_resources()["CPU"]) == 2
+    runtime = RayRuntime(RayRuntimeConfig(), JobOptions(degree=1, requested_degree=-2))
+    assert runtime.resolve_degree(ray_instance, 1) == 1
+
+
+def test_a_single_process_sink_is_refused(ray_instance, tmp_path: Path) -> None:
+    spec = _spec({"type": "parquet", "path": "unused"}, {"type": "duckdb", "database": str(tmp_path / "x.duckdb"), "table": "t"},
+                 {"type": "none"})
+    spec = _with_fault_source(spec, rows=10)
+    with pytest.raises(ConfigError, match="writes from one process and cannot run on Ray workers"):
+        run_job(spec)
+
+
+def test_a_worker_killed_mid_partition_is_retried_without_duplicates(ray_instance, pg_target, tmp_path: Path) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS crash_t", "CREATE TABLE crash_t (n bigint)")
+    marker = tmp_path / "crashed"
+    spec = _spec({"type": "parquet", "path": "unused"}, {"type": "postgres", "port": pg_target.port, "table": "crash_t",
+                                                        "copy_path": "arrow"}, {"type": "none"})
+    spec = _with_fault_source(spec, rows=100000, batch=10000, crash_marker=str(marker))
+    report = run_job(spec)
+    assert marker.exists()  # the first attempt really died
+    assert report.rows == 100000
+    assert pg_exec(pg_target, "SELECT count(*), count(DISTINCT n), min(n), max(n) FROM crash_t")[0] == (100000, 100000, 0, 99999)
+
+
+def test_a_dropped_target_connection_is_retried(ray_instance, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS drop_t", "CREATE TABLE drop_t (n bigint)")
+    spec = _spec({"type": "parquet", "path": "unused"}, {"type": "postgres", "port": pg_target.port, "table": "drop_t",
+                                                        "copy_path": "arrow"}, {"type": "none"}, degree=1)
+    spec = _with_fault_source(spec, rows=40000, batch=2000, pause=0.1)
+    killed: list[int] = []
+
+    def kill_once() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not killed:
+            rows = pg_exec(pg_target, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                      "WHERE application_name = 'conveyor' AND query ILIKE 'COPY%drop_t%'")
+            killed.extend(1 for r in rows if r[0])
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_once)
+    killer.start()
+    report = run_job(spec)
+    killer.join()
+    assert killed, "the COPY was never seen running"
+    assert report.results[0].attempts == 2
+    assert pg_exec(pg_target, "SELECT count(*), count(DISTINCT n) FROM drop_t")[0] == (40000, 40000)
+
+
+def test_an_unreachable_cluster_is_one_line_in_bounded_time(cli, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"a": [1]}), tmp_path / "a.parquet")
+    start = time.monotonic()
+    res = cli("run", "source=parquet", f"source.path={tmp_path}/a.parquet", "sink=parquet", f"sink.path={tmp_path}/o",
+              "runtime=ray", f"runtime.address=127.0.0.1:{free_port()}", "runtime.connect_timeout=3", timeout=60)
+    assert res.code == 3, res.err
+    assert time.monotonic() - start < 30
+    assert "error: ray cluster 127.0.0.1:" in res.err and "cannot connect" in res.err and "Traceback" not in res.err
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("*.parquet"))

@@ -1,0 +1,56 @@
+"""`conveyor submit` to a real Ray cluster: `ray start --head` plus a second worker node, on loopback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+
+import pytest
+
+from conveyor.testing.pgserver import free_port
+from tests.conftest import BIN, pg_exec
+from tests.connectors.postgres.test_strategies import checksum
+
+
+@pytest.fixture(scope="module")
+def cluster(pg_servers):
+    """A two-node Ray cluster on 127.0.0.1 (one CPU each); stopped after the module."""
+    port, dashboard = free_port(), free_port()
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    # Ray's token authentication is on for `ray start` clusters; every process of the test uses it
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
+    ray = str(BIN / "ray")
+    subprocess.run([ray, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+                    "--include-dashboard=true", f"--temp-dir={temp}", *common], env=env, check=True, capture_output=True, timeout=180)
+    try:
+        subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", *common], env=env, check=True, capture_output=True, timeout=180)
+        os.environ["RAY_AUTH_MODE"] = "token"  # for `conveyor submit` run by the tests
+        yield f"http://127.0.0.1:{dashboard}"
+    finally:
+        os.environ.pop("RAY_AUTH_MODE", None)
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_submit_a_job_and_every_row_arrives(cluster: str, cli, pg_source, pg_target) -> None:
+    pg_exec(pg_source, "DROP TABLE IF EXISTS sub_src", "CREATE TABLE sub_src AS SELECT g AS id, md5(g::text) AS h FROM generate_series(1, 30000) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS sub_dst")
+    res = cli("submit", "--address", cluster, "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=sub_src",
+              f"sink.port={pg_target.port}", "sink.table=sub_dst", "load_mode=create", "runtime=ray", "degree=2",
+              "strategy.partitions=4", timeout=600)
+    assert res.code == 0, res.out + res.err
+    assert "submitted job" in res.out and "total" in res.out
+    assert checksum(pg_target, "sub_dst") == checksum(pg_source, "sub_src")
+
+
+def test_a_failing_job_reports_its_error(cluster: str, cli, pg_source, pg_target) -> None:
+    res = cli("submit", "--address", cluster, "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=no_such_table",
+              f"sink.port={pg_target.port}", "sink.table=x", "runtime=ray", timeout=600)
+    assert res.code == 5, res.out + res.err
+    assert "failed" in res.err and "table public.no_such_table does not exist" in res.err
+
+
+def test_a_wrong_key_fails_before_anything_is_sent(cli) -> None:
+    res = cli("submit", "--address", "http://127.0.0.1:1", "+source.nope=1", "pipeline=demo")
+    assert res.code == 2 and "source.nope: unknown key" in res.err
