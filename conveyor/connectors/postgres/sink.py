@@ -266,13 +266,8 @@ class PostgresSink:
                 cur.execute(self._insert_from_temp(plan.columns, plan.detail("target_types"), plan.write_target, temp))
             conn.commit()
         except BaseException as exc:
-            with contextlib.suppress(Exception):
-                conn.rollback()
-            if counted.error is not None:  # the source or a cast failed: the driver only wrapped it
-                raise counted.error from None
-            if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
-                raise
-            raise translate(exc, self.config, f"writing {part.key} into {self.name}", part.key) from None
+            # the source or a cast may have failed inside the driver, which only wrapped the error
+            raise self._failed(conn, exc, part, counted.error) from None
         finally:
             cur.close()
             conn.close()
@@ -307,17 +302,23 @@ class PostgresSink:
                 rows = cur.rowcount
             con.commit()
         except BaseException as exc:
-            with contextlib.suppress(Exception):
-                con.rollback()
             if proc.poll() is None:
                 proc.kill()
-            if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
-                raise
-            raise translate(exc, self.config, f"writing {part.key} into {self.name}", part.key) from None
+            raise self._failed(con, exc, part) from None
         finally:
             con.close()
             proc.wait()
         return WriteStats(part.key, rows, nbytes, time.perf_counter() - start)
+
+    def _failed(self, conn: Any, exc: BaseException, part: Partition, cause: BaseException | None = None) -> BaseException:
+        """Roll the partition's transaction back; the error to raise (the original where one is known)."""
+        with contextlib.suppress(Exception):
+            conn.rollback()
+        if cause is not None:
+            return cause
+        if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
+            return exc
+        return translate(exc, self.config, f"writing {part.key} into {self.name}", part.key)
 
     # --- finalize / abort -----------------------------------------------------------------------
 
