@@ -108,6 +108,19 @@ class RowGroupSet(Partition):
 
 
 @dataclass(frozen=True)
+class NativePartition(Partition):
+    """A partition the source itself handed out (an ADBC partition descriptor, a Flight endpoint)."""
+
+    token: bytes = b""
+    locations: tuple[str, ...] = ()
+    label: str = ""
+    kind: ClassVar[str] = "native"
+
+    def describe(self) -> str:
+        return self.label or f"{len(self.token)}-byte descriptor"
+
+
+@dataclass(frozen=True)
 class PageRange(Partition):
     """Heap pages [start, stop) of a table (PostgreSQL ctid ranges); ``stop=None`` is open-ended."""
 
@@ -213,6 +226,13 @@ class SupportsCtid(Protocol):
     """A heap table read by page ranges; raises PlanningError, saying why, when it is not one."""
 
     def ctid_pages(self) -> int: ...
+
+
+@runtime_checkable
+class SupportsNativePartitions(Protocol):
+    """A source that splits itself (ADBC execute_partitions, Flight endpoints): ``strategy=native``."""
+
+    def native_partitions(self) -> list[NativePartition]: ...
 
 
 @runtime_checkable

@@ -18,11 +18,9 @@ from typing import Any
 
 from conveyor.arrowutil import CountingBatches
 from conveyor.connectors import fs as fs_util
-from conveyor.core import (
-    JobOptions, KeyRange, KeyStats, ModuloBucket, Partition, PrepareRequest, SinkPlan, SourceInfo, ValueSet, WholeSource,
-    WriteStats,
-)
-from conveyor.errors import ConnectError, PlanningError, SchemaError, TransferError
+from conveyor.connectors.sql import key_kind, where_clause
+from conveyor.core import JobOptions, KeyStats, Partition, PrepareRequest, SinkPlan, SourceInfo, WriteStats
+from conveyor.errors import ConnectError, SchemaError, TransferError
 from conveyor.mapping import TargetColumn, map_columns
 
 
@@ -64,9 +62,6 @@ class DuckDBSourceConfig:
     def __post_init__(self) -> None:
         if bool(self.table) == bool(self.query):
             raise ValueError("set exactly one of table or query")
-
-
-_KINDS = (("integer", ("is_integer",)), ("numeric", ("is_floating", "is_decimal")), ("temporal", ("is_date", "is_timestamp")))
 
 
 class DuckDBSource:
@@ -144,10 +139,7 @@ class DuckDBSource:
         return self._schema.field(column).type
 
     def key_stats(self, column: str) -> KeyStats:
-        import pyarrow.types as t
-
-        typ = self._column_type(column)
-        kind = next((k for k, tests in _KINDS if any(getattr(t, f)(typ) for f in tests)), "other")
+        kind = key_kind(self._column_type(column))
         q = qident(column)
         lo, hi, rows, nonnull = self._query(f"SELECT min({q}), max({q}), count(*), count({q}) FROM ({self._base_sql()}) AS _q")[0]
         return KeyStats(column, kind, lo, hi, rows, rows - nonnull)
@@ -172,30 +164,7 @@ class DuckDBSource:
 
     def where(self, part: Partition) -> tuple[str, list[Any]]:
         """The partition as a WHERE clause and its parameters."""
-        if isinstance(part, WholeSource):
-            return "", []
-        if isinstance(part, KeyRange):
-            q, conds, params = qident(part.column), [], []
-            if part.lower is not None:
-                conds.append(f"{q} >= ?")
-                params.append(part.lower)
-            if part.upper is not None:
-                conds.append(f"{q} < ?")
-                params.append(part.upper)
-            cond = " AND ".join(conds) or f"{q} IS NOT NULL"
-            return f" WHERE ({cond})" + (f" OR {q} IS NULL" if part.nulls else ""), params
-        if isinstance(part, ModuloBucket):
-            q = qident(part.column)
-            return f" WHERE abs({q} % {int(part.buckets)}) = {int(part.bucket)}" + (f" OR {q} IS NULL" if part.bucket == 0 else ""), []
-        if isinstance(part, ValueSet):
-            q = qident(part.column)
-            values = [v for v in part.values if v is not None]
-            conds = [f"{q} IN ({', '.join('?' for _ in values)})"] if values else []
-            if len(values) < len(part.values):
-                conds.append(f"{q} IS NULL")
-            return f" WHERE {' OR '.join(conds) or 'false'}", values
-        raise PlanningError(f"duckdb source cannot read a {part.kind} partition",
-                            hint="use strategy=none, rangeid, ntile, random or datadriven")
+        return where_clause(part, qident, engine="duckdb")
 
     def read(self, part: Partition) -> Iterator[Any]:
         where, params = self.where(part)

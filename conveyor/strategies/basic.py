@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conveyor.core import FileEntry, FileSet, RowGroupSet, JobOptions, Partition, PlanRequest, SupportsFileListing, WholeSource
+from conveyor.core import (
+    FileEntry, FileSet, JobOptions, Partition, PlanRequest, RowGroupSet, SupportsFileListing, SupportsNativePartitions,
+    WholeSource,
+)
 from conveyor.errors import PlanningError
 
 
@@ -80,3 +83,23 @@ class FilesStrategy:
 def _rows(entries: list[FileEntry]) -> int | None:
     counts = [e.rows for e in entries]
     return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
+
+@dataclass
+class NativeStrategyConfig:
+    pass
+
+
+class NativeStrategy:
+    """The source's own partitions: ADBC partitioned execution, or a Flight service's endpoints."""
+
+    config_class = NativeStrategyConfig
+
+    def __init__(self, config: NativeStrategyConfig, options: JobOptions) -> None:
+        self.config = config
+
+    def plan(self, request: PlanRequest) -> list[Partition]:
+        if not isinstance(request.source, SupportsNativePartitions):
+            raise PlanningError(f"strategy=native needs a source that splits itself; {request.info.label} does not",
+                                hint="use strategy=none, or a keyed strategy")
+        return list(request.source.native_partitions())
