@@ -32,8 +32,9 @@ class CountingBatches:
     producer; ``error`` keeps the original so the sink can re-raise it as it was.
     """
 
-    def __init__(self, batches: Iterable[pa.RecordBatch]) -> None:
+    def __init__(self, batches: Iterable[pa.RecordBatch], schema: pa.Schema | None = None) -> None:
         self._it = iter(batches)
+        self._schema = schema
         self.rows = 0
         self.bytes = 0
         self.error: BaseException | None = None
@@ -44,6 +45,8 @@ class CountingBatches:
     def __next__(self) -> pa.RecordBatch:
         try:
             batch = next(self._it)
+            if self._schema is not None and not batch.schema.equals(self._schema):
+                batch = conform(batch, self._schema)
         except StopIteration:
             raise
         except BaseException as exc:
@@ -72,3 +75,18 @@ def cast_batches(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterat
     """Each batch cast to ``schema`` (column by column, in Arrow)."""
     for batch in batches:
         yield batch if batch.schema.equals(schema) else batch.cast(schema)
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """The batch with the schema a consumer was promised (a native reader trusts it blindly)."""
+    import pyarrow as pa
+
+    from conveyor.errors import SchemaError
+
+    if batch.schema.names != schema.names:
+        raise SchemaError(f"a batch has columns {batch.schema.names}, expected {schema.names}")
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SchemaError(f"a batch does not fit the source's schema: {exc}",
+                          hint="a column's type changed between batches; cast it in the source query") from None

@@ -21,6 +21,7 @@ commands:
   plan      print the partitions and what each reads; moves nothing
   plugins   list installed sources, sinks, strategies and runtimes
   submit    send a job to a Ray cluster: conveyor submit [--address URL] [--follow] [--no-wait] overrides...
+  serve     serve a source as Arrow Flight: conveyor serve [--host H] [--port P] [--token-env VAR] overrides...
 
 Hydra options work after run/plan: --cfg job (print the composed config), --config-dir DIR
 (add your own configs, e.g. source/<plugin>.yaml), hydra.run.dir=..., --help.
@@ -145,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_plugins()
         if command in ("run", "plan"):
             return _cmd_hydra(command, rest, verbose)
+        if command == "serve":
+            from conveyor import serve
+
+            _quiet_libraries()
+            return serve.serve(serve.parse(rest))
         if command == "submit":
             from conveyor import submit
 
@@ -153,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001
         return report_error(exc, verbose)
     _stderr(f"error: unknown command {command!r}")
-    _stderr("hint: commands are run, plan, plugins, submit (conveyor --help)")
+    _stderr("hint: commands are run, plan, plugins, submit, serve (conveyor --help)")
     return EXIT_CONFIG
 
 

@@ -117,8 +117,8 @@ def build_plugin(kind: str, cfg: DictConfig, options: JobOptions) -> tuple[str, 
     return name, cls(conf, options)
 
 
-def build_job(cfg: DictConfig, run_id: str | None = None) -> JobSpec:
-    """Validate the composed config and build every plugin, without connecting anywhere."""
+def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...] = TOP_LEVEL_PLUGINS) -> JobSpec:
+    """Validate the composed config and build the plugins (all four by default), without connecting anywhere."""
     try:
         OmegaConf.resolve(cfg)
     except oc_errors.OmegaConfBaseException as exc:
@@ -139,14 +139,14 @@ def build_job(cfg: DictConfig, run_id: str | None = None) -> JobSpec:
         requested_degree=job.degree,
         run_id=run_id or uuid.uuid4().hex[:12],
     )
-    built = {kind: build_plugin(kind, cfg, options) for kind in TOP_LEVEL_PLUGINS}
+    built = {kind: build_plugin(kind, cfg, options) for kind in kinds}
     return JobSpec(
-        source=built["source"][1],
-        sink=built["sink"][1],
-        strategy=built["strategy"][1],
-        runtime=built["runtime"][1],
+        source=built.get("source", (None, None))[1],
+        sink=built.get("sink", (None, None))[1],
+        strategy=built.get("strategy", (None, None))[1],
+        runtime=built.get("runtime", (None, None))[1],
         options=options,
-        names={kind: built[kind][0] for kind in TOP_LEVEL_PLUGINS},
+        names={kind: built[kind][0] for kind in kinds},
     )
 
 

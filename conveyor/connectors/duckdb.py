@@ -288,7 +288,7 @@ class DuckDBSink:
         import pyarrow as pa
 
         start = time.perf_counter()
-        counted = CountingBatches(batches)
+        counted = CountingBatches(batches, plan.schema)
         reader = pa.RecordBatchReader.from_batches(plan.schema, counted)
         con = _connect(self.config.database)
         try:

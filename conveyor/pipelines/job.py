@@ -78,11 +78,11 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
     """Prepare the sink, run the planned partitions, finalize; abort the sink on any failure."""
     start = time.perf_counter() if start is None else start
     spec = plan.spec
-    with _session(spec.source) as source:
+    with source_session(spec.source) as source:
         return _execute(plan, source, progress or NullProgress(), start)
 
 
-def _session(source: Any) -> Any:
+def source_session(source: Any) -> Any:
     """A source may hold something for the whole job (a snapshot); it yields what tasks get."""
     session = getattr(source, "session", None)
     return session() if session is not None else nullcontext(source)

@@ -1,0 +1,386 @@
+"""Any ADBC driver, by name: ``driver: sqlite`` loads ``adbc_driver_sqlite`` (package
+``adbc-driver-sqlite``), ``postgresql``, ``flightsql``, ``snowflake``, ... whichever is installed.
+
+Source: a table or a query; results arrive as Arrow from the driver. Where the driver offers
+partitioned execution (``adbc_execute_partitions``, e.g. Flight SQL), ``strategy=native``
+makes one partition per descriptor; the keyed strategies (rangeid, ntile, random,
+datadriven) work through standard SQL with bound parameters.
+
+Sink: ``adbc_ingest``, one transaction per partition. append ingests into the target;
+create, replace and truncate load a staging table and swap it in with standard SQL at the
+end; a driver that cannot do a step says so, naming the mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.arrowutil import CountingBatches, rebatch
+from conveyor.connectors.sql import key_kind, where_clause
+from conveyor.core import JobOptions, KeyStats, NativePartition, Partition, PrepareRequest, SinkPlan, SourceInfo, WriteStats
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, PluginError, SchemaError, TransferError
+from conveyor.mapping import TargetColumn, map_columns
+
+# drivers whose placeholders are not "?"
+_PLACEHOLDERS = {"postgresql": lambda i: f"${i}"}
+
+
+@dataclass
+class AdbcConfig:
+    #: the driver's short name: sqlite, postgresql, flightsql, snowflake, ...
+    driver: str = "???"
+    #: the driver's URI (a file for sqlite); put secrets in it only as ${oc.env:VAR}
+    uri: str = ""
+    #: database options passed to the driver (e.g. {adbc.flight.sql.authorization_header: ...})
+    db_kwargs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class AdbcSourceConfig(AdbcConfig):
+    table: str | None = None
+    db_schema: str | None = None
+    query: str | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.table) == bool(self.query):
+            raise ValueError("set exactly one of table or query")
+
+
+@dataclass
+class AdbcSinkConfig(AdbcConfig):
+    table: str = "???"
+    db_schema: str | None = None
+
+
+def _module(driver: str) -> Any:
+    name = f"adbc_driver_{driver.replace('-', '_')}"
+    try:
+        return importlib.import_module(f"{name}.dbapi")
+    except ModuleNotFoundError:
+        raise PluginError(f"adbc driver {driver!r} is not installed",
+                          hint=f"pip install adbc-driver-{driver.replace('_', '-')}") from None
+
+
+def _qident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class _Adbc:
+    config: AdbcConfig
+
+    def _connect(self, partition: str | None = None) -> Any:
+        import adbc_driver_manager
+
+        dbapi = _module(self.config.driver)
+        extra = {"db_kwargs": dict(self.config.db_kwargs)} if self.config.db_kwargs else {}
+        try:
+            conn = dbapi.connect(self.config.uri, **extra)
+        except adbc_driver_manager.Error as exc:
+            raise self._translate(exc, "cannot connect", partition) from None
+        except TypeError:
+            raise ConfigError(f"{self._where()}: this driver takes no db_kwargs", key="db_kwargs") from None
+        if self.config.driver == "sqlite":  # several writers wait their turn instead of failing
+            cur = conn.cursor()
+            cur.execute("PRAGMA busy_timeout = 60000")
+            cur.fetchall()
+            cur.close()
+        return conn
+
+    def _where(self) -> str:
+        return f"adbc {self.config.driver}"
+
+    def _translate(self, exc: BaseException, doing: str, partition: str | None = None) -> ConveyorError:
+        if isinstance(exc, ConveyorError):
+            return exc
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        for secret in self.config.db_kwargs.values():
+            if secret and len(secret) > 3:
+                text = text.replace(secret, "***")
+        msg = f"{self._where()}: {doing}: {text}"
+        low = text.lower()
+        if "unauthenticated" in low or "authentication" in low or "password" in low:
+            return ConnectError(msg, hint="check the credentials")
+        if doing == "cannot connect" or "unavailable" in low or "connection refused" in low:
+            if partition is None:
+                return ConnectError(msg, hint="check the uri and that the server is running")
+            return TransferError(msg, partition=partition, retriable=True)
+        if "no such table" in low or "does not exist" in low or "not found" in low:
+            return SchemaError(msg, hint="check the table / query")
+        return TransferError(msg, partition=partition, retriable="locked" in low or "busy" in low)
+
+    def _run(self, sql: str, params: list[Any] | None = None, doing: str = "query") -> list[tuple[Any, ...]]:
+        conn = self._connect()
+        try:
+            cur = conn.cursor()
+            try:
+                cur.execute(sql, parameters=params or None)
+                return cur.fetchall() if cur.description else []
+            except Exception as exc:
+                raise self._translate(exc, doing) from None
+            finally:
+                cur.close()
+        finally:
+            with contextlib.suppress(Exception):
+                conn.commit()
+            conn.close()
+
+
+class AdbcSource(_Adbc):
+    """Reads a table or query through any ADBC driver."""
+
+    config_class = AdbcSourceConfig
+
+    def __init__(self, config: AdbcSourceConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+        self._schema: Any = None
+
+    def _sql(self) -> str:
+        if self.config.query:
+            return self.config.query
+        table = _qident(self.config.table or "")
+        return f"SELECT * FROM {_qident(self.config.db_schema) + '.' if self.config.db_schema else ''}{table}"
+
+    def _from(self) -> str:
+        return f"({self._sql()}) AS _conveyor_q"
+
+    def describe(self) -> SourceInfo:
+        """The schema: the table's declared one, or (for a query) that of its first rows.
+
+        Some drivers (SQLite) type columns from the data they see; every batch read is cast to
+        this schema, so all partitions agree.
+        """
+        conn = self._connect()
+        cur = conn.cursor()
+        try:
+            try:
+                if self.config.table:
+                    self._schema = conn.adbc_get_table_schema(self.config.table, db_schema_filter=self.config.db_schema)
+                else:
+                    cur.execute(f"SELECT * FROM {self._from()} LIMIT 1000")
+                    self._schema = cur.fetch_record_batch().schema
+            except Exception as exc:
+                raise self._translate(exc, "describing the source") from None
+        finally:
+            cur.close()
+            conn.close()
+        what = f"table {self.config.table}" if self.config.table else "query"
+        return SourceInfo(schema=self._schema, label=f"adbc {self.config.driver} {what}")
+
+    # --- partitions --------------------------------------------------------------------------
+
+    def native_partitions(self) -> list[NativePartition]:
+        conn = self._connect()
+        cur = conn.cursor()
+        try:
+            try:
+                descriptors, _ = cur.adbc_execute_partitions(self._sql())
+            except Exception as exc:
+                if "NOT_IMPLEMENTED" in str(exc) or type(exc).__name__ == "NotSupportedError":
+                    from conveyor.errors import PlanningError
+
+                    raise PlanningError(f"strategy=native: the {self.config.driver} driver has no partitioned execution",
+                                        hint="use strategy=none, rangeid, ntile, random or datadriven") from None
+                raise self._translate(exc, "partitioning the query") from None
+        finally:
+            cur.close()
+            conn.close()
+        n = len(descriptors)
+        return [NativePartition(index=i, count=n, token=bytes(d), label=f"driver partition {i + 1} of {n}") for i, d in enumerate(descriptors)]
+
+    def _column_type(self, column: str) -> Any:
+        if self._schema is None:
+            self.describe()
+        if column not in self._schema.names:
+            raise SchemaError(f"{self._where()} source: distribute_key {column!r} is not a column",
+                              hint=f"columns are: {', '.join(self._schema.names)}")
+        return self._schema.field(column).type
+
+    def key_stats(self, column: str) -> KeyStats:
+        kind = key_kind(self._column_type(column))
+        q = _qident(column)
+        lo, hi, rows, nonnull = self._run(f"SELECT min({q}), max({q}), count(*), count({q}) FROM {self._from()}")[0]
+        return KeyStats(column, kind, lo, hi, rows, rows - nonnull)
+
+    def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]:
+        self._column_type(column)
+        if buckets <= 1:
+            return []
+        q = _qident(column)
+        rows = self._run(f"SELECT min(k) FROM (SELECT {q} AS k, ntile({int(buckets)}) OVER (ORDER BY {q}) AS b "
+                         f"FROM {self._from()} WHERE {q} IS NOT NULL) AS t GROUP BY b ORDER BY b")
+        return [r[0] for r in rows[1:]]
+
+    def key_values(self, column: str) -> list[Any]:
+        self._column_type(column)
+        q = _qident(column)
+        return [r[0] for r in self._run(f"SELECT DISTINCT {q} FROM {self._from()} ORDER BY 1")]
+
+    def query_values(self, query: str) -> list[Any]:
+        return [r[0] for r in self._run(query)]
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def read(self, part: Partition) -> Iterator[Any]:
+        conn = self._connect(part.key)
+        cur = conn.cursor()
+        try:
+            try:
+                if isinstance(part, NativePartition):
+                    reader = cur.adbc_read_partition(part.token)
+                else:
+                    placeholder = _PLACEHOLDERS.get(self.config.driver, lambda i: "?")
+                    where, params = where_clause(part, _qident, placeholder, engine=self._where())
+                    cur.execute(f"SELECT * FROM {self._from()}{where}", parameters=params or None)
+                    reader = cur.fetch_record_batch()
+                if self._schema is None:
+                    self.describe()
+                yield from rebatch(CountingBatches(reader, self._schema), self.options.batch_size)
+            except ConveyorError:
+                raise
+            except Exception as exc:
+                raise self._translate(exc, f"reading {part.key}", part.key) from None
+        finally:
+            cur.close()
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            conn.close()
+
+
+class AdbcSink(_Adbc):
+    """Writes through ``adbc_ingest``; load modes beyond append need the driver to run SQL."""
+
+    config_class = AdbcSinkConfig
+
+    def __init__(self, config: AdbcSinkConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+
+    def _name(self, table: str | None = None) -> str:
+        t = _qident(table or self.config.table)
+        return f"{_qident(self.config.db_schema)}.{t}" if self.config.db_schema else t
+
+    def _target_columns(self) -> list[TargetColumn] | None:
+        conn = self._connect()
+        try:
+            try:
+                schema = conn.adbc_get_table_schema(self.config.table, db_schema_filter=self.config.db_schema)
+            except Exception:
+                return None
+            return [TargetColumn(f.name, str(f.type), True, False) for f in schema]
+        finally:
+            conn.close()
+
+    def _ingest(self, table: str, data: Any, mode: str, partition: str | None = None) -> None:
+        conn = self._connect(partition)
+        cur = conn.cursor()
+        try:
+            cur.adbc_ingest(table, data, mode=mode, db_schema_name=self.config.db_schema)
+            conn.commit()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            raise self._translate(exc, f"ingesting into {table}", partition) from None
+        finally:
+            cur.close()
+            conn.close()
+
+    def _writable(self, schema: Any) -> Any:
+        """The schema as written: SQLite has no decimal (written as exact text) and no view types."""
+        import pyarrow as pa
+
+        from conveyor.arrowutil import without_views
+
+        schema = without_views(schema)
+        if self.config.driver != "sqlite":
+            return schema
+        return pa.schema([f.with_type(pa.string()) if pa.types.is_decimal(f.type) else f for f in schema])
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan:
+        import pyarrow as pa
+
+        mode, schema = self.options.load_mode, self._writable(request.schema)
+        where = f"{self._where()} table {self.config.table}"
+        target = self._target_columns()
+        stage = f"_conveyor_stage_{self.options.run_id}"
+        if mode in ("append", "truncate") and target is None:
+            raise SchemaError(f"{where} does not exist", hint="create it first, or use load_mode=create or replace")
+        if mode == "create" and target is not None:
+            raise SchemaError(f"{where} already exists", hint="use load_mode=replace, truncate or append")
+        if mode in ("create", "replace") or target is None:
+            pairs = [(n, n) for n in schema.names]
+        else:
+            pairs = map_columns(schema.names, target, self.options.map_method, where)
+        write_table = self.config.table
+        if mode != "append":
+            out_schema = pa.schema([pa.field(t, schema.field(s).type) for s, t in pairs])
+            if mode == "truncate":
+                self._sql_step(f"CREATE TABLE {self._name(stage)} AS SELECT * FROM {self._name()} WHERE 1 = 0", mode)
+            else:
+                self._ingest(stage, pa.Table.from_batches([], schema=out_schema), "create")
+            write_table = stage
+        return SinkPlan(
+            target=f"{self._where()} {self.config.table}", write_target=write_table, load_mode=mode,
+            columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
+        )  # batches are conformed (cast) to ``schema`` on their way in
+
+    def _sql_step(self, sql: str, mode: str) -> None:
+        try:
+            self._run(sql, doing=f"load_mode={mode}")
+        except ConveyorError as exc:
+            raise SchemaError(f"{exc.message}", hint=f"the {self.config.driver} driver cannot do load_mode={mode}; use append") from None
+
+    def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+        import pyarrow as pa
+
+        start = time.perf_counter()
+        out_schema = pa.schema([pa.field(t, plan.schema.field(s).type) for s, t in zip(plan.source_columns, plan.columns)])
+
+        def renamed() -> Iterator[Any]:
+            for batch in CountingBatches(batches, plan.schema):
+                yield pa.RecordBatch.from_arrays([batch.column(s) for s in plan.source_columns], schema=out_schema)
+
+        counted = CountingBatches(renamed())
+        reader = pa.RecordBatchReader.from_batches(out_schema, counted)
+        try:
+            self._ingest(plan.write_target, reader, "append", part.key)
+        except ConveyorError:
+            if counted.error is not None:
+                raise counted.error from None
+            raise
+        return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        if plan.write_target == self.config.table:
+            return
+        stage, target = self._name(plan.write_target), self._name()
+        cols = ", ".join(_qident(c) for c in plan.columns)
+        if plan.load_mode == "truncate":
+            steps = [f"DELETE FROM {target}", f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {stage}", f"DROP TABLE {stage}"]
+        else:
+            steps = ([f"DROP TABLE IF EXISTS {target}"] if plan.load_mode == "replace" else []) + [
+                f"ALTER TABLE {stage} RENAME TO {_qident(self.config.table)}"]
+        conn = self._connect()
+        cur = conn.cursor()
+        try:
+            for step in steps:
+                cur.execute(step)
+            conn.commit()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            raise SchemaError(f"{self._where()}: finishing load_mode={plan.load_mode}: {str(exc).splitlines()[0]}",
+                              hint=f"the {self.config.driver} driver may not support it; use append") from None
+        finally:
+            cur.close()
+            conn.close()
+
+    def abort(self, plan: SinkPlan) -> None:
+        if plan.write_target != self.config.table:
+            with contextlib.suppress(Exception):
+                self._run(f"DROP TABLE IF EXISTS {self._name(plan.write_target)}")

@@ -1,0 +1,115 @@
+"""ADBC with real SQLite files: SQLite <-> DuckDB <-> Parquet, load modes, keyed strategies, bad input."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from conveyor.errors import PlanningError, PluginError, SchemaError
+from tests.helpers import job
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Path:
+    path = tmp_path / "src.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE items (id INTEGER, name TEXT, price REAL, grp TEXT)")
+    con.execute("WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 5000) "
+                "INSERT INTO items SELECT CASE WHEN i % 100 = 0 THEN NULL ELSE i END, 'näme ' || i, i * 0.25, 'g' || (i % 3) FROM s")
+    con.commit()
+    con.close()
+    return path
+
+
+def _src(db: Path, **kw) -> dict:
+    return {"type": "adbc", "driver": "sqlite", "uri": str(db), "table": "items", **kw}
+
+
+def _rows(db: Path, sql: str) -> list[tuple]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize(("strategy", "params"), [("none", {}), ("rangeid", {"distribute_key": "id"}),
+                                                   ("ntile", {"distribute_key": "name"}), ("random", {"distribute_key": "id"}),
+                                                   ("datadriven", {"distribute_key": "grp"})])
+def test_sqlite_to_duckdb_covers_every_row(sqlite_db: Path, tmp_path: Path, strategy: str, params: dict) -> None:
+    from omegaconf import OmegaConf
+
+    from conveyor.config import build_job
+    from conveyor.pipelines.job import run_job
+
+    db = tmp_path / "out.duckdb"
+    report = run_job(build_job(OmegaConf.create({
+        "source": _src(sqlite_db), "sink": {"type": "duckdb", "database": str(db), "table": "items"},
+        "strategy": {"type": strategy, **params}, "runtime": {"type": "local"}, "load_mode": "create", "degree": 2,
+    })))
+    assert report.rows == 5000
+    con = duckdb.connect(str(db))
+    got = con.execute("SELECT count(*), count(id), sum(id), sum(price), count(DISTINCT name) FROM items").fetchone()
+    assert got == _rows(sqlite_db, "SELECT count(*), count(id), sum(id), sum(price), count(DISTINCT name) FROM items")[0]
+
+
+def test_duckdb_to_sqlite_load_modes(tmp_path: Path) -> None:
+    src = tmp_path / "src.duckdb"
+    duckdb.connect(str(src)).execute("CREATE TABLE t AS SELECT range AS id, 'v' || range AS v FROM range(3000)").close()
+    dst = tmp_path / "dst.sqlite"
+    sink = {"type": "adbc", "driver": "sqlite", "uri": str(dst), "table": "t"}
+    source = {"type": "duckdb", "database": str(src), "table": "t"}
+    job(source, sink, load_mode="create")
+    assert _rows(dst, "SELECT count(*), sum(id) FROM t") == [(3000, sum(range(3000)))]
+    job(source, sink, load_mode="append")
+    assert _rows(dst, "SELECT count(*) FROM t") == [(6000,)]
+    job(source, sink, load_mode="truncate")
+    assert _rows(dst, "SELECT count(*) FROM t") == [(3000,)]
+    job(source, sink, load_mode="replace")
+    assert _rows(dst, "SELECT count(*) FROM t") == [(3000,)]
+    assert _rows(dst, "SELECT name FROM sqlite_master WHERE name LIKE '_conveyor%'") == []
+    with pytest.raises(SchemaError, match="already exists"):
+        job(source, sink, load_mode="create")
+
+
+def test_parquet_to_sqlite_to_parquet(tpch_orders: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "o.sqlite"
+    job({"type": "parquet", "path": str(tpch_orders)}, {"type": "adbc", "driver": "sqlite", "uri": str(dst), "table": "orders"},
+        "files", load_mode="create", degree=2)
+    job({"type": "adbc", "driver": "sqlite", "uri": str(dst), "table": "orders"}, {"type": "parquet", "path": str(tmp_path / "back")},
+        load_mode="create")
+    back = pq.read_table(tmp_path / "back")
+    orig = pq.read_table(tpch_orders)
+    assert back.num_rows == orig.num_rows == 15000
+    assert sorted(back.column("o_orderkey").to_pylist()) == sorted(orig.column("o_orderkey").to_pylist())
+    assert sorted(back.column("o_comment").to_pylist()) == sorted(orig.column("o_comment").to_pylist())
+    # SQLite has no decimal: prices went as exact text
+    assert sorted(back.column("o_totalprice").to_pylist()) == sorted(str(v) for v in orig.column("o_totalprice").to_pylist())
+
+
+def test_sqlite_has_no_partitioned_execution(sqlite_db: Path, tmp_path: Path) -> None:
+    with pytest.raises(PlanningError, match="the sqlite driver has no partitioned execution"):
+        job(_src(sqlite_db), {"type": "parquet", "path": str(tmp_path / "o")}, "native", load_mode="create")
+
+
+def test_unknown_driver_names_the_package(cli, tmp_path: Path) -> None:
+    res = cli("run", "runtime=local", "source=adbc", "source.driver=nosuchdb", "source.uri=x", "source.table=t",
+              "sink=parquet", f"sink.path={tmp_path}/o")
+    assert res.code == 2 and "Traceback" not in res.err
+    assert "error: adbc driver 'nosuchdb' is not installed" in res.err and "hint: pip install adbc-driver-nosuchdb" in res.err
+
+
+def test_missing_table(sqlite_db: Path, tmp_path: Path) -> None:
+    with pytest.raises(SchemaError, match="no such table"):
+        job(_src(sqlite_db, table="nope"), {"type": "parquet", "path": str(tmp_path / "o")}, load_mode="create")
+
+
+def test_unknown_driver_in_python() -> None:
+    from conveyor.connectors.adbc import _module
+
+    with pytest.raises(PluginError):
+        _module("nosuchdb")
