@@ -13,7 +13,7 @@ import traceback
 from typing import Any
 
 USAGE = """\
-usage: conveyor [--verbose] <command> [hydra overrides...]
+usage: conveyor [--verbose] [--report PATH] <command> [hydra overrides...]
 
 commands:
   run       run a job:   conveyor run pipeline=demo degree=4
@@ -23,6 +23,8 @@ commands:
   submit    send a job to a Ray cluster: conveyor submit [--address URL] [--follow] [--no-wait] overrides...
   serve     serve a source as Arrow Flight: conveyor serve [--host H] [--port P] [--token-env VAR] overrides...
 
+Exit codes: 0 ok, 1 internal error, 2 config/plugin/planning, 3 connection, 4 schema, 5 transfer,
+6 verification, 130 cancelled. A run writes report.json in its Hydra run directory (or --report PATH).
 Hydra options work after run/plan: --cfg job (print the composed config), --config-dir DIR
 (add your own configs, e.g. source/<plugin>.yaml), hydra.run.dir=..., --help.
 """
@@ -81,31 +83,97 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+REPORT_PATH: list[str] = []  # --report PATH, taken off the command line by main()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """First Ctrl-C / SIGTERM: stop starting partitions, roll back the running ones. Second: leave now."""
+    import signal
+
+    from conveyor.runtime.task import request_cancel
+
+    _stderr("interrupted: cancelling the running partitions (again to quit at once)")
+    request_cancel()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _install_signals() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_signal)
+        signal.signal(signal.SIGTERM, _on_signal)
+
+
+def _report_path() -> Any:
+    from pathlib import Path
+
+    if REPORT_PATH:
+        return Path(REPORT_PATH[0])
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir) / "report.json"
+    except Exception:  # noqa: BLE001 - not under hydra.main
+        return None
+
+
+def _write_report(report: Any, plan: Any, cfg: Any, error: BaseException | None) -> None:
+    import json
+
+    from omegaconf import OmegaConf
+
+    from conveyor.errors import Cancelled
+    from conveyor.pipelines.report import report_dict
+
+    path = _report_path()
+    if path is None:
+        return
+    status = "succeeded" if error is None else ("cancelled" if isinstance(error, Cancelled) else "failed")
+    data = report_dict(report, plan, OmegaConf.to_container(cfg, resolve=False), status, error)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str))
+    _stderr(f"report: {path}")
+
+
 def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     """One composed config: validate, then plan (and run)."""
     _quiet_libraries()
     from conveyor.config import build_job
     from conveyor.pipelines.job import execute, plan_job
     from conveyor.pipelines.report import plan_table, summary_table
+    from conveyor.runtime.progress import LogProgress, RichProgress
+    from conveyor.runtime.task import reset_cancel
 
     console = _console()
+    plan = None
     try:
         spec = build_job(cfg)
         plan = plan_job(spec)
         if mode == "plan":
             console.print(plan_table(plan))
             return 0
+        reset_cancel()
+        _install_signals()
         if console.is_terminal:
-            from conveyor.runtime.progress import RichProgress
-
-            with RichProgress(console, plan.info.estimated_rows, len(plan.partitions)) as progress:
-                report = execute(plan, progress)
+            progress: Any = RichProgress(console, plan.info.estimated_rows, len(plan.partitions))
         else:
-            report = execute(plan)
+            progress = LogProgress(plan.info.estimated_rows, len(plan.partitions))
+        with progress:
+            report = execute(plan, progress)
         console.print(summary_table(report))
+        _write_report(report, plan, cfg, None)
         return 0
     except Exception as exc:  # noqa: BLE001 - the CLI's boundary: one line, an exit code
-        return report_error(exc, verbose)
+        code = report_error(exc, verbose)
+        if mode == "run":
+            try:
+                _write_report(getattr(exc, "report", None), plan, cfg, exc)
+            except Exception:  # noqa: BLE001 - the error itself matters more
+                pass
+        return code
 
 
 def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
@@ -137,6 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = any(a in ("--verbose", "-v") for a in args)
     args = [a for a in args if a not in ("--verbose", "-v")]
+    REPORT_PATH.clear()
+    if "--report" in args:
+        i = args.index("--report")
+        if i + 1 >= len(args):
+            _stderr("error: --report needs a path")
+            return EXIT_CONFIG
+        REPORT_PATH.append(args[i + 1])
+        del args[i:i + 2]
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0 if args else EXIT_CONFIG

@@ -39,6 +39,8 @@ class JobConfig:
     batch_size: int = 65536
     #: N > 0 tasks at once; N < 0 = CPUs / |N|
     degree: int = 1
+    #: count (default) | checksum | none: source and target compared before the load is made visible
+    verify: str = "count"
     #: free-form values for ${vars.x} interpolation in pipeline configs (a bucket, a glob, ...)
     vars: dict[str, Any] = field(default_factory=dict)
 
@@ -127,6 +129,7 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
     job = to_dataclass(top, JobConfig, "")
     check_choice(job.load_mode, LOAD_MODES, "load_mode")
     check_choice(job.map_method, MAP_METHODS, "map_method")
+    check_choice(job.verify, ("count", "checksum", "none"), "verify")
     if job.batch_size <= 0:
         raise ConfigError(f"batch_size: {job.batch_size} must be > 0", key="batch_size")
     if job.degree == 0:
@@ -137,6 +140,7 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
         batch_size=job.batch_size,
         degree=JobOptions.resolve_degree(job.degree),
         requested_degree=job.degree,
+        verify=job.verify,
         run_id=run_id or uuid.uuid4().hex[:12],
     )
     built = {kind: build_plugin(kind, cfg, options) for kind in kinds}

@@ -34,6 +34,8 @@ class JobOptions:
     run_id: str = "run"
     #: the degree as configured (negative: a fraction of the CPUs, which a cluster runtime resolves)
     requested_degree: int = 1
+    #: count | checksum | none
+    verify: str = "count"
 
     @staticmethod
     def resolve_degree(degree: int, cpus: int | None = None) -> int:

@@ -11,6 +11,7 @@
     +-- TransferError             exit 5   a partition failed while moving rows
     |                                      (``retriable`` says whether a retry may succeed)
     +-- VerificationError         exit 6   source and target disagree after the load
+    +-- Cancelled                 exit 130 Ctrl-C / SIGTERM: running partitions rolled back
 
 Every error pickles (the runtimes carry them across processes) and keeps its hint.
 Messages never hold secrets: connectors build them from identifiers, never from DSNs.
@@ -107,7 +108,14 @@ class VerificationError(ConveyorError):
     exit_code = 6
 
 
+class Cancelled(ConveyorError):
+    """The run was interrupted (SIGINT / SIGTERM); running partitions rolled back."""
+
+    exit_code = 130
+
+
 __all__ = [
+    "Cancelled",
     "ConfigError",
     "ConnectError",
     "ConveyorError",

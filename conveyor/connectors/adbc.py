@@ -224,6 +224,18 @@ class AdbcSource(_Adbc):
     def query_values(self, query: str) -> list[Any]:
         return [r[0] for r in self._run(query)]
 
+    def count_rows(self, parts: list[Partition]) -> list[int] | None:
+        """Each partition's row count in one scan (None for driver partitions, which cannot be counted)."""
+        if any(isinstance(p, NativePartition) for p in parts):
+            return None
+        placeholder = _PLACEHOLDERS.get(self.config.driver, lambda i: "?")
+        exprs, params = [], []
+        for p in parts:
+            where, ps = where_clause(p, _qident, lambda i, base=len(params): placeholder(base + i), engine=self._where())
+            exprs.append(f"count(*) FILTER (WHERE {where.removeprefix(' WHERE ') or '1 = 1'})")
+            params += ps
+        return [int(n) for n in self._run(f"SELECT {', '.join(exprs)} FROM {self._from()}", params)[0]]
+
     # --- reading -------------------------------------------------------------------------------
 
     def read(self, part: Partition) -> Iterator[Any]:
@@ -324,7 +336,9 @@ class AdbcSink(_Adbc):
             else:
                 self._ingest(stage, pa.Table.from_batches([], schema=out_schema), "create")
             write_table = stage
+        before = self.count_rows_of(self.config.table) if mode == "append" and self.options.verify != "none" else 0
         return SinkPlan(
+            details=(("rows_before", before),),
             target=f"{self._where()} {self.config.table}", write_target=write_table, load_mode=mode,
             columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
         )  # batches are conformed (cast) to ``schema`` on their way in
@@ -354,6 +368,12 @@ class AdbcSink(_Adbc):
                 raise counted.error from None
             raise
         return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
+
+    def count_rows(self, plan: SinkPlan) -> int:
+        return self.count_rows_of(plan.write_target)
+
+    def count_rows_of(self, table: str) -> int:
+        return int(self._run(f"SELECT count(*) FROM {self._name(table)}")[0][0])
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         if plan.write_target == self.config.table:

@@ -166,6 +166,15 @@ class DuckDBSource:
         """The partition as a WHERE clause and its parameters."""
         return where_clause(part, qident, engine="duckdb")
 
+    def count_rows(self, parts: list[Partition]) -> list[int]:
+        """Each partition's row count, in one scan."""
+        exprs, params = [], []
+        for p in parts:
+            where, ps = self.where(p)
+            exprs.append(f"count(*) FILTER (WHERE {where.removeprefix(' WHERE ') or 'true'})")
+            params += ps
+        return [int(n) for n in self._query(f"SELECT {', '.join(exprs)} FROM ({self._base_sql()}) AS _q", params)[0]]
+
     def read(self, part: Partition) -> Iterator[Any]:
         where, params = self.where(part)
         con = self._con()
@@ -246,9 +255,13 @@ class DuckDBSink:
                     con.execute(f"CREATE TABLE {stage} AS SELECT * FROM {self._target} LIMIT 0")
                     write_target = self._stage_name()
             self._probe(con, qualified(self.config.schema, write_target), pairs, where)
+            before = 0
+            if mode == "append" and self.options.verify != "none":
+                before = con.execute(f"SELECT count(*) FROM {self._target}").fetchone()[0]
         finally:
             con.close()
         return SinkPlan(
+            details=(("rows_before", before),),
             target=f"{self.config.database}:{self.config.schema}.{self.config.table}",
             write_target=write_target,
             load_mode=mode,
@@ -305,6 +318,13 @@ class DuckDBSink:
         finally:
             con.close()
         return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
+
+    def count_rows(self, plan: SinkPlan) -> int:
+        con = _connect(self.config.database)
+        try:
+            return int(con.execute(f"SELECT count(*) FROM {qualified(self.config.schema, plan.write_target)}").fetchone()[0])
+        finally:
+            con.close()
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         if plan.write_target == self.config.table:

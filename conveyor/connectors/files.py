@@ -186,6 +186,22 @@ class ParquetSource(_FileSource):
         rows = sum(e.rows or 0 for e in self._entries)
         return SourceInfo(info.schema, info.label, estimated_rows=rows, estimated_bytes=info.estimated_bytes)
 
+    def count_rows(self, parts: list[Partition]) -> list[int]:
+        """Row counts from the Parquet footers (read by ``describe``)."""
+        entries = {e.path: e for e in self.list_files()}
+        if any(e.rows is None for e in entries.values()):
+            self.describe()
+            entries = {e.path: e for e in self.list_files()}
+        out = []
+        for p in parts:
+            if isinstance(p, RowGroupSet):
+                out.append(sum((entries[p.path].row_groups or ())[g] for g in p.row_groups))
+            elif isinstance(p, FileSet):
+                out.append(sum(entries[x].rows or 0 for x in p.paths))
+            else:
+                out.append(sum(e.rows or 0 for e in entries.values()))
+        return out
+
     def _read_file(self, fs: Any, path: str, row_groups: list[int] | None = None) -> Iterator[Any]:
         pf = self._open(fs, path)
         self._check_schema(path, pf.schema_arrow)
@@ -433,6 +449,20 @@ class ParquetSink(_FileSink):
         import pyarrow.dataset as ds
 
         return ds.ParquetFileFormat()
+
+    def count_rows(self, plan: SinkPlan) -> int:
+        """Rows in the files this run wrote (their footers)."""
+        import pyarrow.parquet as pq
+
+        fs, _ = self._fs()
+        paths = self._existing(fs, plan.write_target)
+        if self.options.load_mode == "append":  # only the files this run added
+            paths = [p for p in paths if f"-{self.options.run_id}-" in posixpath.basename(p)]
+        total = 0
+        for path in paths:
+            with fs.open(path, "rb") as f:
+                total += pq.ParquetFile(f).metadata.num_rows
+        return total
 
     def _dataset_options(self) -> Any:
         return self._dataset_format().make_write_options(compression=self._compression())

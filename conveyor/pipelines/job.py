@@ -16,8 +16,9 @@ from typing import Any
 
 from conveyor.config import JobSpec
 from conveyor.core import Partition, PlanRequest, PrepareRequest, SinkPlan, SourceInfo, WriteStats
-from conveyor.errors import ConveyorError, PlanningError
-from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult
+from conveyor.errors import Cancelled, ConveyorError, PlanningError
+from conveyor.pipelines.verify import Verification, check_mode, raise_if_failed, verify
+from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult, cancel_requested
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class JobReport:
     target: str = ""
     sink_plan: SinkPlan | None = None
     error: ConveyorError | None = None
+    verification: Verification | None = None
 
     @property
     def rows(self) -> int:
@@ -57,6 +59,7 @@ def plan_job(spec: JobSpec) -> JobPlan:
     """Describe the source and plan its partitions; moves nothing."""
     if hasattr(spec.runtime, "check"):
         spec.runtime.check(spec.source, spec.sink)
+    check_mode(spec.options.verify, spec.source, spec.sink)
     info = spec.source.describe()
     partitions = spec.strategy.plan(PlanRequest(source=spec.source, info=info, degree=spec.options.degree))
     if not partitions:
@@ -90,24 +93,46 @@ def source_session(source: Any) -> Any:
 
 def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> JobReport:
     spec = plan.spec
-    sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, source=source))
-    report = JobReport(plan=plan, target=sink_plan.target, sink_plan=sink_plan)
+    report = JobReport(plan=plan)
+    try:
+        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, source=source))
+    except ConveyorError as exc:
+        exc.report = report
+        raise
+    report.target, report.sink_plan = sink_plan.target, sink_plan
     tasks = [Task(source, spec.sink, sink_plan, part) for part in plan.partitions]
     try:
         report.results = spec.runtime.run(tasks, spec.options.degree, progress)
+        if cancel_requested():
+            raise _cancelled(report)
         failures = [r for r in report.results if not r.ok]
         if failures:
             err = failures[0].error
             assert err is not None
             err.task_traceback = failures[0].traceback  # shown by --verbose
             raise err
+        report.verification = verify(spec.options.verify, plan.partitions, report.results, source, spec.sink, sink_plan)
+        raise_if_failed(report.verification, report.target)
         stats = [WriteStats(r.partition, r.rows, r.bytes, r.seconds) for r in report.results]
         spec.sink.finalize(sink_plan, stats)
-    except BaseException:
+    except BaseException as exc:
         _abort(spec.sink, sink_plan)
+        report.seconds = time.perf_counter() - start
+        if isinstance(exc, ConveyorError):
+            report.error = exc
+            exc.report = report  # the CLI writes it
         raise
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _cancelled(report: JobReport) -> Cancelled:
+    done = [r for r in report.results if r.ok]
+    if report.plan.spec.options.load_mode == "append":
+        what = f"{len(done)} of {len(report.plan.partitions)} partitions had committed: their {sum(r.rows for r in done):,} rows stay in the target"
+    else:
+        what = "the target is as it was"
+    return Cancelled(f"cancelled: {what}", hint="run again to load everything")
 
 
 def _abort(sink: Any, plan: Any) -> None:

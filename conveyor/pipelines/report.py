@@ -31,6 +31,13 @@ def summary_table(report: JobReport) -> Any:
         what = parts[r.partition].describe() if r.partition in parts else ""
         table.add_row(r.partition, what, f"{r.rows:,}", f"{r.bytes / 1e6:,.1f}", f"{r.seconds:.2f}",
                       _rate(r.rows, r.seconds), str(r.attempts))
+    if report.verification is not None:
+        v = report.verification
+        table.caption = f"verify={v.mode}: " + ("ok" if v.ok else "MISMATCH") + (
+            f", source {v.source_rows:,} rows" if v.source_rows is not None else "") + (
+            f", target {v.target_rows:,} new rows" if v.target_rows is not None else "") + (
+            f", checksum {v.target_checksum}" if v.target_checksum else "") + "".join(f"; {n}" for n in v.notes)
+        table.caption_justify = "left"
     table.add_section()
     table.add_row("total", f"{len(report.results)} partitions", f"{report.rows:,}", f"{report.bytes / 1e6:,.1f}",
                   f"{report.seconds:.2f}", _rate(report.rows, report.seconds), "", style="bold")
@@ -54,3 +61,63 @@ def plan_table(plan: JobPlan) -> Any:
     for p in plan.partitions:
         table.add_row(p.key, p.describe(), "" if p.estimated_rows is None else f"{p.estimated_rows:,}")
     return table
+
+
+_SECRET_PARTS = ("password", "passwd", "secret", "token", "credential", "private_key")
+
+
+def is_secret_key(name: str) -> bool:
+    """A key whose value may be a secret (not the *name* of a variable or file that holds one)."""
+    low = name.lower()
+    if low.endswith(("_env", "_file", "_path")) or low == "distribute_key":
+        return False
+    return low == "key" or low.endswith("_key") or any(part in low for part in _SECRET_PARTS)
+
+
+def mask(value: Any) -> Any:
+    """Config with secret-looking values as ***, and passwords in URIs hidden; ${oc.env:...} stays."""
+    import re
+
+    if isinstance(value, dict):
+        return {k: ("***" if is_secret_key(str(k)) and v not in (None, "") and not _is_reference(v) else mask(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask(v) for v in value]
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return re.sub(r"(://[^:/@\s]+):[^@/\s]+@", r"\1:***@", value)
+    return value
+
+
+def _is_reference(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("${") and value.endswith("}")
+
+
+def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, status: str, error: BaseException | None) -> dict[str, Any]:
+    """The run report as JSON-ready data: per partition, totals, verification, the masked config."""
+    out: dict[str, Any] = {"status": status, "config": mask(config)}
+    if error is not None:
+        out["error"] = {"type": type(error).__name__, "message": str(error), "hint": getattr(error, "hint", None),
+                        "exit_code": getattr(error, "exit_code", 1)}
+    plan = plan or (report.plan if report else None)
+    if plan is not None:
+        spec = plan.spec
+        out.update(run_id=spec.options.run_id, plugins=spec.names, source=plan.info.label, strategy_note=plan.note,
+                   options={"load_mode": spec.options.load_mode, "map_method": spec.options.map_method,
+                            "batch_size": spec.options.batch_size, "degree": spec.options.degree, "verify": spec.options.verify})
+    if report is not None:
+        parts = {p.key: p for p in report.plan.partitions}
+        out["target"] = report.target
+        out["path"] = report.sink_plan.path_reason if report.sink_plan else ""
+        out["partitions"] = [
+            {"partition": r.partition, "reads": parts[r.partition].describe() if r.partition in parts else "", "rows": r.rows,
+             "bytes": r.bytes, "seconds": round(r.seconds, 4), "attempts": r.attempts,
+             "error": str(r.error) if r.error else None}
+            for r in report.results
+        ]
+        secs = report.seconds or 0.0
+        out["totals"] = {"partitions": len(report.plan.partitions), "rows": report.rows, "bytes": report.bytes,
+                         "seconds": round(secs, 4), "rows_per_s": round(report.rows / secs) if secs else None,
+                         "mb_per_s": round(report.bytes / 1e6 / secs, 2) if secs else None}
+        if report.verification is not None:
+            out["verification"] = report.verification.as_dict()
+    return out

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from conveyor.core import JobOptions
 from conveyor.errors import TransferError
-from conveyor.runtime.task import Progress, Task, TaskResult, run_task
+from conveyor.runtime.task import Progress, Task, TaskResult, cancel_requested, run_task
 
 
 @dataclass
@@ -50,7 +50,7 @@ class LocalRuntime:
         failed = False
         with ThreadPoolExecutor(max_workers=max(1, degree), thread_name_prefix="conveyor") as pool:
             while pending or running:
-                while pending and not failed and len(running) < degree:
+                while pending and not failed and not cancel_requested() and len(running) < degree:
                     task = roundtrip(pending.pop())
                     running.add(pool.submit(run_task, task, progress, self.config.max_retries, prefetch=self.config.prefetch_batches))
                 if not running:

@@ -22,7 +22,7 @@ from typing import Any
 
 from conveyor.core import JobOptions
 from conveyor.errors import ConfigError, ConnectError, TransferError
-from conveyor.runtime.task import Progress, Task, TaskResult, run_task
+from conveyor.runtime.task import Progress, Task, TaskResult, cancel_requested, run_task
 
 
 @dataclass
@@ -172,6 +172,10 @@ class RayRuntime:
         results: list[TaskResult] = []
         failed = False
         while pending or running:
+            if cancel_requested() and not failed:
+                failed = True  # Ctrl-C: start nothing more, stop what runs (its transactions roll back)
+                for ref in running:
+                    ray.cancel(ref, force=True)
             while pending and not failed and len(running) < degree:
                 task = pending.pop()
                 progress.started(task.partition.key)

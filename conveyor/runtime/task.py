@@ -16,7 +16,22 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from conveyor.core import Partition, SinkPlan
-from conveyor.errors import ConveyorError, TransferError
+from conveyor.errors import Cancelled, ConveyorError, TransferError
+
+_CANCEL = threading.Event()
+
+
+def request_cancel() -> None:
+    """Ask every running task in this process to stop at its next batch (and roll back)."""
+    _CANCEL.set()
+
+
+def cancel_requested() -> bool:
+    return _CANCEL.is_set()
+
+
+def reset_cancel() -> None:
+    _CANCEL.clear()
 
 
 class Progress(Protocol):
@@ -68,6 +83,8 @@ class TaskResult:
 
 def _reported(batches: Iterator[Any], key: str, progress: Progress) -> Iterator[Any]:
     for batch in batches:
+        if _CANCEL.is_set():
+            raise Cancelled(f"partition {key}: cancelled")
         progress.advanced(key, batch.num_rows, batch.nbytes)
         yield batch
 
@@ -158,7 +175,7 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
                 stats = task.sink.write(task.plan, task.partition, batches)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a TaskResult
             err = _as_conveyor_error(exc, key)
-            retriable = isinstance(err, TransferError) and err.retriable
+            retriable = isinstance(err, TransferError) and err.retriable and not _CANCEL.is_set()
             if retriable and attempt <= max_retries:
                 time.sleep(min(backoff * 2 ** (attempt - 1), 30.0))
                 continue

@@ -28,11 +28,21 @@ class PgConnConfig:
     dbname: str = "postgres"
     #: the environment variable holding the password (read where the connection opens)
     password_env: str = "PGPASSWORD"
+    #: or a file holding it (first line), read where the connection opens
+    password_file: str | None = None
     connect_timeout: int = 10
     #: extra libpq settings, e.g. {sslmode: require}
     options: dict[str, str] | None = None
 
     def password(self) -> str | None:
+        if self.password_file:
+            try:
+                with open(self.password_file, encoding="utf-8") as f:
+                    return f.readline().rstrip("\r\n")
+            except OSError as exc:
+                from conveyor.errors import ConfigError
+
+                raise ConfigError(f"password_file {self.password_file!r}: {exc.strerror}", key="password_file") from None
         return os.environ.get(self.password_env) if self.password_env else None
 
     def where(self) -> str:
@@ -139,3 +149,9 @@ def literal(value: Any) -> str:
     from psycopg import sql
 
     return sql.Literal(value).as_string(None)
+
+
+def row_hash_sql(columns: tuple[str, ...] | list[str]) -> str:
+    """A 64-bit hash of a row's text (the given columns, in order), as a bigint."""
+    cols = ", ".join(ident(c) for c in columns)
+    return f"('x' || left(md5(ROW({cols})::text), 16))::bit(64)::bigint"

@@ -17,6 +17,7 @@ A failed run drops the staging table: the target is as it was.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import subprocess
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches
-from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, translate
+from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.types import PgColumn, column_ddl, read_columns
 from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, WriteStats
 from conveyor.errors import ConveyorError, SchemaError, TransferError
@@ -126,6 +127,10 @@ class PostgresSink:
                     con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} (LIKE {self._qualified()} {like})")
                     write_table, stage_created = self._stage(), True
             plan = self._plan(request, pairs, write_table, where, con)
+            if mode == "append" and self.options.verify != "none":  # what was there, to compare what was added
+                n, h = con.execute(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified()}"
+                                   if self.options.verify == "checksum" else f"SELECT count(*), 0 FROM {self._qualified()}").fetchone()
+                plan = dataclasses.replace(plan, details=(*plan.details, ("rows_before", n), ("checksum_before", (n, h))))
         except BaseException as exc:
             if stage_created:
                 with contextlib.suppress(Exception):
@@ -319,6 +324,25 @@ class PostgresSink:
         if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
             return exc
         return translate(exc, self.config, f"writing {part.key} into {self.name}", part.key)
+
+    # --- verification ---------------------------------------------------------------------------
+
+    def _one(self, sql: str) -> tuple[Any, ...]:
+        con = connect(self.config, autocommit=True)
+        try:
+            return con.execute(sql).fetchone()
+        except Exception as exc:
+            raise translate(exc, self.config, "verifying") from None
+        finally:
+            con.close()
+
+    def count_rows(self, plan: SinkPlan) -> int:
+        return int(self._one(f"SELECT count(*) FROM {self._qualified(plan.write_target)}")[0])
+
+    def checksum(self, plan: SinkPlan) -> str:
+        n, h = self._one(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified(plan.write_target)}")
+        n0, h0 = plan.detail("checksum_before") or (0, 0)
+        return f"{n - n0}:{h - h0}"
 
     # --- finalize / abort -----------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.arrowutil import rebatch
-from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, translate
+from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, translate
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_columns
 from conveyor.core import (
     JobOptions,
@@ -266,6 +266,43 @@ class PostgresSource:
                 conds.append(f"{q} IS NULL")
             return f" WHERE {' OR '.join(conds) or 'false'}"
         raise PlanningError(f"postgres source cannot read a {part.kind} partition")
+
+    def _snapshot_query(self, sql: str) -> tuple[Any, ...]:
+        """One row, read in the job's snapshot (so counts agree with what the tasks read)."""
+        con = connect(self.config)
+        try:
+            for stmt in self.begin_snapshot_sql():
+                con.execute(stmt)
+            return con.execute(sql).fetchone()
+        except Exception as exc:
+            raise translate(exc, self.config, "verifying") from None
+        finally:
+            with contextlib.suppress(Exception):
+                con.rollback()
+            con.close()
+
+    def _conds(self, parts: list[Partition]) -> list[str]:
+        return [self.where(p).removeprefix(" WHERE ") or "true" for p in parts]
+
+    def count_rows(self, parts: list[Partition]) -> list[int]:
+        """Each partition's row count, in one scan of the source."""
+        out: list[int] = []
+        for i in range(0, len(parts), 200):
+            conds = self._conds(parts[i:i + 200])
+            row = self._snapshot_query(f"SELECT {', '.join(f'count(*) FILTER (WHERE {c})' for c in conds)} FROM {self._from()}")
+            out += [int(n) for n in row]
+        return out
+
+    def checksums(self, parts: list[Partition], columns: tuple[str, ...]) -> list[tuple[int, int]]:
+        """(rows, sum of 64-bit row hashes) per partition: rows compared as PostgreSQL prints them."""
+        h = row_hash_sql(columns)
+        out: list[tuple[int, int]] = []
+        for i in range(0, len(parts), 100):
+            conds = self._conds(parts[i:i + 100])
+            exprs = ", ".join(f"count(*) FILTER (WHERE {c}), coalesce(sum({h}) FILTER (WHERE {c}), 0)" for c in conds)
+            row = self._snapshot_query(f"SELECT {exprs} FROM {self._from()}")
+            out += [(int(row[j]), int(row[j + 1])) for j in range(0, len(row), 2)]
+        return out
 
     def select_sql(self, part: Partition, columns: str | None = None) -> str:
         return f"SELECT {columns or self._select_list()} FROM {self._from()}{self.where(part)}"

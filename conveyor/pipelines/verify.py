@@ -1,0 +1,91 @@
+"""Verification before the load is made visible: source and target must agree.
+
+``verify=count`` (default): each partition's rows counted at the source (one scan, in the job's
+snapshot, where the source can count) against the rows its task wrote, and the rows now in the
+written table against the total. ``verify=checksum``: in addition, an order-independent content
+checksum computed by both databases (PostgreSQL on both sides: rows compared as PostgreSQL prints
+them). It runs before ``finalize``, so a mismatch in truncate / create / replace leaves the old
+target in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.errors import ConfigError, VerificationError
+
+VERIFY_MODES = ("count", "checksum", "none")
+
+
+@dataclass
+class Verification:
+    mode: str
+    source_rows: int | None = None
+    written_rows: int = 0
+    target_rows: int | None = None
+    source_checksum: str | None = None
+    target_checksum: str | None = None
+    mismatched: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatched
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "ok": self.ok, "source_rows": self.source_rows, "written_rows": self.written_rows,
+                "target_rows": self.target_rows, "source_checksum": self.source_checksum,
+                "target_checksum": self.target_checksum, "mismatched": self.mismatched, "notes": self.notes}
+
+
+def check_mode(mode: str, source: Any, sink: Any) -> None:
+    """Refuse, before anything moves, a checksum the two ends cannot compute alike."""
+    if mode not in VERIFY_MODES:
+        raise ConfigError(f"verify: {mode!r} is not one of {', '.join(VERIFY_MODES)}", key="verify")
+    if mode == "checksum" and not (hasattr(source, "checksums") and hasattr(sink, "checksum")):
+        raise ConfigError("verify=checksum needs PostgreSQL on both sides", key="verify",
+                          hint="use verify=count (the default) for this pair")
+
+
+def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source: Any, sink: Any, plan: Any) -> Verification:
+    out = Verification(mode, written_rows=sum(r.rows for r in results))
+    if mode == "none":
+        out.notes.append("not verified (verify=none)")
+        return out
+    by_key = {r.partition: r.rows for r in results}
+    counts = source.count_rows(partitions) if hasattr(source, "count_rows") else None
+    if counts is None:
+        out.notes.append("the source cannot count its partitions: the writers' counts stand in")
+    else:
+        out.source_rows = sum(counts)
+        out.mismatched += [f"{p.key}: source {n:,} rows, written {by_key.get(p.key, 0):,}"
+                           for p, n in zip(partitions, counts) if n != by_key.get(p.key, 0)]
+    expected = out.source_rows if out.source_rows is not None else out.written_rows
+    total = sink.count_rows(plan) if hasattr(sink, "count_rows") else None
+    if total is None:
+        out.notes.append("the sink cannot count what it holds")
+    else:
+        out.target_rows = total - (plan.detail("rows_before") or 0)
+        if out.target_rows != expected:
+            out.mismatched.append(f"target: {out.target_rows:,} new rows, source {expected:,}")
+    if mode == "checksum":
+        out.source_checksum = _combine(source.checksums(partitions, plan.source_columns))
+        out.target_checksum = sink.checksum(plan)
+        if out.source_checksum != out.target_checksum:
+            out.mismatched.append(f"checksum: source {out.source_checksum}, target {out.target_checksum}")
+    return out
+
+
+def _combine(parts: Sequence[tuple[int, int]]) -> str:
+    return f"{sum(n for n, _ in parts)}:{sum(h for _, h in parts)}"
+
+
+def raise_if_failed(result: Verification, target: str) -> None:
+    if not result.ok:
+        raise VerificationError(
+            f"verification failed for {target}: " + "; ".join(result.mismatched[:5])
+            + (f" (+{len(result.mismatched) - 5} more)" if len(result.mismatched) > 5 else ""),
+            hint="the target was not changed (staged loads) or holds only whole partitions (append); see the report",
+        )
