@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from conveyor.errors import ConnectError, ConveyorError, SchemaError, TransferError
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError
 
 # SQLSTATE classes and codes a retry may cure: connection failures, a restarting server,
 # serialization failures and deadlocks.
@@ -108,6 +108,8 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
     text = f"{where}: {doing}: {msg}"
     if state.startswith("28") or "password authentication failed" in msg or "no password supplied" in msg:
         return ConnectError(text, hint=f"check the user and the password in ${conf.password_env}")
+    if state == "42601":
+        return ConfigError(text, hint="check the SQL of the query")
     if state.startswith(("42P01", "3F000", "42703", "42704")):
         return SchemaError(text, hint="check the schema, table and column names")
     if state.startswith("08") or "connection to server" in msg or "Connection refused" in msg or "could not connect" in msg:

@@ -360,6 +360,7 @@ class PostgresSink:
                     if plan.load_mode == "replace":
                         con.execute(f"DROP TABLE IF EXISTS {self._qualified()}")
                     con.execute(f"ALTER TABLE {stage} RENAME TO {ident(self.config.table)}")
+                    self._rename_stage_indexes(con, plan.write_target)
             con.commit()
             if self.config.analyze:
                 con.execute(f"ANALYZE {self._qualified()}")
@@ -370,6 +371,17 @@ class PostgresSink:
             raise translate(exc, self.config, f"finalizing {self.name}") from None
         finally:
             con.close()
+
+    def _rename_stage_indexes(self, con: Any, stage: str) -> None:
+        """Indexes made by LIKE ... INCLUDING ALL carry the staging table's name: give them the target's."""
+        rows = con.execute(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = %s::regclass AND c.relname LIKE %s",
+            [self._qualified(), stage.replace("_", "\\_") + "%"],
+        ).fetchall()
+        for (name,) in rows:
+            new = (self.config.table + name[len(stage):])[:63]
+            con.execute(f"ALTER INDEX {ident(self.config.schema, name)} RENAME TO {ident(new)}")
 
     def abort(self, plan: SinkPlan) -> None:
         if plan.write_target == self.config.table:

@@ -219,7 +219,8 @@ class PostgresSource:
         """About 200,000 sampled rows for tables (TABLESAMPLE SYSTEM), all rows for queries."""
         if not self.config.table:
             return ""
-        est = self._query(f"SELECT reltuples FROM pg_class WHERE oid = {literal(self.relation)}::regclass")[0][0]
+        est = self._query("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
+                          [ident(self.config.schema, self.config.table or "")])[0][0]
         if not est or est <= 200_000:
             return ""
         return f"TABLESAMPLE SYSTEM ({min(100.0, 100.0 * 200_000 / est):.6f}) REPEATABLE (42)"
@@ -329,8 +330,9 @@ class PostgresSource:
                 raise translate(exc, self.config, f"reading {part.key}", part.key) from None
             yield from rebatch(self._convert(reader, part.key), self.options.batch_size)
         finally:
-            cur.close()
-            conn.rollback()
+            with contextlib.suppress(Exception):  # a killed connection cannot roll back; it is gone anyway
+                cur.close()
+                conn.rollback()
             conn.close()
 
     def _convert(self, reader: Any, key: str) -> Iterator[Any]:

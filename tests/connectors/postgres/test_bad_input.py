@@ -1,4 +1,6 @@
-"""Bad input through the CLI: one clear line and a hint, the right exit code, nothing written."""
+"""The catalogue of bad input, through the CLI against real servers: for each, one clear line (and
+a hint), the documented exit code, and a target left exactly as it was (no staging table either).
+Config, connection, schema, strategy and data errors; more live beside their connectors' tests."""
 
 from __future__ import annotations
 
@@ -34,6 +36,23 @@ CASES = [
     ("incompatible type", ["sink.copy_path=arrow"], 4, ["the source columns do not fit", "cannot cast type bytea to integer"]),
     ("forced passthrough", ["sink.copy_path=passthrough"], 4, ["copy_path=passthrough is not possible: column blob: bytea -> integer differ"]),
     ("bad copy_path", ["sink.copy_path=fast"], 2, ["copy_path: 'fast' is not one of auto, arrow, passthrough"]),
+    ("unknown key", ["+sink.tabel=x"], 2, ["error: sink.tabel: unknown key"]),
+    ("wrong type", ["batch_size=abc"], 2, ["error: batch_size:", "abc"]),
+    ("wrong bool", ["sink.unlogged=maybe"], 2, ["error: sink.unlogged:", "maybe"]),
+    ("unknown strategy", ["strategy.type=nope"], 2, ["error: unknown strategy 'nope'", "available strategy plugins:"]),
+    ("unknown runtime", ["runtime.type=nope"], 2, ["error: unknown runtime 'nope'", "local, ray"]),
+    ("bad load_mode", ["load_mode=merge"], 2, ["error: load_mode: 'merge' is not one of truncate, append, create, replace"]),
+    ("bad verify", ["verify=md5"], 2, ["error: verify: 'md5' is not one of count, checksum, none"]),
+    ("zero degree", ["degree=0"], 2, ["error: degree: 0 is not valid"]),
+    ("query on a missing table", ["source.table=null", "source.query='SELECT * FROM nope'"], 4, ["relation \"nope\" does not exist"]),
+    ("query with bad SQL", ["source.table=null", "source.query='SELEC 1'"], 2, ["syntax error", "hint: check the SQL of the query"]),
+    ("position with fewer columns", ["source.table=null", "source.query='SELECT id, name FROM bad_src'", "map_method=position"], 4,
+     ["the source has 2 columns, the target 3"]),
+    ("a value that does not fit", ["source.table=null", "source.query='SELECT id, name, name AS blob FROM bad_src'",
+                                   "sink.copy_path=arrow"], 5, ["column blob -> blob: a value does not fit int32"]),
+    ("target unreachable", ["sink.port={free}"], 3, ["cannot connect", "hint: is the server running"]),
+    ("target wrong password", ["sink.password_env=CONVEYOR_WRONG_PW"], 3, ["password authentication failed"]),
+    ("missing password file", ["sink.password_file=/nonexistent/pw"], 2, ["password_file '/nonexistent/pw': No such file or directory"]),
 ]
 
 
