@@ -112,12 +112,8 @@ def _report_path() -> Any:
 
     if REPORT_PATH:
         return Path(REPORT_PATH[0])
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return Path(HydraConfig.get().runtime.output_dir) / "report.json"
-    except Exception:  # noqa: BLE001 - not under hydra.main
-        return None
+    run_dir = _hydra_dir()
+    return run_dir / "report.json" if run_dir is not None else None
 
 
 def _write_report(report: Any, plan: Any, cfg: Any, error: BaseException | None) -> None:
@@ -138,6 +134,56 @@ def _write_report(report: Any, plan: Any, cfg: Any, error: BaseException | None)
     _stderr(f"report: {path}")
 
 
+def _previous_run(cfg: Any) -> tuple[list[Any] | None, dict[str, int]]:
+    """With resume=<dir>: that run's partitions and those done (checked before anything connects)."""
+    from omegaconf import OmegaConf
+
+    from conveyor.pipelines.manifest import load_for_resume
+
+    if not cfg.get("resume"):
+        return None, {}
+    return load_for_resume(str(cfg.resume), OmegaConf.to_container(cfg, resolve=False))
+
+
+def _with_manifest(plan: Any, cfg: Any, previous: tuple[list[Any] | None, dict[str, int]]) -> tuple[Any, Any]:
+    """The plan (only the unfinished partitions when resuming) and a wrapper that keeps manifest.json."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from conveyor.pipelines.manifest import Manifest
+
+    config = OmegaConf.to_container(cfg, resolve=False)
+    everything, done = previous
+    everything = everything if everything is not None else plan.partitions
+    if cfg.get("resume"):
+        todo = [p for p in everything if p.key not in done]
+        _stderr(f"resume: {len(done)} of {len(everything)} partitions finished in {cfg.resume}; running the other {len(todo)}")
+        plan = dataclasses.replace(plan, partitions=todo, note=f"resumed from {cfg.resume}")
+    run_dir = _hydra_dir()
+
+    def wrap(progress: Any) -> Any:
+        if run_dir is None:
+            return progress
+        manifest = Manifest(run_dir / "manifest.json", config, progress)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        manifest.start(plan.spec.options.run_id, everything, None, done)
+        return manifest
+
+    return plan, wrap
+
+
+def _hydra_dir() -> Any:
+    from pathlib import Path
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # noqa: BLE001 - not under hydra.main
+        return None
+
+
 def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     """One composed config: validate, then plan (and run)."""
     _quiet_libraries()
@@ -151,18 +197,20 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     plan = None
     try:
         spec = build_job(cfg)
+        previous = _previous_run(cfg) if mode == "run" else (None, {})
         plan = plan_job(spec)
         if mode == "plan":
             console.print(plan_table(plan))
             return 0
         reset_cancel()
         _install_signals()
+        plan, manifest_for = _with_manifest(plan, cfg, previous)
         if console.is_terminal:
             progress: Any = RichProgress(console, plan.info.estimated_rows, len(plan.partitions))
         else:
             progress = LogProgress(plan.info.estimated_rows, len(plan.partitions))
         with progress:
-            report = execute(plan, progress)
+            report = execute(plan, manifest_for(progress))
         console.print(summary_table(report))
         _write_report(report, plan, cfg, None)
         return 0

@@ -41,6 +41,8 @@ class JobConfig:
     degree: int = 1
     #: count (default) | checksum | none: source and target compared before the load is made visible
     verify: str = "count"
+    #: a previous run's directory: re-run only its partitions that did not finish (append)
+    resume: str | None = None
     #: free-form values for ${vars.x} interpolation in pipeline configs (a bucket, a glob, ...)
     vars: dict[str, Any] = field(default_factory=dict)
 

@@ -81,8 +81,11 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
     """Prepare the sink, run the planned partitions, finalize; abort the sink on any failure."""
     start = time.perf_counter() if start is None else start
     spec = plan.spec
+    progress = progress or NullProgress()
     with source_session(spec.source) as source:
-        return _execute(plan, source, progress or NullProgress(), start)
+        if hasattr(progress, "session_started"):
+            progress.session_started(source)
+        return _execute(plan, source, progress, start)
 
 
 def source_session(source: Any) -> Any:

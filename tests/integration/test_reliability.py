@@ -202,3 +202,49 @@ def test_the_password_appears_in_no_output_report_or_log(pg_source, pg_target, t
                            f"sink.port={pg_target.port}", "sink.table=leak_dst", "+sink.options={password: " + PG_PASSWORD + "}"],
                           capture_output=True, text=True, timeout=120)
     assert PG_PASSWORD not in plan.stdout + plan.stderr
+
+
+# --- resume -----------------------------------------------------------------------------------
+
+
+def test_resume_reruns_only_unfinished_partitions_and_refuses_a_changed_job(big, pg_target, tmp_path: Path) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS rel_resume", "CREATE TABLE rel_resume (id int, h text, ts timestamptz)")
+    base = ["run", "pipeline=pg_to_pg", f"source.port={big.port}", "source.table=rel_big", f"sink.port={pg_target.port}",
+            "sink.table=rel_resume", "load_mode=append", "runtime=local", "degree=1", "strategy.partitions=30",
+            "sink.copy_path=arrow", "batch_size=2000"]
+    first = tmp_path / "first"
+    proc = subprocess.Popen([str(BIN / "conveyor"), *base, f"hydra.run.dir={first}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and pg_exec(pg_target, "SELECT count(*) FROM rel_resume")[0][0] == 0:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    manifest = json.loads((first / "manifest.json").read_text())
+    done = [k for k, e in manifest["partitions"].items() if e["status"] == "done"]
+    assert 0 < len(done) < 30 and manifest["snapshot"]
+    # a changed source is refused
+    res = subprocess.run([str(BIN / "conveyor"), *[a if a != "source.table=rel_big" else "source.table=other" for a in base],
+                          f"resume={first}", f"hydra.run.dir={tmp_path}/bad"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "resume: the job changed since that run: source.table: 'rel_big' -> 'other'" in res.stderr
+    # the same job resumes: only the rest runs, and the target ends equal to the source
+    res = subprocess.run([str(BIN / "conveyor"), *base, f"resume={first}", f"hydra.run.dir={tmp_path}/second"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert f"resume: {len(done)} of 30 partitions finished" in res.stderr
+    second = json.loads((tmp_path / "second" / "report.json").read_text())
+    assert len(second["partitions"]) == 30 - len(done)
+    assert checksum(pg_target, "rel_resume") == checksum(big, "rel_big")
+
+
+def test_resume_refuses_a_staged_load(pg_source, pg_target, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"fingerprint": "x", "identity": {}, "partitions": {}}))
+    from conveyor.errors import ConfigError
+    from conveyor.pipelines.manifest import _fingerprint, identity, load_for_resume
+
+    config = {"source": {"type": "postgres"}, "load_mode": "replace", "sink": {"table": "t"}}
+    (run / "manifest.json").write_text(json.dumps({"fingerprint": _fingerprint(identity(config)), "identity": identity(config), "partitions": {}}))
+    with pytest.raises(ConfigError, match="load_mode=replace is all or nothing"):
+        load_for_resume(str(run), config)

@@ -1,0 +1,165 @@
+"""The run manifest, and resuming a run from it.
+
+Every CLI run keeps ``manifest.json`` in its run directory: the job's identity (what decides
+which rows a partition holds and where they land: source, target, load mode, column mapping), each partition
+(its predicate, a serialized copy, rows, status) and the snapshot it read. It is rewritten
+atomically as partitions finish.
+
+``resume=<run dir>`` re-runs only the partitions that did not finish, and refuses when the
+job's identity changed. Only ``load_mode=append`` commits partitions one by one; a staged load
+(truncate, create, replace) is all or nothing, so a failed one leaves nothing to resume.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import decimal
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from conveyor.errors import ConfigError
+from conveyor.runtime.task import Progress, TaskResult
+
+# The partitions themselves (their predicates) come from the manifest, so the strategy and the
+# degree may change on resume; the source, the target and how rows map onto it may not.
+IDENTITY_KEYS = ("source", "load_mode", "map_method")
+SINK_IDENTITY = ("type", "host", "port", "dbname", "schema", "table", "path", "database", "uri", "location")
+
+
+def identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a config that decide which rows each partition holds, and where they go."""
+    out = {k: config.get(k) for k in IDENTITY_KEYS}
+    sink = config.get("sink") or {}
+    out["sink"] = {k: sink.get(k) for k in SINK_IDENTITY if k in sink}
+    return out
+
+
+def _fingerprint(ident: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
+
+
+class Manifest(Progress):
+    """Records partition outcomes to ``path`` as they finish (wraps the run's progress)."""
+
+    def __init__(self, path: Path, config: dict[str, Any], inner: Progress) -> None:
+        self.path, self.inner = path, inner
+        self._lock = threading.Lock()
+        self.data: dict[str, Any] = {"identity": identity(config), "fingerprint": _fingerprint(identity(config)), "partitions": {}}
+
+    def start(self, run_id: str, partitions: list[Any], snapshot: str | None, done_before: dict[str, int]) -> None:
+        self.data.update(run_id=run_id, snapshot=snapshot)
+        for p in partitions:
+            self.data["partitions"][p.key] = {
+                "predicate": p.describe(), "partition": encode_partition(p),
+                "status": "done" if p.key in done_before else "pending", "rows": done_before.get(p.key, 0),
+                "previous_run": p.key in done_before,
+            }
+        self._write()
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, default=str))
+        os.replace(tmp, self.path)
+
+    def session_started(self, source: Any) -> None:
+        with self._lock:
+            self.data["snapshot"] = getattr(source, "snapshot_id", None)
+            self._write()
+
+    def started(self, key: str) -> None:
+        self.inner.started(key)
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None:
+        self.inner.advanced(key, rows, nbytes)
+
+    def finished(self, result: TaskResult) -> None:
+        self.inner.finished(result)
+        with self._lock:
+            entry = self.data["partitions"].get(result.partition)
+            if entry is not None:
+                entry.update(status="done" if result.ok else "failed", rows=result.rows,
+                             error=str(result.error) if result.error else None)
+                self._write()
+
+
+def load_for_resume(run_dir: str, config: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
+    """(the previous run's partitions, rows of those already done); refuses a changed job."""
+    path = Path(run_dir) / "manifest.json"
+    try:
+        old = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"resume: no manifest.json in {run_dir}", key="resume",
+                          hint="give the run directory of the run to resume (it holds manifest.json and report.json)") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"resume: cannot read {path}: {exc}", key="resume") from None
+    new_ident = identity(config)
+    if old.get("fingerprint") != _fingerprint(new_ident):
+        changes = _diff(old.get("identity", {}), new_ident)
+        raise ConfigError(f"resume: the job changed since that run: {'; '.join(changes[:5])}", key="resume",
+                          hint="which rows a partition holds depends on these; run the job afresh instead")
+    if config.get("load_mode") != "append":
+        raise ConfigError(f"resume: load_mode={config.get('load_mode')} is all or nothing: a failed run left nothing to resume",
+                          key="resume", hint="run it again; only load_mode=append commits partitions one by one")
+    parts = [decode_partition(e["partition"]) for e in old["partitions"].values()]
+    done = {k: e["rows"] for k, e in old["partitions"].items() if e["status"] == "done"}
+    return parts, done
+
+
+# --- partitions as plain JSON (no pickle: a manifest is data, never code) -----------------------
+
+
+def _enc(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, bytes):
+        return {"$bytes": base64.b64encode(value).decode()}
+    if isinstance(value, (list, tuple)):
+        return [_enc(v) for v in value]
+    return value
+
+
+def _dec(value: Any) -> Any:
+    if isinstance(value, dict):
+        (tag, raw), = value.items()
+        return {"$datetime": dt.datetime.fromisoformat, "$date": dt.date.fromisoformat, "$decimal": decimal.Decimal,
+                "$bytes": base64.b64decode}[tag](raw)
+    if isinstance(value, list):
+        return tuple(_dec(v) for v in value)
+    return value
+
+
+def _partition_classes() -> dict[str, type]:
+    from conveyor import core
+
+    classes = [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.Partition) and c is not core.Partition]
+    return {c.kind: c for c in classes}
+
+
+def encode_partition(part: Any) -> dict[str, Any]:
+    return {"kind": part.kind, **{f.name: _enc(getattr(part, f.name)) for f in dataclasses.fields(part)}}
+
+
+def decode_partition(data: dict[str, Any]) -> Any:
+    cls = _partition_classes().get(data.get("kind", ""))
+    if cls is None:
+        raise ConfigError(f"resume: the manifest holds an unknown partition kind {data.get('kind')!r}", key="resume")
+    return cls(**{f.name: _dec(data[f.name]) for f in dataclasses.fields(cls) if f.name in data})
