@@ -9,7 +9,11 @@ SF ?= 0.1
 DEMO_DIR ?= demo-data
 PYTEST_ARGS ?=
 
-.PHONY: demo test install clean
+# the benchmark's TPC-H scale factor and what it runs (see benchmarks/bench.py --help)
+BENCH_SF ?= 1
+BENCH_ARGS ?= --tables orders --degrees 1,2,4 --repeat 3
+
+.PHONY: demo test bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +32,10 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	bash scripts/ensure-postgres.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-bench
+	bash scripts/ensure-postgres.sh
+	$(BIN)/python benchmarks/bench.py --sf $(BENCH_SF) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) outputs multirun .pytest_cache build *.egg-info

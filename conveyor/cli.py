@@ -22,6 +22,7 @@ commands:
   plugins   list installed sources, sinks, strategies and runtimes
   submit    send a job to a Ray cluster: conveyor submit [--address URL] [--follow] [--no-wait] overrides...
   serve     serve a source as Arrow Flight: conveyor serve [--host H] [--port P] [--token-env VAR] overrides...
+  report    tables and plots from benchmark results or a multirun directory: conveyor report PATH
 
 Exit codes: 0 ok, 1 internal error, 2 config/plugin/planning, 3 connection, 4 schema, 5 transfer,
 6 verification, 130 cancelled. A run writes report.json in its Hydra run directory (or --report PATH).
@@ -270,6 +271,14 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_plugins()
         if command in ("run", "plan"):
             return _cmd_hydra(command, rest, verbose)
+        if command == "report":
+            from conveyor.pipelines.bench_report import render
+
+            if len(rest) != 1:
+                _stderr("error: conveyor report takes one path (a results.json, its folder, or a multirun directory)")
+                return EXIT_CONFIG
+            print(render(rest[0]))
+            return 0
         if command == "serve":
             from conveyor import serve
 
@@ -283,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001
         return report_error(exc, verbose)
     _stderr(f"error: unknown command {command!r}")
-    _stderr("hint: commands are run, plan, plugins, submit, serve (conveyor --help)")
+    _stderr("hint: commands are run, plan, plugins, submit, serve, report (conveyor --help)")
     return EXIT_CONFIG
 
 

@@ -60,6 +60,25 @@ def test_multirun_runs_one_job_per_value(cli, tpch_orders: Path, tmp_path: Path)
     assert len(totals) == 2, res.out
     assert "strategy=none" in res.out and "strategy=files" in res.out
     assert (tmp_path / "hydra-multirun" / "0").is_dir() and (tmp_path / "hydra-multirun" / "1").is_dir()
+    # each job wrote its report; `conveyor report` tabulates the sweep from them
+    table = cli("report", str(tmp_path / "hydra-multirun"))
+    assert table.code == 0, table.err
+    lines = [line for line in table.out.splitlines() if line.startswith("| 0 ") or line.startswith("| 1 ")]
+    assert len(lines) == 2 and all("succeeded" in line and "15000" in line for line in lines)
+    assert "strategy=none" in lines[0] and "strategy=files" in lines[1]
+
+
+def test_report_renders_benchmark_results(tmp_path: Path, cli) -> None:
+    import json
+
+    cells = [{"group": "pg->pg orders", "name": n, "method": m, "degree": d, "seconds": [t, t + 0.1], "best": t,
+              "cpu": {"client": 0.5, "source_server": 1.0, "target_server": 1.5}, "ceiling_s": 1.5, "verified": True}
+             for n, m, d, t in (("baseline psql|psql (1 stream)", "pipe", 1, 2.0), ("conveyor passthrough ctid degree=2", "ctid", 2, 1.6))]
+    (tmp_path / "results.json").write_text(json.dumps({"settings": {"sf": 1, "repeat": 2}, "versions": {"cores": "2"}, "cells": cells}))
+    res = cli("report", str(tmp_path / "results.json"))
+    assert res.code == 0, res.err
+    assert "| conveyor passthrough ctid degree=2 | 1.60 | 1.60 1.70 | 1.25x |" in res.out
+    assert (tmp_path / "results.md").read_text().startswith("# Benchmark: TPC-H SF1")
 
 
 def test_plan_moves_nothing(cli, tpch_orders: Path, tmp_path: Path) -> None:

@@ -26,3 +26,21 @@ def test_exit_codes_are_distinct_per_family() -> None:
     assert errors.SchemaError.exit_code == 4
     assert errors.TransferError.exit_code == 5
     assert errors.VerificationError.exit_code == 6
+
+
+@pytest.mark.parametrize(("message", "state", "retriable"), [
+    ("[libpq] Execution error [PGRES_FATAL_ERROR]: FATAL:  terminating connection due to administrator command", None, True),
+    ("server closed the connection unexpectedly", None, True),
+    ("deadlock detected", "40P01", True),
+    ("could not serialize access", "40001", True),
+    ('duplicate key value violates unique constraint "t_pkey"', "23505", False),
+    ("invalid input syntax for type integer", "22P02", False),
+])
+def test_postgres_errors_split_retriable_from_fatal(message: str, state: str | None, retriable: bool) -> None:
+    from conveyor.connectors.postgres.common import PgConnConfig, translate
+
+    class DriverError(Exception):
+        sqlstate = state
+
+    err = translate(DriverError(message), PgConnConfig(), "reading", partition="p-1")
+    assert isinstance(err, errors.TransferError) and err.retriable is retriable and err.partition == "p-1"

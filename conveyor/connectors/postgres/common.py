@@ -18,6 +18,10 @@ from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaErro
 # serialization failures and deadlocks.
 _RETRIABLE_CLASSES = ("08",)
 _RETRIABLE_CODES = {"40001", "40P01", "57P01", "57P02", "57P03", "53300"}
+# drivers do not always carry the SQLSTATE of a lost connection: these messages say it
+_RETRIABLE_MESSAGES = ("server closed the connection", "terminating connection", "connection to server was lost",
+                       "no connection to the server", "could not receive data from server", "could not send data to server",
+                       "the database system is shutting down", "the database system is starting up", "connection reset")
 
 
 @dataclass
@@ -116,7 +120,7 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
         if partition is None:
             return ConnectError(text, hint=f"is the server running and reachable at {conf.host}:{conf.port}?")
         return TransferError(text, partition=partition, retriable=True)
-    retriable = state.startswith(_RETRIABLE_CLASSES) or state in _RETRIABLE_CODES or "server closed the connection" in msg
+    retriable = state.startswith(_RETRIABLE_CLASSES) or state in _RETRIABLE_CODES or any(m in msg.lower() for m in _RETRIABLE_MESSAGES)
     return TransferError(text, partition=partition, retriable=retriable)
 
 

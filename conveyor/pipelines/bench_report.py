@@ -1,0 +1,114 @@
+"""``conveyor report``: tables and plots from benchmark results or a Hydra multirun directory.
+
+A results file (``benchmarks/bench.py``) becomes ``results.md`` (per group: best and all times,
+ratio to the group's baseline measured in the same run, CPU-seconds of client and servers, the
+ceiling they imply, verification) and PNG plots (time and speedup by degree, one line per method).
+A multirun directory (``conveyor run -m ...``) becomes a table of its jobs from their report.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from conveyor.errors import ConfigError
+
+
+def _baseline(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for cell in cells:
+        if cell.get("method") in ("pipe", "duckdb") and cell.get("degree", 1) == 1:
+            return cell
+    return None
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for cell in results["cells"]:
+        groups[cell["group"]].append(cell)
+    v = results.get("versions", {})
+    lines = [f"# Benchmark: TPC-H SF{results['settings'].get('sf')}, best of {results['settings'].get('repeat')}",
+             "", f"machine: {v.get('cores')} cores {v.get('machine')}, python {v.get('python')}, "
+             + ", ".join(f"{k} {v[k]}" for k in ("conveyor", "pyarrow", "duckdb", "adbc-driver-postgresql", "ray") if k in v), ""]
+    for group, cells in groups.items():
+        base = _baseline(cells)
+        lines += [f"## {group}", "", "| job | best s | all s | vs baseline | CPU-s client / source / target | ceiling s | verified |",
+                  "|---|---:|---|---:|---|---:|---|"]
+        for c in cells:
+            ratio = f"{base['best'] / c['best']:.2f}x" if base else ""
+            cpu = c["cpu"]
+            lines.append(f"| {c['name']} | {c['best']:.2f} | {' '.join(f'{t:.2f}' for t in c['seconds'])} | {ratio} | "
+                         f"{cpu['client']:.1f} / {cpu['source_server']:.1f} / {cpu['target_server']:.1f} | {c['ceiling_s']:.2f} | "
+                         f"{'ok' if c['verified'] else 'MISMATCH'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plots(results: dict[str, Any], out: Path) -> list[Path]:
+    """Time and speedup by degree per method, one PNG per group (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError:
+        return []
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for cell in results["cells"]:
+        groups[cell["group"]].append(cell)
+    written = []
+    for group, cells in groups.items():
+        base = _baseline(cells)
+        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for c in cells:
+            label = c["name"].rsplit(" degree=", 1)[0].replace("conveyor ", "")
+            series[label].append((c.get("degree", 1), c["best"]))
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        for label, points in series.items():
+            points.sort()
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            ax1.plot(xs, ys, marker="o", label=label)
+            if base:
+                ax2.plot(xs, [base["best"] / y for y in ys], marker="o", label=label)
+        ax1.set(title=f"{group}: time", xlabel="degree", ylabel="seconds (best)")
+        ax2.set(title="speedup vs baseline (same run)", xlabel="degree", ylabel="x")
+        ax1.legend(fontsize=7)
+        for ax in (ax1, ax2):
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out / f"plot_{re.sub(r'[^a-z0-9]+', '_', group.lower()).strip('_')}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def multirun_markdown(folder: Path) -> str:
+    rows = []
+    for report in sorted(folder.glob("*/report.json"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
+        data = json.loads(report.read_text())
+        overrides_file = report.parent / ".hydra" / "overrides.yaml"
+        overrides = overrides_file.read_text().replace("\n- ", " ").strip("- \n") if overrides_file.exists() else ""
+        t = data.get("totals", {})
+        rows.append(f"| {report.parent.name} | {overrides} | {data.get('status')} | {t.get('rows', '')} | {t.get('seconds', '')} | "
+                    f"{t.get('rows_per_s', '')} | {t.get('mb_per_s', '')} |")
+    if not rows:
+        raise ConfigError(f"report: {folder} holds no <job>/report.json", hint="give a results.json or a multirun directory")
+    return "\n".join(["| job | overrides | status | rows | seconds | rows/s | MB/s |", "|---|---|---|---:|---:|---:|---:|", *rows])
+
+
+def render(path: Path | str) -> str:
+    path = Path(path)
+    if path.is_dir() and not (path / "results.json").exists():
+        return multirun_markdown(path)
+    results_file = path / "results.json" if path.is_dir() else path
+    try:
+        results = json.loads(results_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"report: cannot read {results_file}: {exc}") from None
+    md = results_markdown(results)
+    (results_file.parent / "results.md").write_text(md)
+    pngs = plots(results, results_file.parent)
+    return md + ("\n\nplots: " + ", ".join(str(p) for p in pngs) if pngs else "")
