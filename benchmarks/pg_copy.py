@@ -102,7 +102,7 @@ def main() -> int:
         assert int(sql(dst, "SELECT count(*) FROM orders")) == rows
     baseline = min(results["pipe psql|psql (baseline)"])
     print(f"\nTPC-H orders SF{args.sf}: {rows:,} rows; best of {args.repeat}; ratio = pipe seconds / job seconds\n")
-    print(f"| job | best s | all s | rows/s | vs pipe |\n|---|---:|---|---:|---:|")
+    print("| job | best s | all s | rows/s | vs pipe |\n|---|---:|---|---:|---:|")
     for name, times in results.items():
         b = min(times)
         print(f"| {name} | {b:.2f} | {' '.join(f'{t:.2f}' for t in times)} | {rows / b:,.0f} | {baseline / b:.2f}x |")

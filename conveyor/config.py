@@ -7,7 +7,6 @@ here with its full key path (``source.pathh``), never later inside a worker.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -154,17 +153,3 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
         options=options,
         names={kind: built[kind][0] for kind in kinds},
     )
-
-
-def describe_config(obj: Any) -> dict[str, Any]:
-    """A plugin's config as a dict with secret-looking fields masked, for plans and reports."""
-    conf = getattr(obj, "config", obj)
-    if not dataclasses.is_dataclass(conf):
-        return {}
-    out = {}
-    for f in dataclasses.fields(conf):
-        value = getattr(conf, f.name)
-        if f.metadata.get("secret") or any(s in f.name.lower() for s in ("password", "secret", "token")):
-            value = "***" if value else value
-        out[f.name] = value
-    return out

@@ -428,12 +428,12 @@ class ParquetSink(_FileSink):
 
         import pyarrow as pa
 
-        for field in schema:
+        for column in schema:
             try:
-                self._writer(io.BytesIO(), pa.schema([field])).close()
+                self._writer(io.BytesIO(), pa.schema([column])).close()
             except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError) as exc:
                 raise SchemaError(
-                    f"parquet sink: column {field.name} of type {field.type} cannot be stored in Parquet: {exc}",
+                    f"parquet sink: column {column.name} of type {column.type} cannot be stored in Parquet: {exc}",
                     hint="cast the column in the source (e.g. to text in source.query), or write CSV",
                 ) from None
 

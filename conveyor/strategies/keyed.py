@@ -70,7 +70,7 @@ def _keys(request: PlanRequest, method: str) -> SupportsKeys:
 def _key_column(config: KeyedStrategyConfig, method: str) -> str:
     if not config.distribute_key:
         raise ConfigError(f"strategy.distribute_key: strategy={method} needs a distribute key", key="strategy.distribute_key",
-                          hint=f"set strategy.distribute_key=<column>")
+                          hint="set strategy.distribute_key=<column>")
     return config.distribute_key
 
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from conveyor.config import build_job
 from conveyor.core import JobOptions, ModuloBucket
 from conveyor.errors import ConfigError
-from conveyor.pipelines.job import execute, plan_job, run_job
+from conveyor.pipelines.job import execute, run_job
 from conveyor.runtime.ray import RayRuntime, RayRuntimeConfig
 from conveyor.testing.pgserver import free_port
 from tests.conftest import pg_exec

@@ -207,8 +207,6 @@ class PostgresSink:
 
     def _cast_plan(self, schema: Any, pairs: list[tuple[str, str]], write_table: str, where: str, types: list[str]) -> tuple[Any, ...]:
         """Per column, the Arrow type to cast to, or None where PostgreSQL must cast (via a temp table)."""
-        import pyarrow as pa
-
         conn = adbc_connect(self.config)
         cur = conn.cursor()
         try:

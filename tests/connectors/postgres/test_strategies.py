@@ -7,7 +7,6 @@ import pytest
 from conveyor.config import build_job
 from conveyor.pipelines.job import plan_job
 from tests.conftest import pg_exec
-from tests.helpers import job
 from omegaconf import OmegaConf
 
 N = 20000
