@@ -10,11 +10,17 @@ from conveyor.errors import PlanningError
 
 
 def where_clause(part: Partition, ident: Callable[[str], str], placeholder: Callable[[int], str] = lambda i: "?",
-                 engine: str = "this") -> tuple[str, list[Any]]:
-    """(" WHERE ...", parameters) for a partition; ("", []) for the whole source."""
+                 engine: str = "this", render: Callable[[Any], str] | None = None) -> tuple[str, list[Any]]:
+    """(" WHERE ...", parameters) for a partition; ("", []) for the whole source.
+
+    ``render`` puts values in as literals quoted by the driver instead (for statements that take
+    no parameters, such as PostgreSQL's COPY).
+    """
     params: list[Any] = []
 
     def bind(value: Any) -> str:
+        if render is not None:
+            return render(value)
         params.append(value)
         return placeholder(len(params))
 

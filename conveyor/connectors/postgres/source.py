@@ -17,16 +17,14 @@ from typing import Any
 
 from conveyor.arrowutil import rebatch
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, translate
+from conveyor.connectors.sql import where_clause
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_columns
 from conveyor.core import (
     JobOptions,
-    KeyRange,
     KeyStats,
-    ModuloBucket,
     PageRange,
     Partition,
     SourceInfo,
-    ValueSet,
     WholeSource,
 )
 from conveyor.errors import PlanningError, SchemaError, TransferError
@@ -246,27 +244,7 @@ class PostgresSource:
             if part.stop is not None:
                 cond += f" AND ctid < '({part.stop},0)'::tid"
             return f" WHERE {cond}"
-        if isinstance(part, KeyRange):
-            q = ident(part.column)
-            conds = []
-            if part.lower is not None:
-                conds.append(f"{q} >= {literal(part.lower)}")
-            if part.upper is not None:
-                conds.append(f"{q} < {literal(part.upper)}")
-            cond = " AND ".join(conds) or f"{q} IS NOT NULL"
-            return f" WHERE ({cond})" + (f" OR {q} IS NULL" if part.nulls else "")
-        if isinstance(part, ModuloBucket):
-            q = ident(part.column)
-            cond = f"abs(mod({q}, {int(part.buckets)})) = {int(part.bucket)}"
-            return f" WHERE {cond}" + (f" OR {q} IS NULL" if part.bucket == 0 else "")
-        if isinstance(part, ValueSet):
-            q = ident(part.column)
-            values = [v for v in part.values if v is not None]
-            conds = [f"{q} IN ({', '.join(literal(v) for v in values)})"] if values else []
-            if len(values) < len(part.values):
-                conds.append(f"{q} IS NULL")
-            return f" WHERE {' OR '.join(conds) or 'false'}"
-        raise PlanningError(f"postgres source cannot read a {part.kind} partition")
+        return where_clause(part, ident, engine="postgres", render=literal)[0]
 
     def _snapshot_query(self, sql: str) -> tuple[Any, ...]:
         """One row, read in the job's snapshot (so counts agree with what the tasks read)."""
