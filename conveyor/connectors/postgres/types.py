@@ -43,10 +43,6 @@ class PgColumn:
     base_sql: str = ""  # for domains: the base type
 
     @property
-    def effective(self) -> str:
-        return self.typname
-
-    @property
     def kind(self) -> str:
         if self.typname in _INTEGER:
             return "integer"
