@@ -106,7 +106,7 @@ class PostgresSource:
         """The Arrow schema of the batches ``read`` yields (ADBC's, with numerics as decimals)."""
         import pyarrow as pa
 
-        conn = adbc_connect(self.config)
+        conn = adbc_connect(self.config, scope=self.options.run_id)
         try:
             cur = conn.cursor()
             try:
@@ -294,7 +294,7 @@ class PostgresSource:
 
     def read(self, part: Partition) -> Iterator[Any]:
         sql = self.select_sql(part)
-        conn = adbc_connect(self.config, part.key)
+        conn = adbc_connect(self.config, part.key, self.options.run_id)
         cur = conn.cursor()
         try:
             try:

@@ -1,0 +1,54 @@
+"""ADBC connections of one job share one database object (ADBC reads the server's type catalogue
+once per database object); the templates that make this possible are bounded and closed."""
+
+from __future__ import annotations
+
+from conveyor.connectors.postgres import common
+from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, close_adbc_templates
+from tests.conftest import pg_exec
+
+
+def _idle_conveyor_connections(server) -> int:
+    return pg_exec(server, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor'")[0][0]
+
+
+def test_one_template_per_job_and_server_bounded_and_closed(pg_target) -> None:
+    close_adbc_templates()
+    conf = PgConnConfig(port=pg_target.port)
+    before = _idle_conveyor_connections(pg_target)
+    clones = [adbc_connect(conf, scope="job-a") for _ in range(3)]
+    for con in clones:
+        cur = con.cursor()
+        cur.execute("SELECT 1")
+        assert cur.fetchone() == (1,)
+        cur.close()
+        con.close()
+    # one template connection stays open for job-a; its clones are closed
+    assert len(common._TEMPLATES) == 1
+    assert _idle_conveyor_connections(pg_target) == before + 1
+    for i in range(common._MAX_TEMPLATES + 2):
+        adbc_connect(conf, scope=f"job-{i}").close()
+    assert len(common._TEMPLATES) == common._MAX_TEMPLATES
+    assert _idle_conveyor_connections(pg_target) == before + common._MAX_TEMPLATES
+    close_adbc_templates()
+    assert not common._TEMPLATES
+    assert _idle_conveyor_connections(pg_target) == before
+
+
+def test_a_new_job_sees_types_created_after_an_earlier_job(pg_target) -> None:
+    """The type catalogue is per job: an enum created between two jobs is known to the second."""
+    close_adbc_templates()
+    conf = PgConnConfig(port=pg_target.port)
+    pg_exec(pg_target, "DROP TABLE IF EXISTS later", "DROP TYPE IF EXISTS later_enum")
+    adbc_connect(conf, scope="first").close()
+    pg_exec(pg_target, "CREATE TYPE later_enum AS ENUM ('a', 'b')", "CREATE TABLE later (e later_enum)",
+            "INSERT INTO later VALUES ('b')")
+    con = adbc_connect(conf, scope="second")
+    cur = con.cursor()
+    cur.execute("SELECT e FROM later")
+    table = cur.fetch_arrow_table()
+    # a catalogue read before the type existed would give opaque bytes of an "unnamed<oid:...>" type
+    assert str(table.schema.field(0).type) == "string" and table.column(0).to_pylist() == ["b"]
+    cur.close()
+    con.close()
+    close_adbc_templates()
