@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -145,7 +146,7 @@ class Bench:
                         self.measure(group, f"conveyor {path} {method} degree={degree}", lambda c=cfg: conveyor(c), reset, verify,
                                      method=method, degree=degree, path=path)
 
-    def _pipe(self, table: str, target: str, streams: int) -> None:
+    def _pipe(self, table: str, target: str, streams: int, truncate_first: bool = False) -> None:
         pages = int(psql(self.src, f"SELECT pg_relation_size('{table}') / current_setting('block_size')::int"))
         step = -(-pages // streams)
         env = {**os.environ, "PGPASSWORD": self.src.password}
@@ -154,8 +155,11 @@ class Bench:
             where = "" if streams == 1 else f" WHERE ctid >= '({i * step},0)'::tid" + ("" if i == streams - 1 else f" AND ctid < '({(i + 1) * step},0)'::tid")
             out = subprocess.Popen(["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(self.src.port), "-U", "postgres", "-c",
                                     f"COPY (SELECT * FROM {table}{where}) TO STDOUT (FORMAT binary)"], stdout=subprocess.PIPE, env=env)
-            into = subprocess.Popen(["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(self.dst.port), "-U", "postgres", "-c",
-                                     f"COPY {target} FROM STDIN (FORMAT binary)"], stdin=out.stdout, env=env)
+            load = [f"COPY {target} FROM STDIN (FORMAT binary)"]
+            if truncate_first:  # one transaction that truncates first: wal_level=minimal skips the WAL
+                load = ["BEGIN", f"TRUNCATE {target}", *load, "COMMIT"]
+            into = subprocess.Popen(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(self.dst.port),
+                                     "-U", "postgres", *[a for stmt in load for a in ("-c", stmt)]], stdin=out.stdout, env=env)
             assert out.stdout is not None
             out.stdout.close()
             procs += [out, into]
@@ -206,6 +210,142 @@ class Bench:
             self.measure(group, f"conveyor ctid degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method="ctid", degree=degree)
 
 
+    # DuckDB -> PostgreSQL
+    def duckdb_to_pg(self, table: str, files: Path, degrees: list[int], duck: Any, key: str) -> None:
+        import duckdb
+
+        db = self.work / f"{table}.duckdb"
+        if not db.exists():
+            with duckdb.connect(str(db)) as con:
+                con.execute(f"CREATE TABLE {table} AS SELECT * FROM read_parquet('{files}/*.parquet')")
+        cols = ddl(self.src, table)
+        expect = checksum(self.src, table)
+        target = f"dk_{table}"
+        psql(self.dst, f"DROP TABLE IF EXISTS {target}; CREATE TABLE {target} ({cols})")
+        reset = lambda: psql(self.dst, f"TRUNCATE {target}")  # noqa: E731
+        verify = lambda: checksum(self.dst, target) == expect  # noqa: E731
+        group = f"duckdb->pg {table}"
+        if duck is not None:
+            self.measure(group, "baseline duckdb postgres extension", lambda: duck.duckdb_to_pg(db, table, target), reset, verify,
+                         method="duckdb", degree=1)
+        for method in ("none", "ntile"):
+            for degree in degrees:
+                if method == "none" and degree > 1:
+                    continue
+                strategy = {"type": method, **({"distribute_key": key} if method != "none" else {})}
+                cfg = {"source": {"type": "duckdb", "database": str(db), "table": table},
+                       "sink": {"type": "postgres", "port": self.dst.port, "table": target},
+                       "strategy": strategy, "load_mode": "append", "degree": degree}
+                self.measure(group, f"conveyor {method} degree={degree}", lambda c=cfg: conveyor(c), reset, verify,
+                             method=method, degree=degree)
+
+    # the same PostgreSQL -> PostgreSQL load on a target server with wal_level=minimal
+    def wal_minimal(self, table: str, degrees: list[int]) -> None:
+        cols = ddl(self.src, table)
+        expect = checksum(self.src, table)
+        with PgServer("bench-walmin", settings={"wal_level": "minimal", "max_wal_senders": "0"}) as dst:
+            target = f"{table}_walmin"
+            psql(dst, f"CREATE TABLE {target} ({cols})")
+            reset = lambda: psql(dst, f"TRUNCATE {target}")  # noqa: E731
+            verify = lambda: checksum(dst, target) == expect  # noqa: E731
+            group = f"pg->pg {table} wal_level=minimal"
+            saved, self.dst = self.dst, dst
+            try:
+                self.measure(group, "baseline psql|psql (1 stream)", lambda: self._pipe(table, target, 1), reset, verify,
+                             method="pipe", degree=1)
+                self.measure(group, "baseline psql|psql TRUNCATE+COPY in one transaction (WAL skipped)",
+                             lambda: self._pipe(table, target, 1, truncate_first=True), reset, verify, method="pipe-truncate", degree=1)
+                for degree in degrees:
+                    for mode in ("append", "truncate"):
+                        cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table},
+                               "sink": {"type": "postgres", "port": dst.port, "table": target},
+                               "strategy": {"type": "ctid" if degree > 1 else "none"}, "load_mode": mode, "degree": degree}
+                        self.measure(group, f"conveyor passthrough load_mode={mode} degree={degree}", lambda c=cfg: conveyor(c), reset,
+                                     verify, method=f"{'ctid' if degree > 1 else 'none'}-{mode}", degree=degree, path="passthrough")
+            finally:
+                self.dst = saved
+
+    # local vs Ray on the same job
+    def runtime(self, table: str, partitions: int) -> None:
+        import logging
+
+        import ray
+
+        cols = ddl(self.src, table)
+        expect = checksum(self.src, table)
+        target = f"rt_{table}"
+        psql(self.dst, f"DROP TABLE IF EXISTS {target}; CREATE TABLE {target} ({cols})")
+        reset = lambda: psql(self.dst, f"TRUNCATE {target}")  # noqa: E731
+        verify = lambda: checksum(self.dst, target) == expect  # noqa: E731
+        group = f"runtime pg->pg {table} ctid {partitions} partitions degree 2"
+
+        def cfg(runtime: dict[str, Any], path: str) -> dict[str, Any]:
+            return {"source": {"type": "postgres", "port": self.src.port, "table": table},
+                    "sink": {"type": "postgres", "port": self.dst.port, "table": target, "copy_path": path},
+                    "strategy": {"type": "ctid", "partitions": partitions}, "runtime": runtime, "load_mode": "append", "degree": 2}
+
+        for path in ("passthrough", "arrow"):
+            self.measure(group, f"local {path}", lambda p=path: run_job(build_job(OmegaConf.create(
+                {**cfg({"type": "local", "max_retries": 0}, p), "verify": "none"}))), reset, verify, method=f"local-{path}", degree=2,
+                baseline=path == "passthrough")
+        repeat, self.repeat = self.repeat, 1
+        try:  # what `conveyor run runtime=ray` pays once: starting an instance
+            self.measure(group, "ray starting its own instance (start-up included)", lambda: run_job(build_job(OmegaConf.create(
+                {**cfg({"type": "ray", "max_retries": 0}, "passthrough"), "verify": "none"}))), reset, verify, method="ray-cold", degree=2)
+        finally:
+            self.repeat = repeat
+        start = time.perf_counter()
+        ray.init(address="local", num_cpus=CORES, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
+                 object_store_memory=256 * 1024 * 1024)
+        startup = time.perf_counter() - start
+        try:
+            for path in ("passthrough", "arrow"):
+                self.measure(group, f"ray {path} (instance up)", lambda p=path: run_job(build_job(OmegaConf.create(
+                    {**cfg({"type": "ray", "max_retries": 0}, p), "verify": "none"}))), reset, verify, method=f"ray-{path}", degree=2,
+                    ray_startup_s=round(startup, 2))
+        finally:
+            ray.shutdown()
+
+    # peak resident memory of a job process, lineitem at two scale factors
+    def memory(self, sfs: list[float], parts: int) -> None:
+        script = Path(__file__).parent / "rss_job.py"
+        for sf in sfs:
+            data = self.work / f"mem-sf{sf:g}"
+            if not data.exists():
+                subprocess.run([str(Path(sys.executable).parent / "tpchgen-cli"), "parquet", "-s", str(sf), "--tables=lineitem",
+                                f"--parts={parts}", f"--output-dir={data}"], check=True, capture_output=True)
+            src_table = f"lineitem_sf{str(sf).replace('.', '_')}"
+            psql(self.src, f"DROP TABLE IF EXISTS {src_table}")
+            conveyor({"source": {"type": "parquet", "path": str(data / "lineitem")},
+                      "sink": {"type": "postgres", "port": self.src.port, "table": src_table}, "strategy": {"type": "files"},
+                      "load_mode": "create", "degree": 2})
+            rows = int(psql(self.src, f"SELECT count(*) FROM {src_table}"))
+            out = self.work / "mem-out"
+            jobs = {
+                "pg->parquet ctid": {"source": {"type": "postgres", "port": self.src.port, "table": src_table},
+                                      "sink": {"type": "parquet", "path": str(out)}, "strategy": {"type": "ctid"}, "load_mode": "create"},
+                "parquet->pg files": {"source": {"type": "parquet", "path": str(data / "lineitem")},
+                                      "sink": {"type": "postgres", "port": self.dst.port, "table": "mem_target"},
+                                      "strategy": {"type": "files"}, "load_mode": "create"},
+                "pg->pg arrow ctid": {"source": {"type": "postgres", "port": self.src.port, "table": src_table},
+                                      "sink": {"type": "postgres", "port": self.dst.port, "table": "mem_target", "copy_path": "arrow"},
+                                      "strategy": {"type": "ctid"}, "load_mode": "create"},
+            }
+            for name, job in jobs.items():
+                subprocess.run(["rm", "-rf", str(out)], check=True)
+                psql(self.dst, "DROP TABLE IF EXISTS mem_target")
+                cfg = {**job, "degree": 2, "runtime": {"type": "local", "max_retries": 0}, "verify": "count"}
+                res = subprocess.run([sys.executable, str(script), json.dumps(cfg)], check=True, capture_output=True, text=True)
+                got = json.loads(res.stdout.strip().splitlines()[-1])
+                cell = {"group": "memory", "name": f"{name} lineitem SF{sf:g}", "seconds": [got["seconds"]], "best": got["seconds"],
+                        "cpu": {}, "ceiling_s": None, "verified": got["rows"] == rows, "method": name, "degree": 2, "sf": sf,
+                        "rows": rows, "peak_rss_mb": got["peak_rss_mb"], "batch_size": 65536, "prefetch_batches": "default"}
+                self.cells.append(cell)
+                print(f"{'memory':28} {cell['name']:44} {got['seconds']:6.2f} s  peak RSS {got['peak_rss_mb']:.0f} MB  rows {got['rows']}",
+                      flush=True)
+            psql(self.src, f"DROP TABLE {src_table}")
+
+
 class DuckBaseline:
     """DuckDB with its postgres extension, installed offline from PyPI's duckdb-extension-postgres."""
 
@@ -227,6 +367,13 @@ class DuckBaseline:
     def parquet_to_pg(self, files: Path, target: str) -> None:
         self.con.execute(f"INSERT INTO dst.public.{target} SELECT * FROM read_parquet('{files}/*.parquet')")
 
+    def duckdb_to_pg(self, db: Path, table: str, target: str) -> None:
+        self.con.execute(f"ATTACH '{db}' AS dk (READ_ONLY)")
+        try:
+            self.con.execute(f"INSERT INTO dst.public.{target} SELECT * FROM dk.main.{table}")
+        finally:
+            self.con.execute("DETACH dk")
+
     def pg_to_parquet(self, table: str, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.con.execute(f"COPY (SELECT * FROM src.public.{table}) TO '{out}/all.parquet' (FORMAT parquet, COMPRESSION zstd)")
@@ -245,6 +392,8 @@ def versions() -> dict[str, str]:
 
 
 def main() -> int:
+    # SIGTERM unwinds like Ctrl-C, so the throwaway servers are stopped and their folders removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser()
     ap.add_argument("--sf", type=float, default=1.0)
     ap.add_argument("--tables", default="orders")
@@ -252,7 +401,9 @@ def main() -> int:
     ap.add_argument("--degrees", default="1,2,4")
     ap.add_argument("--parts", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--groups", default="pg_to_pg,parquet_to_pg,pg_to_parquet")
+    ap.add_argument("--groups", default="pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,runtime,memory",
+                    help="comma-separated: pg_to_pg, parquet_to_pg, pg_to_parquet, duckdb_to_pg, wal_minimal, runtime, memory")
+    ap.add_argument("--memory-sfs", default="1,3", help="scale factors of lineitem for the memory group")
     ap.add_argument("--out", default=f".bench/{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
     out = Path(args.out)
@@ -281,6 +432,14 @@ def main() -> int:
                 bench.parquet_to_pg(t, work / t, degrees, duck)
             if "pg_to_parquet" in groups:
                 bench.pg_to_parquet(t, degrees, duck)
+            if "duckdb_to_pg" in groups:
+                bench.duckdb_to_pg(t, work / t, degrees, duck, keys.get(t, "1"))
+            if "wal_minimal" in groups:
+                bench.wal_minimal(t, [d for d in degrees if d <= 2])
+        if "runtime" in groups:
+            bench.runtime(tables[0], 8)
+        if "memory" in groups:
+            bench.memory([float(x) for x in args.memory_sfs.split(",")], args.parts)
     results = {"settings": vars(args), "versions": versions(), "cells": bench.cells,
                "server_settings": {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_wal_size": "2GB"}}
     (out / "results.json").write_text(json.dumps(results, indent=2))

@@ -19,6 +19,9 @@ from conveyor.errors import ConfigError
 
 def _baseline(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
     for cell in cells:
+        if cell.get("baseline"):
+            return cell
+    for cell in cells:
         if cell.get("method") in ("pipe", "duckdb") and cell.get("degree", 1) == 1:
             return cell
     return None
@@ -33,6 +36,9 @@ def results_markdown(results: dict[str, Any]) -> str:
              "", f"machine: {v.get('cores')} cores {v.get('machine')}, python {v.get('python')}, "
              + ", ".join(f"{k} {v[k]}" for k in ("conveyor", "pyarrow", "duckdb", "adbc-driver-postgresql", "ray") if k in v), ""]
     for group, cells in groups.items():
+        if group == "memory":
+            lines += _memory_table(cells)
+            continue
         base = _baseline(cells)
         lines += [f"## {group}", "", "| job | best s | all s | vs baseline | CPU-s client / source / target | ceiling s | verified |",
                   "|---|---:|---|---:|---|---:|---|"]
@@ -42,8 +48,29 @@ def results_markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {c['name']} | {c['best']:.2f} | {' '.join(f'{t:.2f}' for t in c['seconds'])} | {ratio} | "
                          f"{cpu['client']:.1f} / {cpu['source_server']:.1f} / {cpu['target_server']:.1f} | {c['ceiling_s']:.2f} | "
                          f"{'ok' if c['verified'] else 'MISMATCH'} |")
+        startup = next((c["ray_startup_s"] for c in cells if "ray_startup_s" in c), None)
+        if startup is not None:
+            lines += ["", f"ray.init() on this machine: {startup:.2f} s (paid once per `conveyor run runtime=ray` that starts its own instance)"]
         lines.append("")
     return "\n".join(lines)
+
+
+def _memory_table(cells: list[dict[str, Any]]) -> list[str]:
+    """Peak resident memory of each job's process, by scale factor (the same settings at every size)."""
+    lines = ["## memory: peak resident memory per job process", "",
+             "| job | rows | seconds | peak RSS MB | verified |", "|---|---:|---:|---:|---|"]
+    for c in cells:
+        lines.append(f"| {c['name']} | {c['rows']:,} | {c['best']:.2f} | {c['peak_rss_mb']:.0f} | {'ok' if c['verified'] else 'MISMATCH'} |")
+    by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for c in cells:
+        by_job[c["method"]].append(c)
+    for job, runs in by_job.items():
+        if len(runs) > 1:
+            small, large = min(runs, key=lambda c: c["rows"]), max(runs, key=lambda c: c["rows"])
+            lines.append(f"\n{job}: {large['rows'] / small['rows']:.1f}x the rows, peak RSS "
+                         f"{large['peak_rss_mb'] / small['peak_rss_mb'] - 1:+.0%}")
+    lines.append("")
+    return lines
 
 
 def plots(results: dict[str, Any], out: Path) -> list[Path]:
@@ -60,6 +87,8 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         groups[cell["group"]].append(cell)
     written = []
     for group, cells in groups.items():
+        if group == "memory":
+            continue
         base = _baseline(cells)
         series: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for c in cells:

@@ -1,0 +1,39 @@
+"""Run one Conveyor job in this process and print its wall time and this process's peak resident
+memory as JSON; bench.py runs it as a child so every job's peak is its own.
+
+    python benchmarks/rss_job.py '{"source": {...}, "sink": {...}, ...}'
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+
+from omegaconf import OmegaConf
+
+from conveyor.config import build_job
+from conveyor.pipelines.job import run_job
+
+
+def peak_rss_kb() -> int:
+    """This process's own peak resident set (VmHWM; getrusage's ru_maxrss keeps the parent's across exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def main() -> int:
+    cfg = json.loads(sys.argv[1])
+    start = time.perf_counter()
+    report = run_job(build_job(OmegaConf.create(cfg)))
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "rows": report.rows, "peak_rss_mb": round(peak_rss_kb() / 1024, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
