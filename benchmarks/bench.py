@@ -119,6 +119,12 @@ class Bench:
               flush=True)
         return cell
 
+    def fresh_target(self, server: PgServer, table: str, target: str) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        """A new target with the source table's columns; how to empty it and how to check it."""
+        psql(server, f"DROP TABLE IF EXISTS {target}; CREATE TABLE {target} ({ddl(self.src, table)})")
+        expect = checksum(self.src, table)
+        return (lambda: psql(server, f"TRUNCATE {target}")), (lambda: checksum(server, target) == expect)
+
     # PostgreSQL -> PostgreSQL
     def pg_to_pg(self, table: str, methods: list[str], degrees: list[int], key: str) -> None:
         cols = ddl(self.src, table)
@@ -218,12 +224,8 @@ class Bench:
         if not db.exists():
             with duckdb.connect(str(db)) as con:
                 con.execute(f"CREATE TABLE {table} AS SELECT * FROM read_parquet('{files}/*.parquet')")
-        cols = ddl(self.src, table)
-        expect = checksum(self.src, table)
         target = f"dk_{table}"
-        psql(self.dst, f"DROP TABLE IF EXISTS {target}; CREATE TABLE {target} ({cols})")
-        reset = lambda: psql(self.dst, f"TRUNCATE {target}")  # noqa: E731
-        verify = lambda: checksum(self.dst, target) == expect  # noqa: E731
+        reset, verify = self.fresh_target(self.dst, table, target)
         group = f"duckdb->pg {table}"
         if duck is not None:
             self.measure(group, "baseline duckdb postgres extension", lambda: duck.duckdb_to_pg(db, table, target), reset, verify,
@@ -241,13 +243,9 @@ class Bench:
 
     # the same PostgreSQL -> PostgreSQL load on a target server with wal_level=minimal
     def wal_minimal(self, table: str, degrees: list[int]) -> None:
-        cols = ddl(self.src, table)
-        expect = checksum(self.src, table)
         with PgServer("bench-walmin", settings={"wal_level": "minimal", "max_wal_senders": "0"}) as dst:
             target = f"{table}_walmin"
-            psql(dst, f"CREATE TABLE {target} ({cols})")
-            reset = lambda: psql(dst, f"TRUNCATE {target}")  # noqa: E731
-            verify = lambda: checksum(dst, target) == expect  # noqa: E731
+            reset, verify = self.fresh_target(dst, table, target)
             group = f"pg->pg {table} wal_level=minimal"
             saved, self.dst = self.dst, dst
             try:
@@ -271,12 +269,8 @@ class Bench:
 
         import ray
 
-        cols = ddl(self.src, table)
-        expect = checksum(self.src, table)
         target = f"rt_{table}"
-        psql(self.dst, f"DROP TABLE IF EXISTS {target}; CREATE TABLE {target} ({cols})")
-        reset = lambda: psql(self.dst, f"TRUNCATE {target}")  # noqa: E731
-        verify = lambda: checksum(self.dst, target) == expect  # noqa: E731
+        reset, verify = self.fresh_target(self.dst, table, target)
         group = f"runtime pg->pg {table} ctid {partitions} partitions degree 2"
 
         def cfg(runtime: dict[str, Any], path: str) -> dict[str, Any]:

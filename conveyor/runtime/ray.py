@@ -22,7 +22,7 @@ from typing import Any
 
 from conveyor.core import JobOptions
 from conveyor.errors import ConfigError, ConnectError, TransferError
-from conveyor.runtime.task import Progress, Task, TaskResult, cancel_requested, run_task
+from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult, cancel_requested, run_task
 
 
 @dataclass
@@ -45,8 +45,9 @@ class RayRuntimeConfig:
 
 
 def _remote_run(task: Task, max_retries: int, prefetch: int, collector: Any) -> TaskResult:
-    """Runs on a Ray worker: the same task code as the local runtime, progress sent to an actor."""
-    return run_task(task, _RemoteProgress(collector), max_retries, prefetch=prefetch)
+    """Runs on a Ray worker: the same task code as the local runtime, progress sent to an actor
+    (or nowhere, when nobody watches)."""
+    return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries, prefetch=prefetch)
 
 
 class _RemoteProgress:
@@ -77,6 +78,15 @@ class _Collector:
     def take(self) -> dict[str, list[int]]:
         out, self.counts = self.counts, {}
         return out
+
+
+def _merge(a: dict[str, list[int]], b: dict[str, list[int]]) -> dict[str, list[int]]:
+    out = {k: list(v) for k, v in a.items()}
+    for key, (rows, nbytes) in b.items():
+        c = out.setdefault(key, [0, 0])
+        c[0] += rows
+        c[1] += nbytes
+    return out
 
 
 class RayRuntime:
@@ -166,7 +176,11 @@ class RayRuntime:
         remote = ray.remote(_remote_run).options(
             num_cpus=self.config.num_cpus_per_task, max_retries=self.config.max_retries, retry_exceptions=False
         )
-        collector = ray.remote(num_cpus=0)(_Collector).remote()
+        # An actor is a worker process of its own (about a second of start-up CPU here): made only
+        # when something shows progress, and polled without blocking the scheduling loop.
+        watched = not isinstance(progress, NullProgress)
+        collector = ray.remote(num_cpus=0)(_Collector).remote() if watched else None
+        self._poll: Any = None
         pending = list(reversed(tasks))
         running: dict[Any, Task] = {}
         results: list[TaskResult] = []
@@ -182,7 +196,8 @@ class RayRuntime:
                 ref = remote.remote(task, self.config.max_retries, self.config.prefetch_batches, collector)
                 running[ref] = task
             done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)
-            self._forward(ray, collector, progress)
+            if collector is not None:
+                self._forward(ray, collector, progress, block=False)
             for ref in done:
                 task = running.pop(ref)
                 result = self._result(ray, ref, task)
@@ -192,11 +207,20 @@ class RayRuntime:
                     failed = True
                     for other in running:  # cancel: the worker ends, its transaction rolls back
                         ray.cancel(other, force=True)
-        self._forward(ray, collector, progress)
+        if collector is not None:
+            self._forward(ray, collector, progress, block=True)
         return sorted(results, key=lambda r: r.index)
 
-    def _forward(self, ray: Any, collector: Any, progress: Progress) -> None:
-        for key, (rows, nbytes) in ray.get(collector.take.remote()).items():
+    def _forward(self, ray: Any, collector: Any, progress: Progress, block: bool) -> None:
+        """Hand the collector's counts to ``progress``; without ``block``, only if they are there."""
+        if self._poll is None:
+            self._poll = collector.take.remote()
+        if not block and not ray.wait([self._poll], timeout=0)[0]:
+            return
+        counts, self._poll = ray.get(self._poll), None
+        if block:  # the last poll may predate the last batches: take the rest too
+            counts = _merge(counts, ray.get(collector.take.remote()))
+        for key, (rows, nbytes) in counts.items():
             progress.advanced(key, rows, nbytes)
 
     def _result(self, ray: Any, ref: Any, task: Task) -> TaskResult:
