@@ -153,10 +153,10 @@ class PostgresSink:
         tcols = [target_cols[t] for _, t in pairs]
         native, reason = self._negotiate(request, pairs, tcols)
         casts: tuple[Any, ...] = ()
-        writer = None
+        writer, pgpq_types = None, None
         if native is None:
             casts = self._cast_plan(request.schema, pairs, write_table, where, [c.type_sql for c in tcols])
-            writer, why = self._choose_writer(request.schema, pairs, casts, tcols)
+            writer, why, pgpq_types = self._choose_writer(request.schema, pairs, casts, tcols)
             reason = f"{reason}; {writer} encoder" + (f" ({why})" if why else "")
         return SinkPlan(
             target=f"{self.config.where()} {self.name}",
@@ -168,29 +168,32 @@ class PostgresSink:
             native=native,
             path_reason=reason,
             details=(("casts", casts), ("target_types", tuple(c.type_sql for c in tcols)),
-                     ("target_oids", tuple(c.type_oid for c in tcols)), ("writer", writer)),
+                     ("writer", writer), ("pgpq_types", pgpq_types)),
         )
 
     def _choose_writer(self, schema: Any, pairs: list[tuple[str, str]], casts: tuple[Any, ...],
-                       tcols: list[PgColumn]) -> tuple[str, str]:
-        """pgpq where it can encode every column for its target type, else ADBC; and why not pgpq."""
+                       tcols: list[PgColumn]) -> tuple[str, str, tuple[Any, ...] | None]:
+        """pgpq where it can encode every column for its target type, else ADBC; why not pgpq;
+        and, for pgpq, the Arrow type each column is encoded as."""
         if self.config.writer == "adbc":
-            return "adbc", "writer=adbc"
+            return "adbc", "writer=adbc", None
         why = ""
         try:
             import pgpq  # noqa: F401
         except ImportError:
             why = "pgpq is not installed (pip install 'conveyor[postgres]')"
+        types: list[Any] = []
         if not why:
             for (s, _), cast, col in zip(pairs, casts, tcols):
-                if _pgpq_type(schema.field(s).type, cast, col.type_oid) is None:
+                types.append(_pgpq_type(schema.field(s).type, cast, col.type_oid))
+                if types[-1] is None:
                     why = f"column {s}: pgpq does not encode {_plain(cast or schema.field(s).type)} as {col.type_sql}"
                     break
         if not why:
-            return "pgpq", ""
+            return "pgpq", "", tuple(types)
         if self.config.writer == "pgpq":
             raise SchemaError(f"postgres table {self.name}: writer=pgpq is not possible: {why}", hint="use sink.writer=auto or adbc")
-        return "adbc", why
+        return "adbc", why, None
 
     def explain_path(self, request: PrepareRequest) -> str:
         """Which path a run would take (for ``conveyor plan``); reads the target, changes nothing."""
@@ -316,8 +319,7 @@ class PostgresSink:
 
         start = time.perf_counter()
         pairs = list(zip(plan.source_columns, plan.columns))
-        oids = plan.detail("target_oids")
-        types = [_pgpq_type(plan.schema.field(s).type, c, oid) for (s, _), c, oid in zip(pairs, plan.detail("casts"), oids)]
+        types = plan.detail("pgpq_types")
         out_schema = pa.schema([pa.field(t, ty) for (_, t), ty in zip(pairs, types)])
         counted = CountingBatches(_cast_batches(iter(batches), pairs, types, out_schema, part.key))
         encoder = ArrowToPostgresBinaryEncoder(out_schema)
