@@ -80,13 +80,35 @@ class _Collector:
         return out
 
 
-def _merge(a: dict[str, list[int]], b: dict[str, list[int]]) -> dict[str, list[int]]:
-    out = {k: list(v) for k, v in a.items()}
-    for key, (rows, nbytes) in b.items():
-        c = out.setdefault(key, [0, 0])
-        c[0] += rows
-        c[1] += nbytes
-    return out
+class _Settled:
+    """Progress whose per-partition totals end at what each finished task reports.
+
+    Workers send counts to the collector fire-and-forget, so some arrive after their task has
+    returned: a finished partition is topped up from its result and later counts for it dropped.
+    """
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.seen: dict[str, list[int]] = {}
+        self.closed: set[str] = set()
+
+    def started(self, key: str) -> None:
+        self.progress.started(key)
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None:
+        if key in self.closed:
+            return
+        seen = self.seen.setdefault(key, [0, 0])
+        seen[0] += rows
+        seen[1] += nbytes
+        self.progress.advanced(key, rows, nbytes)
+
+    def finished(self, result: TaskResult) -> None:
+        rows, nbytes = self.seen.get(result.partition, (0, 0))
+        if result.ok and (result.rows > rows or result.bytes > nbytes):
+            self.progress.advanced(result.partition, max(result.rows - rows, 0), max(result.bytes - nbytes, 0))
+        self.closed.add(result.partition)
+        self.progress.finished(result)
 
 
 class RayRuntime:
@@ -180,6 +202,7 @@ class RayRuntime:
         # when something shows progress, and polled without blocking the scheduling loop.
         watched = not isinstance(progress, NullProgress)
         collector = ray.remote(num_cpus=0)(_Collector).remote() if watched else None
+        progress = _Settled(progress)
         self._poll: Any = None
         pending = list(reversed(tasks))
         running: dict[Any, Task] = {}
@@ -197,7 +220,7 @@ class RayRuntime:
                 running[ref] = task
             done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)
             if collector is not None:
-                self._forward(ray, collector, progress, block=False)
+                self._forward(ray, collector, progress)
             for ref in done:
                 task = running.pop(ref)
                 result = self._result(ray, ref, task)
@@ -207,19 +230,15 @@ class RayRuntime:
                     failed = True
                     for other in running:  # cancel: the worker ends, its transaction rolls back
                         ray.cancel(other, force=True)
-        if collector is not None:
-            self._forward(ray, collector, progress, block=True)
         return sorted(results, key=lambda r: r.index)
 
-    def _forward(self, ray: Any, collector: Any, progress: Progress, block: bool) -> None:
-        """Hand the collector's counts to ``progress``; without ``block``, only if they are there."""
+    def _forward(self, ray: Any, collector: Any, progress: Progress) -> None:
+        """Hand the collector's counts to ``progress`` if they are there (never waits for them)."""
         if self._poll is None:
             self._poll = collector.take.remote()
-        if not block and not ray.wait([self._poll], timeout=0)[0]:
+        if not ray.wait([self._poll], timeout=0)[0]:
             return
         counts, self._poll = ray.get(self._poll), None
-        if block:  # the last poll may predate the last batches: take the rest too
-            counts = _merge(counts, ray.get(collector.take.remote()))
         for key, (rows, nbytes) in counts.items():
             progress.advanced(key, rows, nbytes)
 

@@ -66,12 +66,14 @@ class Recorder:
     def __init__(self) -> None:
         self.rows: dict[str, int] = {}
         self.done: list[str] = []
+        self.calls = 0
 
     def started(self, key: str) -> None:
         self.rows.setdefault(key, 0)
 
     def advanced(self, key: str, rows: int, nbytes: int) -> None:
         self.rows[key] = self.rows.get(key, 0) + rows
+        self.calls += 1
 
     def finished(self, result) -> None:  # noqa: ANN001
         self.done.append(result.partition)
@@ -79,7 +81,7 @@ class Recorder:
 
 def test_progress_reaches_the_driver_while_tasks_run(ray_instance, pg_target, tmp_path: Path) -> None:
     spec = _spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / "out")}, {"type": "none"})
-    spec = _with_fault_source(spec, rows=60000, batch=5000)
+    spec = _with_fault_source(spec, rows=60000, batch=5000, pause=0.2)  # 4 batches of 0.2 s per partition
     from conveyor.pipelines.job import JobPlan
 
     plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=3) for i in range(3)])
@@ -87,6 +89,8 @@ def test_progress_reaches_the_driver_while_tasks_run(ray_instance, pg_target, tm
     report = execute(plan, recorder)
     assert report.rows == 60000
     assert sum(recorder.rows.values()) == 60000 and sorted(recorder.done) == [p.key for p in plan.partitions]
+    # more updates than partitions: counts arrived while tasks ran, not only each task's final top-up
+    assert recorder.calls > len(plan.partitions)
 
 
 def test_negative_degree_is_a_fraction_of_the_cluster(ray_instance) -> None:
