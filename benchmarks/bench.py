@@ -96,6 +96,7 @@ class Bench:
     def __init__(self, src: PgServer, dst: PgServer, repeat: int, work: Path) -> None:
         self.src, self.dst, self.repeat, self.work = src, dst, repeat, work
         self.cells: list[dict[str, Any]] = []
+        self._expected: dict[str, str] = {}  # source table -> its checksum
 
     def measure(self, group: str, name: str, run: Callable[[], None], reset: Callable[[], None], verify: Callable[[], bool],
                 **meta: Any) -> dict[str, Any]:
@@ -119,21 +120,21 @@ class Bench:
               flush=True)
         return cell
 
-    def fresh_target(self, server: PgServer, table: str, target: str) -> tuple[Callable[[], Any], Callable[[], bool]]:
+    def fresh_target(self, server: PgServer, table: str, target: str, unlogged: bool = False,
+                     primary_key: str | None = None) -> tuple[Callable[[], Any], Callable[[], bool]]:
         """A new target with the source table's columns; how to empty it and how to check it."""
-        psql(server, f"DROP TABLE IF EXISTS {target}; CREATE TABLE {target} ({ddl(self.src, table)})")
-        expect = checksum(self.src, table)
+        cols = ddl(self.src, table) + (f", PRIMARY KEY ({primary_key})" if primary_key else "")
+        psql(server, f"DROP TABLE IF EXISTS {target}; CREATE {'UNLOGGED ' if unlogged else ''}TABLE {target} ({cols})")
+        if table not in self._expected:
+            self._expected[table] = checksum(self.src, table)
+        expect = self._expected[table]
         return (lambda: psql(server, f"TRUNCATE {target}")), (lambda: checksum(server, target) == expect)
 
     # PostgreSQL -> PostgreSQL
     def pg_to_pg(self, table: str, methods: list[str], degrees: list[int], key: str) -> None:
-        cols = ddl(self.src, table)
-        expect = checksum(self.src, table)
         for logged in (True, False):
             target = f"{table}_{'logged' if logged else 'unlogged'}"
-            psql(self.dst, f"DROP TABLE IF EXISTS {target}; CREATE {'' if logged else 'UNLOGGED '}TABLE {target} ({cols})")
-            reset = lambda t=target: psql(self.dst, f"TRUNCATE {t}")  # noqa: E731
-            verify = lambda t=target: checksum(self.dst, t) == expect  # noqa: E731
+            reset, verify = self.fresh_target(self.dst, table, target, unlogged=not logged)
             group = f"pg->pg {table} {'LOGGED' if logged else 'UNLOGGED'}"
             self.measure(group, "baseline psql|psql (1 stream)", lambda t=target: self._pipe(table, t, 1), reset, verify,
                          method="pipe", degree=1)
@@ -174,16 +175,11 @@ class Bench:
 
     # Parquet -> PostgreSQL
     def parquet_to_pg(self, table: str, files: Path, degrees: list[int], duck: Any) -> None:
-        cols = ddl(self.src, table)
-        key = cols.split()[0]
-        expect = checksum(self.src, table)
+        key = ddl(self.src, table).split()[0]
         for logged in (True, False):
             for pk in (False, True):
                 target = f"pq_{table}_{'l' if logged else 'u'}{'_pk' if pk else ''}"
-                psql(self.dst, f"DROP TABLE IF EXISTS {target}; CREATE {'' if logged else 'UNLOGGED '}TABLE {target} ({cols}"
-                               f"{f', PRIMARY KEY ({key})' if pk else ''})")
-                reset = lambda t=target: psql(self.dst, f"TRUNCATE {t}")  # noqa: E731
-                verify = lambda t=target: checksum(self.dst, t) == expect  # noqa: E731
+                reset, verify = self.fresh_target(self.dst, table, target, unlogged=not logged, primary_key=key if pk else None)
                 group = f"parquet->pg {table} {'LOGGED' if logged else 'UNLOGGED'}{' +PK' if pk else ''}"
                 if duck is not None:
                     self.measure(group, "baseline duckdb postgres extension", lambda t=target: duck.parquet_to_pg(files, t), reset,
@@ -279,13 +275,12 @@ class Bench:
                     "strategy": {"type": "ctid", "partitions": partitions}, "runtime": runtime, "load_mode": "append", "degree": 2}
 
         for path in ("passthrough", "arrow"):
-            self.measure(group, f"local {path}", lambda p=path: run_job(build_job(OmegaConf.create(
-                {**cfg({"type": "local", "max_retries": 0}, p), "verify": "none"}))), reset, verify, method=f"local-{path}", degree=2,
-                baseline=path == "passthrough")
+            self.measure(group, f"local {path}", lambda p=path: conveyor(cfg({"type": "local", "max_retries": 0}, p)), reset, verify,
+                         method=f"local-{path}", degree=2, baseline=path == "passthrough")
         repeat, self.repeat = self.repeat, 1
         try:  # what `conveyor run runtime=ray` pays once: starting an instance
-            self.measure(group, "ray starting its own instance (start-up included)", lambda: run_job(build_job(OmegaConf.create(
-                {**cfg({"type": "ray", "max_retries": 0}, "passthrough"), "verify": "none"}))), reset, verify, method="ray-cold", degree=2)
+            self.measure(group, "ray starting its own instance (start-up included)",
+                         lambda: conveyor(cfg({"type": "ray", "max_retries": 0}, "passthrough")), reset, verify, method="ray-cold", degree=2)
         finally:
             self.repeat = repeat
         start = time.perf_counter()
@@ -294,9 +289,8 @@ class Bench:
         startup = time.perf_counter() - start
         try:
             for path in ("passthrough", "arrow"):
-                self.measure(group, f"ray {path} (instance up)", lambda p=path: run_job(build_job(OmegaConf.create(
-                    {**cfg({"type": "ray", "max_retries": 0}, p), "verify": "none"}))), reset, verify, method=f"ray-{path}", degree=2,
-                    ray_startup_s=round(startup, 2))
+                self.measure(group, f"ray {path} (instance up)", lambda p=path: conveyor(cfg({"type": "ray", "max_retries": 0}, p)),
+                             reset, verify, method=f"ray-{path}", degree=2, ray_startup_s=round(startup, 2))
         finally:
             ray.shutdown()
 
