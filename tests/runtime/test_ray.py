@@ -81,7 +81,9 @@ class Recorder:
 
 def test_progress_reaches_the_driver_while_tasks_run(ray_instance, pg_target, tmp_path: Path) -> None:
     spec = _spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / "out")}, {"type": "none"})
-    spec = _with_fault_source(spec, rows=60000, batch=5000, pause=0.2)  # 4 batches of 0.2 s per partition
+    # 8 batches of 0.4 s per partition, about 6 s in all: longer than the progress actor takes to
+    # start on a fresh machine (a worker process of its own), so counts can arrive mid-run
+    spec = _with_fault_source(spec, rows=60000, batch=2500, pause=0.4)
     from conveyor.pipelines.job import JobPlan
 
     plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=3) for i in range(3)])
