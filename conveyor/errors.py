@@ -114,6 +114,16 @@ class Cancelled(ConveyorError):
     exit_code = 130
 
 
+def scrub_value(text: str, *secrets: str | None) -> str:
+    """Mask each secret where it stands as a whole value (in a URL, after ``=`` or ``:``, in quotes),
+    not where its letters happen to stand inside a word: a password ``x`` leaves ``syntax`` alone."""
+    import re
+
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = re.sub(rf"(?<![A-Za-z0-9_]){re.escape(secret)}(?![A-Za-z0-9_])", "***", text)
+    return text
+
+
 __all__ = [
     "Cancelled",
     "ConfigError",
@@ -124,4 +134,5 @@ __all__ = [
     "SchemaError",
     "TransferError",
     "VerificationError",
+    "scrub_value",
 ]

@@ -23,7 +23,7 @@ from typing import Any
 from conveyor.arrowutil import CountingBatches, rebatch
 from conveyor.connectors.sql import key_kind, where_clause
 from conveyor.core import JobOptions, KeyStats, NativePartition, Partition, PrepareRequest, SinkPlan, SourceInfo, WriteStats
-from conveyor.errors import ConfigError, ConnectError, ConveyorError, PluginError, SchemaError, TransferError
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, PluginError, SchemaError, TransferError, scrub_value
 from conveyor.mapping import TargetColumn, map_columns
 
 # drivers whose placeholders are not "?"
@@ -98,9 +98,7 @@ class _Adbc:
         if isinstance(exc, ConveyorError):
             return exc
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        for secret in self.config.db_kwargs.values():
-            if secret and len(secret) > 3:
-                text = text.replace(secret, "***")
+        text = scrub_value(text, *_secrets(self.config.db_kwargs))
         msg = f"{self._where()}: {doing}: {text}"
         low = text.lower()
         if "unauthenticated" in low or "authentication" in low or "password" in low:
@@ -219,7 +217,7 @@ class AdbcSource(_Adbc):
     def key_values(self, column: str) -> list[Any]:
         self._column_type(column)
         q = _qident(column)
-        return [r[0] for r in self._run(f"SELECT DISTINCT {q} FROM {self._from()} ORDER BY 1")]
+        return [(r[0], int(r[1])) for r in self._run(f"SELECT {q}, count(*) FROM {self._from()} GROUP BY {q} ORDER BY {q}")]
 
     def query_values(self, query: str) -> list[Any]:
         return [r[0] for r in self._run(query)]
@@ -404,3 +402,19 @@ class AdbcSink(_Adbc):
         if plan.write_target != self.config.table:
             with contextlib.suppress(Exception):
                 self._run(f"DROP TABLE IF EXISTS {self._name(plan.write_target)}")
+
+
+def _secrets(kwargs: dict[str, Any]) -> list[str]:
+    """Values a driver message must not show: every option's value, and a URI's password."""
+    from urllib.parse import unquote, urlsplit
+
+    out = [str(v) for v in kwargs.values() if v]
+    for v in out[:]:
+        if "://" in v:
+            try:
+                pw = urlsplit(v).password
+            except ValueError:
+                pw = None
+            if pw:
+                out += [pw, unquote(pw)]
+    return out

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
 
 # SQLSTATE classes and codes a retry may cure: connection failures, a restarting server,
 # serialization failures and deadlocks.
@@ -51,7 +51,16 @@ class PgConnConfig:
                 from conveyor.errors import ConfigError
 
                 raise ConfigError(f"password_file {self.password_file!r}: {exc.strerror}", key="password_file") from None
-        return os.environ.get(self.password_env) if self.password_env else None
+        if not self.password_env:
+            return None
+        value = os.environ.get(self.password_env)
+        if value is None and self.password_env != "PGPASSWORD":
+            # a variable the user named on purpose: unset is a mistake, not "no password"
+            from conveyor.errors import ConfigError
+
+            raise ConfigError(f"password_env: the environment variable {self.password_env} is not set",
+                              key="password_env", hint=f"export {self.password_env}=..., or use password_file")
+        return value
 
     def where(self) -> str:
         return f"postgresql://{self.user}@{self.host}:{self.port}/{self.dbname}"
@@ -87,10 +96,12 @@ class PgConnConfig:
         return env
 
     def scrub(self, text: str) -> str:
-        pw = self.password()
-        if pw:
-            text = text.replace(pw, "***").replace(quote(pw, safe=""), "***")
-        return text
+        """``text`` with the password masked where it stands as a value, never inside a word."""
+        try:
+            pw = self.password()
+        except ConfigError:
+            return text
+        return scrub_value(text, pw, quote(pw, safe="") if pw else None)
 
 
 def first_line(exc: BaseException) -> str:
