@@ -22,6 +22,7 @@ commands:
   plugins   list installed sources, sinks, strategies and runtimes
   submit    send a job to a Ray cluster: conveyor submit [--address URL] [--follow] [--no-wait] overrides...
   serve     serve a source as Arrow Flight: conveyor serve [--host H] [--port P] [--token-env VAR] overrides...
+  clean     list staging tables left by runs that are gone: conveyor clean [--drop] sink=... (sink.* overrides)
   report    tables and plots from benchmark results or a multirun directory: conveyor report PATH
 
 Exit codes: 0 ok, 1 internal error, 2 config/plugin/planning, 3 connection, 4 schema, 5 transfer,
@@ -59,6 +60,27 @@ def report_error(exc: BaseException, verbose: bool) -> int:
     return EXIT_INTERNAL
 
 
+def _cmd_clean(args: list[str]) -> int:
+    """List a sink's leftovers (staging tables of runs that are gone); ``--drop`` removes them."""
+    from conveyor.config import build_job
+    from conveyor.core import SupportsCleanup
+    from conveyor.submit import compose
+
+    drop = "--drop" in args
+    spec = build_job(compose([a for a in args if a != "--drop"]), kinds=("sink",))
+    if not isinstance(spec.sink, SupportsCleanup):
+        print(f"sink {spec.names['sink']}: keeps no staging objects to clean")
+        return 0
+    found = spec.sink.leftovers(remove=drop)
+    for line in found:
+        print(line)
+    if not found:
+        print("no staging tables found")
+    elif not drop:
+        print("run again with --drop to remove the stale ones (tables in use by a running job are kept)")
+    return 0
+
+
 def _cmd_plugins() -> int:
     from conveyor import registry
 
@@ -91,12 +113,18 @@ def _on_signal(signum: int, frame: Any) -> None:
     """First Ctrl-C / SIGTERM: stop starting partitions, roll back the running ones. Second: leave now."""
     import signal
 
-    from conveyor.runtime.task import request_cancel
+    from conveyor.core import request_cancel
 
     _stderr("interrupted: cancelling the running partitions (again to quit at once)")
     request_cancel()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, _quit_now)
+    signal.signal(signal.SIGTERM, _quit_now)
+
+
+def _quit_now(signum: int, frame: Any) -> None:
+    """Second Ctrl-C / SIGTERM: leave at once, no traceback (open transactions roll back with their connections)."""
+    _stderr("error: cancelled: quit at once (second interrupt); partitions that were running rolled back")
+    os._exit(130)
 
 
 def _install_signals() -> None:
@@ -135,43 +163,41 @@ def _write_report(report: Any, plan: Any, cfg: Any, error: BaseException | None)
     _stderr(f"report: {path}")
 
 
-def _previous_run(cfg: Any) -> tuple[list[Any] | None, dict[str, int]]:
-    """With resume=<dir>: that run's partitions and those done (checked before anything connects)."""
+def _previous_run(cfg: Any) -> Any:
+    """With resume=<dir>: what that run planned and finished (checked before anything connects)."""
     from omegaconf import OmegaConf
 
     from conveyor.pipelines.manifest import load_for_resume
 
     if not cfg.get("resume"):
-        return None, {}
+        return None
     return load_for_resume(str(cfg.resume), OmegaConf.to_container(cfg, resolve=False))
 
 
-def _with_manifest(plan: Any, cfg: Any, previous: tuple[list[Any] | None, dict[str, int]]) -> tuple[Any, Any]:
-    """The plan (only the unfinished partitions when resuming) and a wrapper that keeps manifest.json."""
+def _resumed(plan: Any, cfg: Any, previous: Any) -> Any:
+    """The plan of the run being resumed: its partitions (saved predicates) and what it finished."""
     import dataclasses
 
+    if previous is None:
+        return plan
+    return dataclasses.replace(plan, partitions=previous.partitions, resumed_from=str(cfg.resume),
+                               previously_done=previous.done, note=f"resumed from {cfg.resume}")
+
+
+def _manifest(plan: Any, cfg: Any, progress: Any, source: Any) -> Any:
+    """A progress wrapper that keeps manifest.json in the run directory (none outside Hydra)."""
     from omegaconf import OmegaConf
 
     from conveyor.pipelines.manifest import Manifest
 
-    config = OmegaConf.to_container(cfg, resolve=False)
-    everything, done = previous
-    everything = everything if everything is not None else plan.partitions
-    if cfg.get("resume"):
-        todo = [p for p in everything if p.key not in done]
-        _stderr(f"resume: {len(done)} of {len(everything)} partitions finished in {cfg.resume}; running the other {len(todo)}")
-        plan = dataclasses.replace(plan, partitions=todo, note=f"resumed from {cfg.resume}")
     run_dir = _hydra_dir()
-
-    def wrap(progress: Any) -> Any:
-        if run_dir is None:
-            return progress
-        manifest = Manifest(run_dir / "manifest.json", config, progress)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        manifest.start(plan.spec.options.run_id, everything, None, done)
-        return manifest
-
-    return plan, wrap
+    if run_dir is None:
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest(run_dir / "manifest.json", OmegaConf.to_container(cfg, resolve=False), progress)
+    opts = plan.spec.options
+    manifest.start(opts.run_id, opts.load, plan.partitions, getattr(source, "snapshot_id", None), plan.previously_done)
+    return manifest
 
 
 def _hydra_dir() -> Any:
@@ -189,33 +215,36 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     """One composed config: validate, then plan (and run)."""
     _quiet_libraries()
     from conveyor.config import build_job
-    from conveyor.pipelines.job import execute, plan_job
+    from conveyor.core import reset_cancel
+    from conveyor.pipelines.job import execute, opened
     from conveyor.pipelines.report import plan_table, summary_table
-    from conveyor.runtime.progress import LogProgress, RichProgress
-    from conveyor.runtime.task import reset_cancel
 
     console = _console()
     plan = None
     try:
-        spec = build_job(cfg)
-        previous = _previous_run(cfg) if mode == "run" else (None, {})
-        plan = plan_job(spec)
-        if mode == "plan":
-            console.print(plan_table(plan))
-            return 0
-        reset_cancel()
-        _install_signals()
-        plan, manifest_for = _with_manifest(plan, cfg, previous)
-        if console.is_terminal:
-            progress: Any = RichProgress(console, plan.info.estimated_rows, len(plan.partitions))
-        else:
-            progress = LogProgress(plan.info.estimated_rows, len(plan.partitions))
-        with progress:
-            report = execute(plan, manifest_for(progress))
+        previous = _previous_run(cfg) if mode == "run" else None
+        spec = build_job(cfg, load_id=previous.load_id if previous else None)
+        if mode == "run":
+            reset_cancel()
+            _install_signals()
+        with opened(spec) as (plan, source):
+            if mode == "plan":
+                console.print(plan_table(plan))
+                return 0
+            plan = _resumed(plan, cfg, previous)
+            progress = _progress(console, plan)
+            manifest = _manifest(plan, cfg, progress, source)
+            try:
+                with progress:
+                    report = execute(plan, manifest or progress, source=source)
+            finally:
+                if manifest is not None:
+                    manifest.close()
         console.print(summary_table(report))
         _write_report(report, plan, cfg, None)
         return 0
     except Exception as exc:  # noqa: BLE001 - the CLI's boundary: one line, an exit code
+        _point_to_run_dir(exc)
         code = report_error(exc, verbose)
         if mode == "run":
             try:
@@ -225,13 +254,36 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
         return code
 
 
+def _progress(console: Any, plan: Any) -> Any:
+    from conveyor.runtime.progress import LogProgress, RichProgress
+
+    if console.is_terminal:
+        return RichProgress(console, plan.info.estimated_rows, len(plan.partitions))
+    return LogProgress(plan.info.estimated_rows, len(plan.partitions))
+
+
+def _point_to_run_dir(exc: BaseException) -> None:
+    """A hint that says ``resume=<run dir>`` names this run's directory."""
+    from conveyor.errors import ConveyorError
+    from conveyor.pipelines.job import RESUME_HINT
+
+    run_dir = _hydra_dir()
+    if isinstance(exc, ConveyorError) and exc.hint and RESUME_HINT in exc.hint and run_dir is not None:
+        exc.hint = exc.hint.replace(RESUME_HINT, f"resume={run_dir}")
+
+
 def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
     import hydra
 
+    import io
+
     codes: list[int] = []
+    real_stderr = sys.stderr
+    held = io.StringIO()  # what Hydra says before the job starts: a composition error, condensed below
 
     @hydra.main(version_base="1.3", config_path="pkg://conveyor.configs", config_name="config")
     def _task(cfg: Any) -> None:
+        sys.stderr = real_stderr
         codes.append(_run_one(cfg, mode, verbose))
 
     if mode == "plan":  # planning writes nothing: no run directory, no log file
@@ -240,14 +292,45 @@ def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
         os.environ["HYDRA_FULL_ERROR"] = "1"
     saved = sys.argv
     sys.argv = [f"conveyor {mode}", *overrides]
+    if not verbose:
+        sys.stderr = held
     try:
         _task()
     except SystemExit as exc:  # Hydra exits 1 after printing a composition error
         code = exc.code if isinstance(exc.code, int) else EXIT_CONFIG
+        sys.stderr = real_stderr
+        if held.getvalue().strip():
+            _hydra_error(held.getvalue())
         return EXIT_CONFIG if code == 1 else code
     finally:
+        sys.stderr = real_stderr
         sys.argv = saved
+    if held.getvalue().strip():  # said before the job ran, and not an error: pass it on
+        real_stderr.write(held.getvalue())
     return max(codes, default=0)
+
+
+def _hydra_error(text: str) -> None:
+    """Hydra's multi-line composition error as Conveyor's one line and a hint."""
+    lines = [line.strip() for line in text.splitlines() if line.strip() and "HYDRA_FULL_ERROR" not in line]
+    first = lines[0] if lines else "the config could not be composed"
+    low = text.lower()
+    if "available options" in low:
+        at = next(i for i, line in enumerate(lines) if line.lower().startswith("available options"))
+        names = []
+        for line in lines[at + 1:]:
+            if line.endswith(":") or " " in line or "=" in line:  # the next section (Hydra's search path)
+                break
+            names.append(line)
+        hint = f"{lines[at].rstrip(':')}: {', '.join(names)}"
+    elif "error parsing override" in low:
+        hint = "overrides are key=value; quote a value with spaces, commas or parentheses: key='...'"
+    elif "not in struct" in low or "could not override" in low:
+        hint = "check the key's spelling (`conveyor run ... --cfg job` prints the composed config); +key=value adds a new one"
+    else:
+        hint = "run again with --verbose for Hydra's full message"
+    _stderr(f"error: {first}")
+    _stderr(f"hint: {hint}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_CONFIG
             print(render(rest[0]))
             return 0
+        if command == "clean":
+            return _cmd_clean(rest)
         if command == "serve":
             from conveyor import serve
 
@@ -289,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
 
             _quiet_libraries()
             return submit.submit(submit.parse(rest))
+    except KeyboardInterrupt:
+        _stderr("error: cancelled (Ctrl-C)")
+        return 130
     except Exception as exc:  # noqa: BLE001
         return report_error(exc, verbose)
     _stderr(f"error: unknown command {command!r}")

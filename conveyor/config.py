@@ -120,7 +120,8 @@ def build_plugin(kind: str, cfg: DictConfig, options: JobOptions) -> tuple[str, 
     return name, cls(conf, options)
 
 
-def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...] = TOP_LEVEL_PLUGINS) -> JobSpec:
+def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...] = TOP_LEVEL_PLUGINS,
+              load_id: str | None = None) -> JobSpec:
     """Validate the composed config and build the plugins (all four by default), without connecting anywhere."""
     try:
         OmegaConf.resolve(cfg)
@@ -143,6 +144,7 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
         requested_degree=job.degree,
         verify=job.verify,
         run_id=run_id or uuid.uuid4().hex[:12],
+        load_id=load_id or "",
     )
     built = {kind: build_plugin(kind, cfg, options) for kind in kinds}
     return JobSpec(

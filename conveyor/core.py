@@ -10,6 +10,7 @@ inside ``read`` and ``write`` and closed before they return.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -36,6 +37,13 @@ class JobOptions:
     requested_degree: int = 1
     #: count | checksum | none
     verify: str = "count"
+    #: what names this load's commits in the target (commit markers, file names): the run id, or,
+    #: when resuming, the load id of the run being resumed, so its committed partitions are known
+    load_id: str = ""
+
+    @property
+    def load(self) -> str:
+        return self.load_id or self.run_id
 
     @staticmethod
     def resolve_degree(degree: int, cpus: int | None = None) -> int:
@@ -46,6 +54,24 @@ class JobOptions:
             raise ValueError("degree must not be 0")
         cpus = cpus or os.cpu_count() or 1
         return max(1, cpus // -degree)
+
+
+# --- cancellation (Ctrl-C / SIGTERM): every task in this process stops at its next batch ----------
+
+_CANCEL = threading.Event()
+
+
+def request_cancel() -> None:
+    """Ask every running task in this process to stop at its next batch (and roll back)."""
+    _CANCEL.set()
+
+
+def cancel_requested() -> bool:
+    return _CANCEL.is_set()
+
+
+def reset_cancel() -> None:
+    _CANCEL.clear()
 
 
 # --- partitions -----------------------------------------------------------------------------
@@ -165,7 +191,10 @@ class ModuloBucket(Partition):
 
 @dataclass(frozen=True)
 class ValueSet(Partition):
-    """Rows whose ``column`` equals one of ``values`` (``None`` in values: NULL keys)."""
+    """Rows whose ``column`` equals one of ``values`` (``None`` in values: NULL keys).
+
+    ``datadriven`` packs many distinct values into a bounded number of these, balanced by rows.
+    """
 
     column: str = ""
     values: tuple[Any, ...] = ()
@@ -245,7 +274,9 @@ class SupportsKeys(Protocol):
 
     def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]: ...
 
-    def key_values(self, column: str) -> list[Any]: ...
+    def key_values(self, column: str) -> list[tuple[Any, int]]:
+        """Each distinct value of ``column`` (NULL first) with its row count."""
+        ...
 
     def query_values(self, query: str) -> list[Any]: ...
 
@@ -303,6 +334,48 @@ class WriteStats:
     rows: int
     bytes: int
     seconds: float
+    #: the partition had been committed under this load id before (nothing was written again)
+    already_committed: bool = False
+
+
+@dataclass(frozen=True)
+class SinkCapabilities:
+    """What a sink guarantees, declared as data (the runtimes and the job act on it).
+
+    ``transactional``: a partition is written all or nothing (one transaction, or a temporary
+    name renamed when whole), so a failed attempt leaves nothing and may be retried. A sink that
+    is not (a Flight do_put stream) is never retried: a retry could duplicate rows.
+    ``single_process``: every partition must be written from the driver's process.
+    """
+
+    transactional: bool = True
+    single_process: bool = False
+
+
+def sink_capabilities(sink: Any) -> SinkCapabilities:
+    """A sink's declared capabilities (the defaults where it declares none)."""
+    caps = getattr(type(sink), "capabilities", None)
+    return caps if isinstance(caps, SinkCapabilities) else SinkCapabilities()
+
+
+@runtime_checkable
+class SupportsCommitMarkers(Protocol):
+    """A sink that records each partition's commit in the same transaction as its rows.
+
+    ``committed`` reads them back: {partition key: rows} for the plan's load id (None where this
+    target keeps no markers, e.g. switched off by config). A write whose
+    partition is already committed under that load id writes nothing (exactly once, whatever
+    died when), and ``resume`` skips what the target says was committed.
+    """
+
+    def committed(self, plan: SinkPlan) -> dict[str, int] | None: ...
+
+
+@runtime_checkable
+class SupportsCleanup(Protocol):
+    """A sink that can list, and remove, what runs that are gone left behind (staging tables)."""
+
+    def leftovers(self, remove: bool) -> list[str]: ...
 
 
 class Sink(Protocol):
@@ -319,6 +392,9 @@ class Sink(Protocol):
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None: ...
 
     def abort(self, plan: SinkPlan) -> None: ...
+
+    #: what the sink guarantees; see :class:`SinkCapabilities`
+    capabilities: ClassVar[SinkCapabilities]
 
 
 @dataclass(frozen=True)

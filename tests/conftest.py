@@ -133,3 +133,26 @@ def s3_orders(s3, tpch_orders: Path) -> str:
     for f in sorted(tpch_orders.iterdir()):
         client.upload_file(str(f), "conveyor-test", f"orders/{f.name}")
     return "s3://conveyor-test/orders"
+
+
+# --- a real Ray instance (2 CPUs), per test module ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_instance(pg_servers):
+    """A real Ray instance for one module; started after the servers so workers see PGPASSWORD.
+
+    The test-only sources in tests/runtime/faults.py travel to the workers by value.
+    """
+    import logging
+
+    import ray
+    from ray import cloudpickle
+
+    from tests.runtime import faults
+
+    cloudpickle.register_pickle_by_value(faults)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024 * 1024,
+             logging_level=logging.WARNING, log_to_driver=False)
+    yield ray
+    ray.shutdown()

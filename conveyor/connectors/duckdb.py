@@ -19,7 +19,7 @@ from typing import Any
 from conveyor.arrowutil import CountingBatches
 from conveyor.connectors import fs as fs_util
 from conveyor.connectors.sql import key_kind, where_clause
-from conveyor.core import JobOptions, KeyStats, Partition, PrepareRequest, SinkPlan, SourceInfo, WriteStats
+from conveyor.core import JobOptions, KeyStats, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats
 from conveyor.errors import ConnectError, SchemaError, TransferError
 from conveyor.mapping import TargetColumn, map_columns
 
@@ -155,7 +155,7 @@ class DuckDBSource:
     def key_values(self, column: str) -> list[Any]:
         self._column_type(column)
         q = qident(column)
-        return [r[0] for r in self._query(f"SELECT DISTINCT {q} FROM ({self._base_sql()}) AS _q ORDER BY 1 NULLS FIRST")]
+        return [(r[0], int(r[1])) for r in self._query(f"SELECT {q}, count(*) FROM ({self._base_sql()}) AS _q GROUP BY 1 ORDER BY 1 NULLS FIRST")]
 
     def query_values(self, query: str) -> list[Any]:
         return [r[0] for r in self._query(query)]
@@ -206,7 +206,7 @@ class DuckDBSink:
 
     config_class = DuckDBSinkConfig
     #: DuckDB lets one process at a time write a database file
-    single_process = True
+    capabilities = SinkCapabilities(single_process=True)
 
     def __init__(self, config: DuckDBSinkConfig, options: JobOptions) -> None:
         self.config = config

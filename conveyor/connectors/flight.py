@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.core import JobOptions, NativePartition, Partition, PrepareRequest, SinkPlan, SourceInfo, WholeSource, WriteStats
+from conveyor.core import JobOptions, NativePartition, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WholeSource, WriteStats
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, PlanningError, SchemaError, TransferError
 
 
@@ -128,9 +128,14 @@ class FlightSource(_Flight):
 
 
 class FlightSink(_Flight):
-    """do_put of each partition's batches; what the service does with them is the service's."""
+    """do_put of each partition's batches; what the service does with them is the service's.
+
+    A do_put stream is not a transaction: a failed partition may have delivered part of its rows,
+    so a Flight sink is never retried (a retry could duplicate them).
+    """
 
     config_class = FlightConfig
+    capabilities = SinkCapabilities(transactional=False)
 
     def __init__(self, config: FlightConfig, options: JobOptions) -> None:
         self.config = config

@@ -10,15 +10,17 @@ only for append.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.config import JobSpec
-from conveyor.core import Partition, PlanRequest, PrepareRequest, SinkPlan, SourceInfo, WriteStats
+from conveyor.core import Partition, PlanRequest, PrepareRequest, SinkPlan, SourceInfo, SupportsCommitMarkers, WriteStats
 from conveyor.errors import Cancelled, ConveyorError, PlanningError
+from conveyor.log import say
 from conveyor.pipelines.verify import Verification, check_mode, raise_if_failed, verify
-from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult, cancel_requested
+from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult, cancel_requested, first_failure
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,10 @@ class JobPlan:
     note: str = ""
     #: the data path the sink expects to take (e.g. a native pass-through), when it says
     path: str = ""
+    #: resuming: the run directory resumed, and what its manifest says was committed ({key: rows});
+    #: a sink that keeps commit markers answers for itself instead
+    resumed_from: str = ""
+    previously_done: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -41,27 +47,55 @@ class JobReport:
     sink_plan: SinkPlan | None = None
     error: ConveyorError | None = None
     verification: Verification | None = None
+    #: partitions a resumed run found committed by the run it resumes (not run again)
+    committed_before: set[str] = field(default_factory=set)
 
     @property
     def rows(self) -> int:
-        return sum(r.rows for r in self.results)
+        """Rows this run moved (partitions committed before it, by an earlier run, not counted)."""
+        return sum(r.rows for r in self.moved)
 
     @property
     def bytes(self) -> int:
-        return sum(r.bytes for r in self.results)
+        return sum(r.bytes for r in self.moved)
+
+    @property
+    def moved(self) -> list[TaskResult]:
+        return [r for r in self.results if r.partition not in self.committed_before]
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
 
+@contextmanager
+def opened(spec: JobSpec) -> Iterator[tuple[JobPlan, Any]]:
+    """Describe the source, open its session (one snapshot for the job) and plan inside it.
+
+    Yields the plan and the source the tasks get; planning queries (key values, quantiles) see
+    the same snapshot as every partition and the verification, so a row written meanwhile is
+    either in all of them or in none.
+    """
+    _check(spec)
+    info = spec.source.describe()
+    with source_session(spec.source) as source:
+        yield _plan(spec, info, source), source
+
+
 def plan_job(spec: JobSpec) -> JobPlan:
-    """Describe the source and plan its partitions; moves nothing."""
+    """Describe the source and plan its partitions (in the source's snapshot); moves nothing."""
+    with opened(spec) as (plan, _):
+        return plan
+
+
+def _check(spec: JobSpec) -> None:
     if hasattr(spec.runtime, "check"):
         spec.runtime.check(spec.source, spec.sink)
     check_mode(spec.options.verify, spec.source, spec.sink)
-    info = spec.source.describe()
-    partitions = spec.strategy.plan(PlanRequest(source=spec.source, info=info, degree=spec.options.degree))
+
+
+def _plan(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
+    partitions = spec.strategy.plan(PlanRequest(source=source, info=info, degree=spec.options.degree))
     if not partitions:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
     note = spec.strategy.explain() if hasattr(spec.strategy, "explain") else ""
@@ -74,18 +108,21 @@ def plan_job(spec: JobSpec) -> JobPlan:
 def run_job(spec: JobSpec, progress: Progress | None = None) -> JobReport:
     """Plan and run a whole job. Raises the first error after aborting the sink."""
     start = time.perf_counter()
-    return execute(plan_job(spec), progress, start)
+    with opened(spec) as (plan, source):
+        return execute(plan, progress, start, source)
 
 
-def execute(plan: JobPlan, progress: Progress | None = None, start: float | None = None) -> JobReport:
-    """Prepare the sink, run the planned partitions, finalize; abort the sink on any failure."""
+def execute(plan: JobPlan, progress: Progress | None = None, start: float | None = None, source: Any = None) -> JobReport:
+    """Prepare the sink, run the planned partitions, finalize; abort the sink on any failure.
+
+    ``source`` is the session's source from :func:`opened`; without it a session is opened here.
+    """
     start = time.perf_counter() if start is None else start
-    spec = plan.spec
     progress = progress or NullProgress()
-    with source_session(spec.source) as source:
-        if hasattr(progress, "session_started"):
-            progress.session_started(source)
+    if source is not None:
         return _execute(plan, source, progress, start)
+    with source_session(plan.spec.source) as session:
+        return _execute(plan, session, progress, start)
 
 
 def source_session(source: Any) -> Any:
@@ -103,18 +140,29 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         exc.report = report
         raise
     report.target, report.sink_plan = sink_plan.target, sink_plan
-    tasks = [Task(source, spec.sink, sink_plan, part) for part in plan.partitions]
     try:
-        report.results = spec.runtime.run(tasks, spec.options.degree, progress)
+        done = _already_done(plan, spec.sink, sink_plan)
+        report.committed_before = set(done)
+        if plan.resumed_from:
+            whose = "the target's commit markers" if isinstance(spec.sink, SupportsCommitMarkers) else "its manifest"
+            say(f"resume: {len(done)} of {len(plan.partitions)} partitions finished in {plan.resumed_from} "
+                f"(per {whose}); running the other {len(plan.partitions) - len(done)}")
+        todo = [p for p in plan.partitions if p.key not in done]
+        before = [TaskResult(p.key, p.index, rows=done[p.key], already_committed=True) for p in plan.partitions if p.key in done]
+        for result in before:
+            progress.finished(result)
+        tasks = [Task(source, spec.sink, sink_plan, part) for part in todo]
+        report.results = sorted(before + spec.runtime.run(tasks, spec.options.degree, progress), key=lambda r: r.index)
         if cancel_requested():
             raise _cancelled(report)
-        failures = [r for r in report.results if not r.ok]
-        if failures:
-            err = failures[0].error
+        failed = first_failure(report.results)
+        if failed is not None:
+            err = failed.error
             assert err is not None
-            err.task_traceback = failures[0].traceback  # shown by --verbose
-            raise err
-        report.verification = verify(spec.options.verify, plan.partitions, report.results, source, spec.sink, sink_plan)
+            err.task_traceback = failed.traceback  # shown by --verbose
+            raise _with_committed(err, report)
+        ran = [r for r in report.results if r.partition not in done]
+        report.verification = verify(spec.options.verify, todo, ran, source, spec.sink, sink_plan)
         raise_if_failed(report.verification, report.target)
         stats = [WriteStats(r.partition, r.rows, r.bytes, r.seconds) for r in report.results]
         spec.sink.finalize(sink_plan, stats)
@@ -129,13 +177,50 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
     return report
 
 
-def _cancelled(report: JobReport) -> Cancelled:
+def _already_done(plan: JobPlan, sink: Any, sink_plan: SinkPlan) -> dict[str, int]:
+    """Partitions committed before this run: the target's own commit markers where the sink keeps
+    them (they commit with the rows, so they are right whatever died when), else the manifest's word."""
+    if not plan.resumed_from:
+        return {}
+    if isinstance(sink, SupportsCommitMarkers):
+        marked = sink.committed(sink_plan)
+        if marked is not None:
+            keys = {p.key for p in plan.partitions}
+            return {k: n for k, n in marked.items() if k in keys}
+    return dict(plan.previously_done)
+
+
+RESUME_HINT = "resume=<run dir>"
+
+
+def committed_note(report: JobReport) -> str:
+    """What a stopped run left in the target: whole partitions (append) or nothing (staged loads)."""
+    if report.plan.spec.options.load_mode != "append":
+        return "the target is as it was"
     done = [r for r in report.results if r.ok]
-    if report.plan.spec.options.load_mode == "append":
-        what = f"{len(done)} of {len(report.plan.partitions)} partitions had committed: their {sum(r.rows for r in done):,} rows stay in the target"
-    else:
-        what = "the target is as it was"
-    return Cancelled(f"cancelled: {what}", hint="run again to load everything")
+    return (f"{len(done)} of {len(report.plan.partitions)} partitions had committed: "
+            f"their {sum(r.rows for r in done):,} rows stay in the target")
+
+
+def _resume_hint(report: JobReport) -> str:
+    if report.plan.spec.options.load_mode != "append":
+        return "run it again: nothing was changed"
+    # running the job again from the start would load the committed partitions a second time
+    return f"do not simply run it again (the committed rows would be loaded twice): run it with {RESUME_HINT} to load only the rest"
+
+
+def _cancelled(report: JobReport) -> Cancelled:
+    return Cancelled(f"cancelled: {committed_note(report)}", hint=_resume_hint(report))
+
+
+def _with_committed(err: ConveyorError, report: JobReport) -> ConveyorError:
+    """A partition's error, saying what the run left in the target and how to go on."""
+    if report.plan.spec.options.load_mode == "append" and not getattr(err, "committed_noted", False):
+        err.message = f"{err.message} ({committed_note(report)})"
+        err.args = (err.message,)
+        err.hint = f"{err.hint}; then {_resume_hint(report)}" if err.hint else _resume_hint(report)
+        err.committed_noted = True
+    return err
 
 
 def _abort(sink: Any, plan: Any) -> None:

@@ -2,17 +2,21 @@
 
 Every CLI run keeps ``manifest.json`` in its run directory: the job's identity (what decides
 which rows a partition holds and where they land: source, target, load mode, column mapping), each partition
-(its predicate, a serialized copy, rows, status) and the snapshot it read. It is rewritten
-atomically as partitions finish.
+(its predicate, a serialized copy, rows, status), the snapshot it read and the load id its
+commits carry. Finished partitions are appended to ``partitions.jsonl`` as they finish, and
+manifest.json is rewritten with the final state when the run ends.
 
 ``resume=<run dir>`` re-runs only the partitions that did not finish, and refuses when the
-job's identity changed. Only ``load_mode=append`` commits partitions one by one; a staged load
+job's identity changed. Which partitions finished is asked of the target where the sink keeps
+commit markers (they commit with the rows, so a driver killed between a commit and its manifest
+line cannot make a partition load twice); the manifest answers only for sinks that keep none. Only ``load_mode=append`` commits partitions one by one; a staged load
 (truncate, create, replace) is all or nothing, so a failed one leaves nothing to resume.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import decimal
@@ -20,6 +24,7 @@ import hashlib
 import json
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +34,19 @@ from conveyor.runtime.task import Progress, TaskResult
 # The partitions themselves (their predicates) come from the manifest, so the strategy and the
 # degree may change on resume; the source, the target and how rows map onto it may not.
 IDENTITY_KEYS = ("source", "load_mode", "map_method")
+JOURNAL = "partitions.jsonl"
 SINK_IDENTITY = ("type", "host", "port", "dbname", "schema", "table", "path", "database", "uri", "location")
 
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a config that decide which rows each partition holds, and where they go."""
+    """The parts of a config that decide which rows each partition holds, and where they go
+    (secrets masked: they never reach the file, and a changed password is the same job)."""
+    from conveyor.pipelines.report import mask
+
     out = {k: config.get(k) for k in IDENTITY_KEYS}
     sink = config.get("sink") or {}
     out["sink"] = {k: sink.get(k) for k in SINK_IDENTITY if k in sink}
-    return out
+    return mask(out)
 
 
 def _fingerprint(ident: dict[str, Any]) -> str:
@@ -53,32 +62,41 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
 
 
-class Manifest(Progress):
-    """Records partition outcomes to ``path`` as they finish (wraps the run's progress)."""
+class Manifest:
+    """Records partition outcomes as they finish (wraps the run's progress).
+
+    ``manifest.json`` is written once when the run starts (the job's identity, every partition)
+    and once when it ends; in between, each finished partition is one line appended to
+    ``partitions.jsonl``, so a run of many partitions costs O(1) per partition, not a rewrite.
+    Everything written goes through the report's masking: no resolved secret reaches the file.
+    """
 
     def __init__(self, path: Path, config: dict[str, Any], inner: Progress) -> None:
         self.path, self.inner = path, inner
+        self.journal = path.with_name(JOURNAL)
         self._lock = threading.Lock()
-        self.data: dict[str, Any] = {"identity": identity(config), "fingerprint": _fingerprint(identity(config)), "partitions": {}}
+        ident = identity(config)
+        self.data: dict[str, Any] = {"identity": ident, "fingerprint": _fingerprint(ident), "partitions": {}}
 
-    def start(self, run_id: str, partitions: list[Any], snapshot: str | None, done_before: dict[str, int]) -> None:
-        self.data.update(run_id=run_id, snapshot=snapshot)
+    def start(self, run_id: str, load_id: str, partitions: list[Any], snapshot: str | None, done_before: dict[str, int]) -> None:
+        self.data.update(run_id=run_id, load_id=load_id, snapshot=snapshot)
         for p in partitions:
             self.data["partitions"][p.key] = {
                 "predicate": p.describe(), "partition": encode_partition(p),
                 "status": "done" if p.key in done_before else "pending", "rows": done_before.get(p.key, 0),
                 "previous_run": p.key in done_before,
             }
+        self.journal.unlink(missing_ok=True)
         self._write()
 
     def _write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=str))
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
         os.replace(tmp, self.path)
 
-    def session_started(self, source: Any) -> None:
+    def close(self) -> None:
+        """The final state in manifest.json (the journal's lines folded in)."""
         with self._lock:
-            self.data["snapshot"] = getattr(source, "snapshot_id", None)
             self._write()
 
     def started(self, key: str) -> None:
@@ -89,16 +107,26 @@ class Manifest(Progress):
 
     def finished(self, result: TaskResult) -> None:
         self.inner.finished(result)
+        entry = {"partition": result.partition, "status": "done" if result.ok else "failed", "rows": result.rows,
+                 "error": str(result.error) if result.error else None}
         with self._lock:
-            entry = self.data["partitions"].get(result.partition)
-            if entry is not None:
-                entry.update(status="done" if result.ok else "failed", rows=result.rows,
-                             error=str(result.error) if result.error else None)
-                self._write()
+            if result.partition in self.data["partitions"]:
+                self.data["partitions"][result.partition].update({k: v for k, v in entry.items() if k != "partition"})
+                with self.journal.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(entry, default=str) + "\n")
 
 
-def load_for_resume(run_dir: str, config: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
-    """(the previous run's partitions, rows of those already done); refuses a changed job."""
+@dataclass(frozen=True)
+class Previous:
+    """What a resumed run takes from the run it resumes."""
+
+    partitions: list[Any]
+    done: dict[str, int]
+    load_id: str
+
+
+def load_for_resume(run_dir: str, config: dict[str, Any]) -> Previous:
+    """The previous run's partitions, those its manifest saw finish, and its load id; refuses a changed job."""
     path = Path(run_dir) / "manifest.json"
     try:
         old = json.loads(path.read_text())
@@ -115,9 +143,17 @@ def load_for_resume(run_dir: str, config: dict[str, Any]) -> tuple[list[Any], di
     if config.get("load_mode") != "append":
         raise ConfigError(f"resume: load_mode={config.get('load_mode')} is all or nothing: a failed run left nothing to resume",
                           key="resume", hint="run it again; only load_mode=append commits partitions one by one")
-    parts = [decode_partition(e["partition"]) for e in old["partitions"].values()]
-    done = {k: e["rows"] for k, e in old["partitions"].items() if e["status"] == "done"}
-    return parts, done
+    entries = old["partitions"]
+    journal = path.with_name(JOURNAL)
+    if journal.exists():  # a run killed before its final write: the journal has what finished
+        for line in journal.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("partition") in entries:
+                    entries[entry["partition"]].update(status=entry["status"], rows=entry["rows"])
+    parts = [decode_partition(e["partition"]) for e in entries.values()]
+    done = {k: e["rows"] for k, e in entries.items() if e["status"] == "done"}
+    return Previous(parts, done, old.get("load_id") or old.get("run_id") or "")
 
 
 # --- partitions as plain JSON (no pickle: a manifest is data, never code) -----------------------

@@ -58,9 +58,16 @@ def plan_table(plan: JobPlan) -> Any:
     table.add_column("partition")
     table.add_column("reads")
     table.add_column("estimated rows", justify="right")
-    for p in plan.partitions:
+    for p in plan.partitions[:PLAN_ROWS]:
         table.add_row(p.key, p.describe(), "" if p.estimated_rows is None else f"{p.estimated_rows:,}")
+    if len(plan.partitions) > PLAN_ROWS:
+        rest = plan.partitions[PLAN_ROWS:]
+        table.add_row("...", f"{len(rest):,} more ({rest[0].key} .. {rest[-1].key})", "")
     return table
+
+
+#: a plan shows its first partitions, then how many more (a plan of thousands stays readable)
+PLAN_ROWS = 20
 
 
 _SECRET_PARTS = ("password", "passwd", "secret", "token", "credential", "private_key")
@@ -111,7 +118,7 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
         out["partitions"] = [
             {"partition": r.partition, "reads": parts[r.partition].describe() if r.partition in parts else "", "rows": r.rows,
              "bytes": r.bytes, "seconds": round(r.seconds, 4), "attempts": r.attempts,
-             "error": str(r.error) if r.error else None}
+             "error": str(r.error) if r.error else None, "committed_before": r.partition in report.committed_before}
             for r in report.results
         ]
         secs = report.seconds or 0.0

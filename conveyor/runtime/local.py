@@ -7,6 +7,7 @@ could not cross to a Ray worker fails here first, with the same message.
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 
 from conveyor.core import JobOptions
 from conveyor.errors import TransferError
-from conveyor.runtime.task import Progress, Task, TaskResult, cancel_requested, run_task
+from conveyor.log import warn
+from conveyor.runtime.task import Progress, Task, TaskResult, cancel_requested, not_run, run_task
 
 
 @dataclass
@@ -43,21 +45,36 @@ class LocalRuntime:
         self.config = config
 
     def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
-        """Run every task, at most ``degree`` at once; stop starting new ones after a failure."""
+        """Run every task, at most ``degree`` at once; stop starting new ones after a failure or Ctrl-C."""
+        degree = self._cap(degree)
         results: list[TaskResult] = []
         pending = list(reversed(tasks))
         running: set[Future[TaskResult]] = set()
-        failed = False
+        stopping: str | None = None
         with ThreadPoolExecutor(max_workers=max(1, degree), thread_name_prefix="conveyor") as pool:
-            while pending or running:
-                while pending and not failed and not cancel_requested() and len(running) < degree:
+            while running or (pending and stopping is None):
+                if stopping is None and cancel_requested():
+                    stopping = "cancelled (Ctrl-C or SIGTERM) before it finished"
+                while pending and stopping is None and len(running) < degree:
                     task = roundtrip(pending.pop())
                     running.add(pool.submit(run_task, task, progress, self.config.max_retries, prefetch=self.config.prefetch_batches))
                 if not running:
                     break
-                done, running = wait(running, return_when=FIRST_COMPLETED)
+                # a timeout, so that Ctrl-C is seen while long partitions run
+                done, running = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 for fut in done:
                     result = fut.result()
                     results.append(result)
-                    failed = failed or not result.ok
+                    if not result.ok and stopping is None:
+                        stopping = f"cancelled after partition {result.partition} failed"
+        results += [not_run(task, f"not started: {stopping}") for task in pending]
         return sorted(results, key=lambda r: r.index)
+
+    @staticmethod
+    def _cap(degree: int) -> int:
+        """Threads mostly wait on I/O, but thousands only contend: at most 4 per CPU."""
+        cpus = os.cpu_count() or 1
+        if degree > 4 * cpus:
+            warn(f"degree={degree} capped to {4 * cpus}: runtime=local runs at most 4 tasks per CPU ({cpus} CPUs here)")
+            return 4 * cpus
+        return degree

@@ -14,15 +14,20 @@ roll back) and fails the job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.core import JobOptions
+from conveyor.core import JobOptions, sink_capabilities
 from conveyor.errors import ConfigError, ConnectError, TransferError
-from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult, cancel_requested, run_task
+from conveyor.log import warn
+from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult, cancel_requested, not_run, retries_allowed, run_task
+
+# seconds a stopping run waits for killed tasks to be confirmed before it reports them as stopped
+_STOP_SECONDS = 10.0
 
 
 @dataclass
@@ -142,8 +147,11 @@ class RayRuntime:
             kwargs["address"] = address
         try:
             ray.init(**kwargs)
-        except ConnectionError as exc:
-            raise ConnectError(f"ray cluster {address}: {str(exc).splitlines()[0]}", hint="is the cluster running? (ray status)") from None
+        except Exception as exc:  # noqa: BLE001 - a start-up timeout, a refused connection: one line, exit 3
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            what = "could not start a local Ray instance" if address == "local" else f"ray cluster {address}"
+            raise ConnectError(f"{what}: {type(exc).__name__}: {first}",
+                               hint="is the cluster running? (ray status); runtime=local needs no Ray at all") from None
         return ray, True
 
     def _check_reachable(self, address: str) -> None:
@@ -180,7 +188,7 @@ class RayRuntime:
 
     def check(self, source: Any, sink: Any) -> None:
         """Refuse, before anything moves, a sink that cannot be written from several processes."""
-        if getattr(sink, "single_process", False):
+        if sink_capabilities(sink).single_process:
             raise ConfigError(f"sink {type(sink).__name__} writes from one process and cannot run on Ray workers",
                               key="runtime", hint="use runtime=local")
 
@@ -189,15 +197,24 @@ class RayRuntime:
             self.check(tasks[0].source, tasks[0].sink)
         ray, started = self._init()
         try:
-            return self._run(ray, tasks, self.resolve_degree(ray, degree), progress)
+            return self._run(ray, tasks, self._slots(ray, self.resolve_degree(ray, degree)), progress)
         finally:
             if started:
                 ray.shutdown()
 
+    def _slots(self, ray: Any, degree: int) -> int:
+        """At most as many tasks at once as the cluster has CPUs for (more would only queue)."""
+        cpus = float(ray.cluster_resources().get("CPU", 1))
+        slots = max(1, int(cpus / max(self.config.num_cpus_per_task, 0.01)))
+        if degree > slots:
+            warn(f"degree={degree} capped to {slots}: the Ray cluster has {cpus:g} CPUs for tasks of "
+                 f"{self.config.num_cpus_per_task:g} CPU each")
+            return slots
+        return degree
+
     def _run(self, ray: Any, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
-        remote = ray.remote(_remote_run).options(
-            num_cpus=self.config.num_cpus_per_task, max_retries=self.config.max_retries, retry_exceptions=False
-        )
+        retries = retries_allowed(tasks[0].sink, self.config.max_retries) if tasks else 0
+        remote = ray.remote(_remote_run).options(num_cpus=self.config.num_cpus_per_task, max_retries=retries, retry_exceptions=False)
         # An actor is a worker process of its own (about a second of start-up CPU here): made only
         # when something shows progress, and polled without blocking the scheduling loop.
         watched = not isinstance(progress, NullProgress)
@@ -207,30 +224,44 @@ class RayRuntime:
         pending = list(reversed(tasks))
         running: dict[Any, Task] = {}
         results: list[TaskResult] = []
-        failed = False
-        while pending or running:
-            if cancel_requested() and not failed:
-                failed = True  # Ctrl-C: start nothing more, stop what runs (its transactions roll back)
-                for ref in running:
-                    ray.cancel(ref, force=True)
-            while pending and not failed and len(running) < degree:
-                task = pending.pop()
-                progress.started(task.partition.key)
-                ref = remote.remote(task, self.config.max_retries, self.config.prefetch_batches, collector)
-                running[ref] = task
-            done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)
+        stopping: str | None = None  # why nothing more starts: Ctrl-C, or a failed partition
+        deadline = None
+        try:
+            while running or (pending and stopping is None):
+                if stopping is None and cancel_requested():
+                    stopping = "cancelled (Ctrl-C or SIGTERM) before it finished"
+                    deadline = self._stop(ray, running)
+                while pending and stopping is None and len(running) < degree:
+                    task = pending.pop()
+                    progress.started(task.partition.key)
+                    running[remote.remote(task, self.config.max_retries, self.config.prefetch_batches, collector)] = task
+                done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)
+                if collector is not None:
+                    self._forward(ray, collector, progress)
+                for ref in done:
+                    result = self._result(ray, ref, running.pop(ref), stopping)
+                    results.append(result)
+                    progress.finished(result)
+                    if not result.ok and stopping is None:
+                        stopping = f"cancelled after partition {result.partition} failed"
+                        deadline = self._stop(ray, running)
+                if deadline is not None and running and time.monotonic() > deadline:
+                    for ref, task in running.items():  # killed, but Ray did not confirm in time
+                        results.append(not_run(task, f"{stopping} (its worker was killed)"))
+                    running.clear()
+        finally:
             if collector is not None:
-                self._forward(ray, collector, progress)
-            for ref in done:
-                task = running.pop(ref)
-                result = self._result(ray, ref, task)
-                results.append(result)
-                progress.finished(result)
-                if not result.ok and not failed:
-                    failed = True
-                    for other in running:  # cancel: the worker ends, its transaction rolls back
-                        ray.cancel(other, force=True)
+                with contextlib.suppress(Exception):
+                    ray.kill(collector)
+        results += [not_run(task, f"not started: {stopping}") for task in pending]
         return sorted(results, key=lambda r: r.index)
+
+    def _stop(self, ray: Any, running: dict[Any, Task]) -> float:
+        """Kill the running tasks' workers (their open transactions roll back); a deadline to hear back."""
+        for ref in running:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        return time.monotonic() + _STOP_SECONDS
 
     def _forward(self, ray: Any, collector: Any, progress: Progress) -> None:
         """Hand the collector's counts to ``progress`` if they are there (never waits for them)."""
@@ -242,15 +273,17 @@ class RayRuntime:
         for key, (rows, nbytes) in counts.items():
             progress.advanced(key, rows, nbytes)
 
-    def _result(self, ray: Any, ref: Any, task: Task) -> TaskResult:
+    def _result(self, ray: Any, ref: Any, task: Task, stopping: str | None) -> TaskResult:
         from ray.exceptions import RayError, TaskCancelledError
 
         key = task.partition.key
         try:
             return ray.get(ref)
         except TaskCancelledError:
-            return TaskResult(key, task.partition.index, error=TransferError(f"partition {key}: cancelled after another partition failed", partition=key))
+            return not_run(task, stopping or "cancelled")
         except RayError as exc:
+            if stopping is not None:  # its worker was killed because the run stops
+                return not_run(task, stopping)
             cause = getattr(exc, "cause", None)
             first = (str(cause or exc).strip().splitlines() or [type(exc).__name__])[0]
             err = TransferError(f"partition {key}: the Ray task failed after {self.config.max_retries} retries: {type(exc).__name__}: {first}",

@@ -15,23 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from conveyor.core import Partition, SinkPlan
+from conveyor.core import Partition, SinkPlan, cancel_requested
 from conveyor.errors import Cancelled, ConveyorError, TransferError
 
-_CANCEL = threading.Event()
-
-
-def request_cancel() -> None:
-    """Ask every running task in this process to stop at its next batch (and roll back)."""
-    _CANCEL.set()
-
-
-def cancel_requested() -> bool:
-    return _CANCEL.is_set()
-
-
-def reset_cancel() -> None:
-    _CANCEL.clear()
 
 
 class Progress(Protocol):
@@ -75,6 +61,10 @@ class TaskResult:
     attempts: int = 1
     error: ConveyorError | None = None
     traceback: str | None = None
+    #: stopped, or never started, because the run was cancelled or another partition failed
+    cancelled: bool = False
+    #: committed under this load id by an earlier attempt or run: nothing was written again
+    already_committed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -83,7 +73,7 @@ class TaskResult:
 
 def _reported(batches: Iterator[Any], key: str, progress: Progress) -> Iterator[Any]:
     for batch in batches:
-        if _CANCEL.is_set():
+        if cancel_requested():
             raise Cancelled(f"partition {key}: cancelled")
         progress.advanced(key, batch.num_rows, batch.nbytes)
         yield batch
@@ -161,6 +151,7 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
     ``prefetch`` > 0 reads that many batches ahead of the writer, in a thread.
     """
     key = task.partition.key
+    max_retries = retries_allowed(task.sink, max_retries)
     progress.started(key)
     attempt = 0
     while True:
@@ -175,7 +166,12 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
                 stats = task.sink.write(task.plan, task.partition, batches)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a TaskResult
             err = _as_conveyor_error(exc, key)
-            retriable = isinstance(err, TransferError) and err.retriable and not _CANCEL.is_set()
+            retriable = isinstance(err, TransferError) and err.retriable and not cancel_requested()
+            if isinstance(exc, Cancelled) or cancel_requested():
+                result = TaskResult(key, task.partition.index, seconds=time.perf_counter() - start, attempts=attempt,
+                                    error=err, cancelled=True)
+                progress.finished(result)
+                return result
             if retriable and attempt <= max_retries:
                 time.sleep(min(backoff * 2 ** (attempt - 1), 30.0))
                 continue
@@ -184,6 +180,27 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
                 error=err, traceback=traceback.format_exc(),
             )
         else:
-            result = TaskResult(key, task.partition.index, stats.rows, stats.bytes, stats.seconds, attempt)
+            result = TaskResult(key, task.partition.index, stats.rows, stats.bytes, stats.seconds, attempt,
+                                already_committed=stats.already_committed)
         progress.finished(result)
         return result
+
+
+def not_run(task: Task, why: str) -> TaskResult:
+    """The result of a partition stopped or never started (Ctrl-C, or another partition failed)."""
+    key = task.partition.key
+    return TaskResult(key, task.partition.index, error=TransferError(f"partition {key}: {why}", partition=key), cancelled=True)
+
+
+def first_failure(results: list[TaskResult]) -> TaskResult | None:
+    """The partition that made the run fail: a real failure before one cancelled because of it."""
+    failed = [r for r in results if not r.ok]
+    real = [r for r in failed if not r.cancelled]
+    return (real or failed or [None])[0]
+
+
+def retries_allowed(sink: Any, max_retries: int) -> int:
+    """``max_retries`` where a failed attempt leaves nothing behind, else 0 (a retry could duplicate)."""
+    from conveyor.core import sink_capabilities
+
+    return max_retries if sink_capabilities(sink).transactional else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from conveyor.core import (
     WholeSource,
 )
 from conveyor.errors import ConfigError, PlanningError
+from conveyor.log import warn
 
 
 @dataclass
@@ -61,6 +63,41 @@ class DataDrivenStrategyConfig(KeyedStrategyConfig):
     datadriven_query: str | None = None
 
 
+# A partition costs a task, connections and a transaction: derived counts keep each partition at
+# least this large, and no plan has more partitions than MAX_PARTITIONS.
+MIN_PARTITION_BYTES = 4 << 20
+MIN_PARTITION_ROWS = 20_000
+MAX_PARTITIONS = 10_000
+#: the size bound never goes below this many partitions (small tables still spread over workers)
+MIN_BOUND = 16
+#: datadriven keeps one partition per value up to this many values
+DATADRIVEN_ONE_EACH = 64
+
+
+def partition_count(configured: int, request: PlanRequest, factor: int, method: str) -> int:
+    """How many partitions: ``configured`` (capped at MAX_PARTITIONS), else degree x ``factor``
+    bounded by the source's size, so a huge degree does not make thousands of tiny partitions."""
+    if configured:
+        if configured > MAX_PARTITIONS:
+            warn(f"strategy={method}: partitions={configured} capped to {MAX_PARTITIONS}")
+        return min(configured, MAX_PARTITIONS)
+    wanted = max(1, request.degree * factor)
+    info = request.info
+    limits = [MAX_PARTITIONS]
+    if info.estimated_bytes:
+        limits.append(max(1, info.estimated_bytes // MIN_PARTITION_BYTES))
+    elif info.estimated_rows:
+        limits.append(max(1, info.estimated_rows // MIN_PARTITION_ROWS))
+    bound = max(MIN_BOUND, min(limits))
+    if wanted > bound:
+        if request.degree * factor > 4 * (os.cpu_count() or 1):  # worth a line only when the degree is far off
+            size = f"{info.estimated_bytes / 1e6:,.0f} MB" if info.estimated_bytes else f"{info.estimated_rows or 0:,} rows"
+            warn(f"strategy={method}: {bound} partitions instead of {wanted} (degree={request.degree}): {size} of data "
+                 f"make no more partitions of at least {MIN_PARTITION_BYTES >> 20} MB; set strategy.partitions to choose")
+        return bound
+    return wanted
+
+
 def _keys(request: PlanRequest, method: str) -> SupportsKeys:
     if not isinstance(request.source, SupportsKeys):
         raise PlanningError(f"strategy={method} needs a database source; {request.info.label} is not one", hint="use strategy=none or files")
@@ -75,8 +112,12 @@ def _key_column(config: KeyedStrategyConfig, method: str) -> str:
 
 
 def ranges_from_bounds(column: str, bounds: list[Any]) -> list[Partition]:
-    """Contiguous ranges split at ``bounds`` (inner boundaries), open at both ends."""
-    inner = sorted({b for b in bounds if b is not None})
+    """Contiguous ranges split at ``bounds`` (inner boundaries, ascending in the source's own
+    order, which for text is its collation: not re-sorted here), open at both ends."""
+    inner: list[Any] = []
+    for b in bounds:
+        if b is not None and (not inner or b != inner[-1]):
+            inner.append(b)
     edges: list[Any] = [None, *inner, None]
     n = len(edges) - 1
     return [KeyRange(index=i, count=n, column=column, lower=edges[i], upper=edges[i + 1], nulls=(i == 0)) for i in range(n)]
@@ -113,7 +154,8 @@ class _Base:
         return self._note
 
     def _count(self, request: PlanRequest, default_factor: int = 1) -> int:
-        return self.config.partitions or max(1, request.degree * default_factor)
+        """``partitions`` as configured, else degree x factor, bounded by the data's size."""
+        return partition_count(self.config.partitions, request, default_factor, self.method)
 
 
 class CtidStrategy(_Base):
@@ -189,29 +231,64 @@ class RandomStrategy(_Base):
 
 
 class DataDrivenStrategy(_Base):
-    """One partition per distinct key value, or per row of ``datadriven_query``."""
+    """Partitions by the key's distinct values (or the values ``datadriven_query`` lists).
+
+    Few values: one partition per value. Many: a bounded number of partitions (``partitions``,
+    else 4 x degree within the size bound), balanced by row count. Without a query, each holds a
+    contiguous run of the sorted values (a key range, so no value list grows with the data);
+    with one, the listed values are packed, largest first, into value sets.
+    """
 
     config_class = DataDrivenStrategyConfig
     method = "datadriven"
 
     def plan(self, request: PlanRequest) -> list[Partition]:
         source, column = _keys(request, self.method), _key_column(self.config, self.method)
+        n = self._count(request, 4)
+        # few values: one partition each (FastTransfer's meaning), unless partitions says otherwise
+        one_each = n if self.config.partitions else max(n, DATADRIVEN_ONE_EACH)
         if self.config.datadriven_query:
-            values = source.query_values(self.config.datadriven_query)
-            self._note = f"{len(values)} values of {column} from datadriven_query (rows with other values are not read)"
-        else:
-            values = source.key_values(column)
-            self._note = f"{len(values)} distinct values of {column}"
-        if not values:
-            return [ValueSet(index=0, count=1, column=column, values=())]
-        groups = _spread(values, self.config.partitions)
-        return [ValueSet(index=i, count=len(groups), column=column, values=tuple(g)) for i, g in enumerate(groups)]
+            listed = source.query_values(self.config.datadriven_query)
+            self._note = f"{len(listed)} values of {column} from datadriven_query (rows with other values are not read)"
+            groups = _pack([(v, 1) for v in dict.fromkeys(listed)], one_each)
+            parts = [ValueSet(index=i, count=len(groups), column=column, values=tuple(g)) for i, g in enumerate(groups)]
+            return parts or [ValueSet(index=0, count=1, column=column, values=())]
+        counted = source.key_values(column)
+        self._note = f"{len(counted)} distinct values of {column}"
+        if len(counted) <= one_each:
+            parts = [ValueSet(index=i, count=len(counted), column=column, values=(v,), estimated_rows=rows)
+                     for i, (v, rows) in enumerate(counted)]
+            return parts or [ValueSet(index=0, count=1, column=column, values=())]
+        parts = _runs(column, counted, n)
+        self._note += f" in {len(parts)} ranges balanced by rows"
+        return parts
 
 
-def _spread(values: list[Any], partitions: int) -> list[list[Any]]:
-    if not partitions or partitions >= len(values):
-        return [[v] for v in values]
-    return [values[i::partitions] for i in range(partitions)]
+def _pack(values: list[tuple[Any, int]], n: int) -> list[list[Any]]:
+    """Values into at most ``n`` groups of about equal rows (largest first, into the lightest group)."""
+    import heapq
+
+    if len(values) <= n:
+        return [[v] for v, _ in values]
+    heap = [(0, i, []) for i in range(n)]  # (rows, index, values)
+    for value, rows in sorted(values, key=lambda vr: -vr[1]):
+        total, i, group = heapq.heappop(heap)
+        group.append(value)
+        heapq.heappush(heap, (total + rows, i, group))
+    return [g for _, _, g in sorted(heap, key=lambda t: t[1]) if g]
+
+
+def _runs(column: str, counted: list[tuple[Any, int]], n: int) -> list[Partition]:
+    """Contiguous runs of the sorted values, about equal in rows, as key ranges open at both ends
+    (NULL keys in the first): every row in exactly one, whatever was written since."""
+    total = sum(rows for _, rows in counted)
+    bounds: list[Any] = []
+    running, target = 0, total / n
+    for value, rows in counted:
+        if value is not None and running >= target * (len(bounds) + 1) and len(bounds) < n - 1:
+            bounds.append(value)
+        running += rows
+    return ranges_from_bounds(column, bounds)
 
 
 class AutoStrategy(_Base):

@@ -140,7 +140,7 @@ def test_source_connection_killed_mid_partition(big, pg_target) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not killed:
             rows = pg_exec(big, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'conveyor' "
-                                "AND query ILIKE '%rel_big%' AND query NOT ILIKE '%count(*)%' AND pid <> pg_backend_pid()")
+                                "AND query ILIKE 'COPY%rel_big%' AND query NOT ILIKE '%count(*)%' AND pid <> pg_backend_pid()")
             killed.extend(1 for r in rows if r[0])
             time.sleep(0.01)
 
@@ -233,7 +233,8 @@ def test_resume_reruns_only_unfinished_partitions_and_refuses_a_changed_job(big,
     assert res.returncode == 0, res.stderr
     assert f"resume: {len(done)} of 30 partitions finished" in res.stderr
     second = json.loads((tmp_path / "second" / "report.json").read_text())
-    assert len(second["partitions"]) == 30 - len(done)
+    assert len([p for p in second["partitions"] if not p["committed_before"]]) == 30 - len(done)
+    assert sorted(p["partition"] for p in second["partitions"] if p["committed_before"]) == sorted(done)
     assert checksum(pg_target, "rel_resume") == checksum(big, "rel_big")
 
 

@@ -20,21 +20,6 @@ from tests.connectors.postgres.test_strategies import checksum
 from tests.runtime import faults
 
 
-@pytest.fixture(scope="module")
-def ray_instance(pg_servers):
-    """A real Ray instance for this module; started after the servers so workers see PGPASSWORD."""
-    import logging
-
-    import ray
-    from ray import cloudpickle
-
-    cloudpickle.register_pickle_by_value(faults)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024 * 1024,
-             logging_level=logging.WARNING, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def _spec(source: dict, sink: dict, strategy: dict, degree: int = 2, **runtime):
     return build_job(OmegaConf.create({
         "source": source, "sink": sink, "strategy": strategy,

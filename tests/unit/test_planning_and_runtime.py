@@ -128,7 +128,9 @@ def test_fatal_errors_are_not_retried_and_stop_new_tasks() -> None:
     runtime = LocalRuntime(LocalRuntimeConfig(max_retries=5), JobOptions())
     results = runtime.run(_tasks(RangeSource(fail_first={0}, retriable=False), CollectingSink("fatal"), 5), 1, NullProgress())
     assert results[0].attempts == 1 and not results[0].ok and "connection dropped" in str(results[0].error)
-    assert len(results) == 1  # degree 1: nothing else started after the failure
+    # degree 1: nothing else started after the failure; the other four are reported as not started
+    assert [r.cancelled for r in results] == [False, True, True, True, True]
+    assert all("not started: cancelled after partition whole-00000 failed" in str(r.error) for r in results[1:])
 
 
 def test_a_task_that_cannot_pickle_fails_first_here() -> None:

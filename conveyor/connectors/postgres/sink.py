@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches
-from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, row_hash_sql, translate
+from conveyor.connectors.postgres import commits
+from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, row_hash_sql, sqlstate, translate
 from conveyor.connectors.postgres.types import PgColumn, column_ddl, read_columns
-from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, WriteStats
-from conveyor.errors import ConveyorError, SchemaError, TransferError
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats, cancel_requested
+from conveyor.errors import Cancelled, ConveyorError, SchemaError, TransferError
+from conveyor.log import warn
 from conveyor.mapping import TargetColumn, map_columns
 
 COPY_PATHS = ("auto", "arrow", "passthrough")
@@ -51,6 +53,10 @@ class PostgresSinkConfig(PgConnConfig):
     writer: str = "auto"
     #: run ANALYZE on the target after the load
     analyze: bool = False
+    #: record each partition's commit in <schema>._conveyor_commits, in the partition's own
+    #: transaction: retries and resumes never load a partition twice. false: no marker table (then
+    #: a partition retried after a lost worker, or resumed after a killed driver, may load twice)
+    commit_markers: bool = True
 
     def __post_init__(self) -> None:
         if self.copy_path not in COPY_PATHS:
@@ -69,6 +75,7 @@ class _Target:
 
 class PostgresSink:
     config_class = PostgresSinkConfig
+    capabilities = SinkCapabilities(transactional=True)
 
     def __init__(self, config: PostgresSinkConfig, options: JobOptions) -> None:
         self.config = config
@@ -82,7 +89,7 @@ class PostgresSink:
         return ident(self.config.schema, table or self.config.table)
 
     def _stage(self) -> str:
-        return f"_conveyor_stage_{self.options.run_id}"
+        return commits.stage_name(self.options.run_id)
 
     def _target(self, con: Any) -> _Target:
         row = con.execute(
@@ -109,6 +116,9 @@ class PostgresSink:
         con = connect(self.config, autocommit=True)
         stage_created = False
         try:
+            commits.hold_guard(self.config, self.options.run_id)
+            for stale in commits.drop_stale(con, self.config.schema, self.name):
+                warn(f"removed a staging table left by a run that is gone: {stale.describe()}")
             target = self._target(con)
             if mode in ("append", "truncate") and not target.exists:
                 raise SchemaError(f"{where} does not exist on {self.config.where()}",
@@ -123,6 +133,7 @@ class PostgresSink:
                 ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}" for f in schema)
                 unlogged = "UNLOGGED " if self.config.unlogged else ""
                 con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} ({ddl})")
+                commits.label_stage(con, self.config.schema, self.options.run_id, self.name)
                 pairs = [(n, n) for n in schema.names]
                 write_table, stage_created = self._stage(), True
             else:
@@ -131,7 +142,10 @@ class PostgresSink:
                     like = "INCLUDING DEFAULTS" if mode == "truncate" else "INCLUDING ALL"
                     unlogged = "UNLOGGED " if mode == "truncate" or self.config.unlogged else ""
                     con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} (LIKE {self._qualified()} {like})")
+                    commits.label_stage(con, self.config.schema, self.options.run_id, self.name)
                     write_table, stage_created = self._stage(), True
+            if self.config.commit_markers:
+                commits.ensure_markers(con, self.config.schema)
             plan = self._plan(request, pairs, write_table, where, con)
             if mode == "append" and self.options.verify != "none":  # what was there, to compare what was added
                 n, h = con.execute(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified()}"
@@ -141,6 +155,7 @@ class PostgresSink:
             if stage_created:
                 with contextlib.suppress(Exception):
                     con.execute(f"DROP TABLE IF EXISTS {self._qualified(self._stage())}")
+            commits.release_guard(self.options.run_id)
             if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
                 raise
             raise translate(exc, self.config, f"preparing {where}") from None
@@ -168,7 +183,8 @@ class PostgresSink:
             native=native,
             path_reason=reason,
             details=(("casts", casts), ("target_types", tuple(c.type_sql for c in tcols)),
-                     ("writer", writer), ("pgpq_types", pgpq_types)),
+                     ("writer", writer), ("pgpq_types", pgpq_types), ("guard", self.options.run_id),
+                     ("markers", self.config.commit_markers), ("load_id", self.options.load)),
         )
 
     def _choose_writer(self, schema: Any, pairs: list[tuple[str, str]], casts: tuple[Any, ...],
@@ -296,15 +312,27 @@ class PostgresSink:
         reader = pa.RecordBatchReader.from_batches(out_schema, counted)
         conn = adbc_connect(self.config, part.key, self.options.run_id)
         cur = conn.cursor()
+
+        def fetch(sql: str) -> Any:
+            cur.execute(sql)
+            return cur.fetchone()
+
         try:
+            before = self._committed_before(plan, part, fetch)
+            if before is not None:
+                conn.rollback()
+                return WriteStats(part.key, before, 0, time.perf_counter() - start, already_committed=True)
             if all(c is not None for c in casts):
                 cur.adbc_ingest(plan.write_target, reader, mode="append", db_schema_name=self.config.schema)
             else:
                 temp = f"_conveyor_in_{part.index}"
                 cur.adbc_ingest(temp, reader, mode="create", temporary=True)
                 cur.execute(self._insert_from_temp(plan.columns, plan.detail("target_types"), plan.write_target, temp))
+            self._seal(plan, part, counted.rows, cur.execute, fetch)
             conn.commit()
         except BaseException as exc:
+            if _marker_conflict(exc):
+                return self._raced(conn, plan, part, start)
             # the source or a cast may have failed inside the driver, which only wrapped the error
             raise self._failed(conn, exc, part, counted.error) from None
         finally:
@@ -325,6 +353,10 @@ class PostgresSink:
         encoder = ArrowToPostgresBinaryEncoder(out_schema)
         con = connect(self.config)
         try:
+            before = self._committed_before(plan, part, lambda sql: con.execute(sql).fetchone())
+            if before is not None:
+                con.rollback()
+                return WriteStats(part.key, before, 0, time.perf_counter() - start, already_committed=True)
             cols = ", ".join(ident(c) for c in plan.columns)
             with con.cursor() as cur:
                 with cur.copy(f"COPY {self._qualified(plan.write_target)} ({cols}) FROM STDIN (FORMAT binary)") as cp:
@@ -332,8 +364,11 @@ class PostgresSink:
                     for batch in counted:
                         cp.write(encoder.write_batch(batch))
                     cp.write(encoder.finish())
+            self._seal(plan, part, counted.rows, con.execute, lambda sql: con.execute(sql).fetchone())
             con.commit()
         except BaseException as exc:
+            if _marker_conflict(exc):
+                return self._raced(con, plan, part, start)
             raise self._failed(con, exc, part, counted.error) from None
         finally:
             con.close()
@@ -342,6 +377,16 @@ class PostgresSink:
     def write_native(self, plan: SinkPlan, source: Any, part: Partition) -> WriteStats:
         """Relay the source's binary COPY stream: psql reads it, this process forwards 1 MiB chunks."""
         start = time.perf_counter()
+        con = connect(self.config)
+        try:
+            before = self._committed_before(plan, part, lambda sql: con.execute(sql).fetchone())
+        except BaseException as exc:
+            con.close()
+            raise self._failed(con, exc, part) from None
+        if before is not None:
+            con.rollback()
+            con.close()
+            return WriteStats(part.key, before, 0, time.perf_counter() - start, already_committed=True)
         src_cols = ", ".join(ident(c) for c in plan.source_columns)
         copy_out = f"COPY ({source.select_sql(part, src_cols)}) TO STDOUT (FORMAT binary)"
         args = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1"]
@@ -349,7 +394,6 @@ class PostgresSink:
             args += ["-c", stmt]
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 env=source.config.subprocess_env())
-        con = connect(self.config)
         nbytes, tail = 0, b""
         try:
             cols = ", ".join(ident(c) for c in plan.columns)
@@ -357,6 +401,8 @@ class PostgresSink:
                 with cur.copy(f"COPY {self._qualified(plan.write_target)} ({cols}) FROM STDIN (FORMAT binary)") as cp:
                     assert proc.stdout is not None
                     while chunk := proc.stdout.read(_CHUNK):
+                        if cancel_requested():
+                            raise Cancelled(f"partition {part.key}: cancelled")
                         cp.write(chunk)
                         nbytes += len(chunk)
                         tail = (tail + chunk)[-2:]
@@ -366,15 +412,72 @@ class PostgresSink:
                         raise TransferError(f"postgres source {source.config.where()}: reading {part.key}: {msg}",
                                             partition=part.key, retriable="connection" in msg or "terminat" in msg)
                 rows = cur.rowcount
+            self._seal(plan, part, rows, con.execute, lambda sql: con.execute(sql).fetchone())
             con.commit()
         except BaseException as exc:
             if proc.poll() is None:
                 proc.kill()
+            if _marker_conflict(exc):
+                return self._raced(con, plan, part, start)
             raise self._failed(con, exc, part) from None
         finally:
             con.close()
             proc.wait()
         return WriteStats(part.key, rows, nbytes, time.perf_counter() - start)
+
+    def leftovers(self, remove: bool) -> list[str]:
+        """Conveyor's staging tables in the target's schema; with ``remove``, drop those whose run is gone."""
+        con = connect(self.config, autocommit=True)
+        try:
+            found = commits.stages(con, self.config.schema)
+            if remove:
+                dropped = {s.name for s in commits.drop_stale(con, self.config.schema)}
+                return [("dropped " if s.name in dropped else "kept (in use) ") + s.describe() for s in found]
+            return [s.describe() for s in found]
+        except Exception as exc:
+            raise translate(exc, self.config, "listing staging tables") from None
+        finally:
+            con.close()
+
+    # --- exactly once -------------------------------------------------------------------------------
+
+    def _committed_before(self, plan: SinkPlan, part: Partition, fetch: Any) -> int | None:
+        """Rows of this partition committed under the plan's load id by an earlier attempt or run."""
+        if not plan.detail("markers"):
+            return None
+        row = fetch(commits.marker_rows_sql(self.config.schema, plan.detail("load_id"), self.name, part.key))
+        return None if row is None else int(row[0])
+
+    def _seal(self, plan: SinkPlan, part: Partition, rows: int, execute: Any, fetch: Any) -> None:
+        """Just before commit: the driver must still hold the run, and the marker joins the transaction."""
+        guard = plan.detail("guard")
+        if guard and not fetch(commits.driver_alive_sql(guard))[0]:
+            # retriable: a target that restarted drops the driver's lock for a moment (it takes it again);
+            # a driver that is really gone stays gone, and every retry rolls back the same way
+            raise TransferError(f"partition {part.key}: the run's driver is gone: rolled back instead of committing",
+                                partition=part.key, retriable=True,
+                                hint="resume the run: committed partitions are not loaded again")
+        if plan.detail("markers"):
+            execute(commits.marker_insert_sql(self.config.schema, plan.detail("load_id"), self.name, part.key, rows))
+
+    def _raced(self, conn: Any, plan: SinkPlan, part: Partition, start: float) -> WriteStats:
+        """Another attempt committed this partition first: this one rolls back and reports that one's rows."""
+        with contextlib.suppress(Exception):
+            conn.rollback()
+        return WriteStats(part.key, (self.committed(plan) or {}).get(part.key, 0), 0, time.perf_counter() - start,
+                          already_committed=True)
+
+    def committed(self, plan: SinkPlan) -> dict[str, int] | None:
+        """{partition: rows} committed into this target under the plan's load id (None: no markers kept)."""
+        if not plan.detail("markers"):
+            return None
+        con = connect(self.config, autocommit=True)
+        try:
+            return commits.committed(con, self.config.schema, plan.detail("load_id"), self.name)
+        except Exception as exc:
+            raise translate(exc, self.config, "reading commit markers") from None
+        finally:
+            con.close()
 
     def _failed(self, conn: Any, exc: BaseException, part: Partition, cause: BaseException | None = None) -> BaseException:
         """Roll the partition's transaction back; the error to raise (the original where one is known)."""
@@ -422,6 +525,8 @@ class PostgresSink:
                         con.execute(f"DROP TABLE IF EXISTS {self._qualified()}")
                     con.execute(f"ALTER TABLE {stage} RENAME TO {ident(self.config.table)}")
                     self._rename_stage_indexes(con, plan.write_target)
+                if plan.detail("markers"):  # a staged load is visible whole: its markers served their purpose
+                    commits.forget(con, self.config.schema, plan.detail("load_id"), self.name)
             con.commit()
             if self.config.analyze:
                 con.execute(f"ANALYZE {self._qualified()}")
@@ -432,6 +537,7 @@ class PostgresSink:
             raise translate(exc, self.config, f"finalizing {self.name}") from None
         finally:
             con.close()
+            commits.release_guard(self.options.run_id)
 
     def _rename_stage_indexes(self, con: Any, stage: str) -> None:
         """Indexes made by LIKE ... INCLUDING ALL carry the staging table's name: give them the target's."""
@@ -445,13 +551,23 @@ class PostgresSink:
             con.execute(f"ALTER INDEX {ident(self.config.schema, name)} RENAME TO {ident(new)}")
 
     def abort(self, plan: SinkPlan) -> None:
-        if plan.write_target == self.config.table:
-            return
-        con = connect(self.config, autocommit=True)
         try:
-            con.execute(f"DROP TABLE IF EXISTS {self._qualified(plan.write_target)}")
+            if plan.write_target == self.config.table:
+                return
+            con = connect(self.config, autocommit=True)
+            try:
+                con.execute(f"DROP TABLE IF EXISTS {self._qualified(plan.write_target)}")
+                if plan.detail("markers"):
+                    commits.forget(con, self.config.schema, plan.detail("load_id"), self.name)
+            finally:
+                con.close()
         finally:
-            con.close()
+            commits.release_guard(self.options.run_id)
+
+
+def _marker_conflict(exc: BaseException) -> bool:
+    """Two attempts at one partition: the second's marker collides with the first's committed one."""
+    return sqlstate(exc) == "23505" and commits.MARKERS in str(exc)
 
 
 # --- Arrow casting, column by column -------------------------------------------------------------

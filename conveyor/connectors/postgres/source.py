@@ -85,10 +85,12 @@ class PostgresSource:
     def describe(self) -> SourceInfo:
         con = connect(self.config, autocommit=True)
         try:
-            estimate = None
+            estimate, size = None, None
             if self.config.table:
-                kind, _, _, reltuples = self._relation_info(con)
+                kind, _, oid, reltuples = self._relation_info(con)
                 estimate = int(reltuples) if reltuples and reltuples > 0 else None
+                size = con.execute("SELECT coalesce((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree(%s::oid) WHERE isleaf), "
+                                   "pg_table_size(%s::oid))::bigint", [oid, oid]).fetchone()[0]
                 label = f"postgres {_KIND_NAMES.get(kind, 'relation')} {self.relation}"
             else:
                 label = "postgres query"
@@ -100,7 +102,7 @@ class PostgresSource:
             con.close()
         schema = self._arrow_schema()
         details = (("postgres_columns", self.columns), ("postgres_where", self.config.where()))
-        return SourceInfo(schema=schema, label=label, estimated_rows=estimate, details=details)
+        return SourceInfo(schema=schema, label=label, estimated_rows=estimate, estimated_bytes=size, details=details)
 
     def _arrow_schema(self) -> Any:
         """The Arrow schema of the batches ``read`` yields (ADBC's, with numerics as decimals)."""
@@ -180,13 +182,18 @@ class PostgresSource:
                           hint=f"columns are: {', '.join(c.name for c in self.columns)}")
 
     def _query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Rows of a planning query, read in the job's snapshot when one is held (so a plan sees
+        exactly the rows the partitions and the verification see)."""
         con = connect(self.config, autocommit=True)
         try:
+            if self.snapshot_id:
+                for stmt in self.begin_snapshot_sql():
+                    con.execute(stmt)
             return con.execute(sql, params).fetchall()
         except Exception as exc:
             raise translate(exc, self.config, "planning") from None
         finally:
-            con.close()
+            con.close()  # ends the snapshot's read-only transaction
 
     def key_stats(self, column: str) -> KeyStats:
         col = self._column(column)
@@ -226,7 +233,7 @@ class PostgresSource:
     def key_values(self, column: str) -> list[Any]:
         self._column(column)
         q = ident(column)
-        return [r[0] for r in self._query(f"SELECT DISTINCT {q} FROM {self._from()} ORDER BY 1 NULLS FIRST")]
+        return [(r[0], int(r[1])) for r in self._query(f"SELECT {q}, count(*) FROM {self._from()} GROUP BY 1 ORDER BY 1 NULLS FIRST")]
 
     def query_values(self, query: str) -> list[Any]:
         return [r[0] for r in self._query(query)]
@@ -248,7 +255,7 @@ class PostgresSource:
 
     def _snapshot_query(self, sql: str) -> tuple[Any, ...]:
         """One row, read in the job's snapshot (so counts agree with what the tasks read)."""
-        con = connect(self.config)
+        con = connect(self.config, autocommit=True)
         try:
             for stmt in self.begin_snapshot_sql():
                 con.execute(stmt)
@@ -256,9 +263,7 @@ class PostgresSource:
         except Exception as exc:
             raise translate(exc, self.config, "verifying") from None
         finally:
-            with contextlib.suppress(Exception):
-                con.rollback()
-            con.close()
+            con.close()  # ends the snapshot's read-only transaction
 
     def _conds(self, parts: list[Partition]) -> list[str]:
         return [self.where(p).removeprefix(" WHERE ") or "true" for p in parts]

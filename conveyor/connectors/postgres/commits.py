@@ -1,0 +1,203 @@
+"""Exactly once on PostgreSQL: commit markers, the driver's guard lock, and staging tables.
+
+**Commit markers.** Every partition's transaction also inserts a row (load id, target,
+partition, rows) into ``<schema>._conveyor_commits``. The marker commits with the rows or not at
+all, so the target itself says which partitions are in it, whatever died when: a write whose
+marker exists writes nothing, two attempts racing for one partition collide on the marker's
+primary key (the second rolls back), and ``resume`` asks the target, not a manifest that a killed
+driver could not update.
+
+**The guard.** The driver holds a session advisory lock named after its run id on the target
+server for the whole run (:func:`hold_guard`). A task checks, just before it commits, that the
+lock is still held: a task whose driver died (SIGKILL, OOM, lost machine) rolls back instead of
+committing behind a driver that can no longer account for it.
+
+**Staging tables** are named ``_conveyor_stage_<run id>`` and carry a comment with the run id,
+target and start time. One whose run's guard lock is free belongs to a run that is gone: the next
+run into the same target drops it and says so, and ``conveyor clean`` lists or drops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.connectors.postgres.common import PgConnConfig, connect, ident
+
+MARKERS = "_conveyor_commits"
+STAGE_PREFIX = "_conveyor_stage_"
+
+_GUARDS: dict[str, Any] = {}
+_GUARDS_LOCK = threading.Lock()
+
+
+def guard_key_sql(run_id_sql: str) -> str:
+    """The advisory lock key (bigint) of a run, from an SQL expression giving its run id."""
+    return f"hashtextextended('conveyor:' || {run_id_sql}, 0)"
+
+
+class _Guard:
+    """The run's advisory lock on a connection of its own, taken again if the connection is lost
+    (a target server restarted mid-run): checked every second by a daemon thread."""
+
+    def __init__(self, conf: PgConnConfig, run_id: str) -> None:
+        self.conf, self.run_id = conf, run_id
+        self.con = self._lock()
+        self.stop = threading.Event()
+        threading.Thread(target=self._watch, name="conveyor-guard", daemon=True).start()
+
+    def _lock(self) -> Any:
+        con = connect(self.conf, autocommit=True)
+        con.execute(f"SELECT pg_advisory_lock({guard_key_sql('%s')})", [self.run_id])
+        return con
+
+    def _watch(self) -> None:
+        while not self.stop.wait(1.0):
+            try:
+                self.con.execute("SELECT 1")
+            except Exception:  # noqa: BLE001 - lost: take the lock again as soon as the server answers
+                with contextlib.suppress(Exception):
+                    self.con.close()
+                with contextlib.suppress(Exception):
+                    if not self.stop.is_set():
+                        self.con = self._lock()
+
+    def close(self) -> None:
+        self.stop.set()
+        with contextlib.suppress(Exception):
+            self.con.close()
+
+
+def hold_guard(conf: PgConnConfig, run_id: str) -> None:
+    """Take the run's advisory lock on a connection kept (and kept locked) until :func:`release_guard`."""
+    with _GUARDS_LOCK:
+        if run_id not in _GUARDS:
+            _GUARDS[run_id] = _Guard(conf, run_id)
+
+
+def release_guard(run_id: str) -> None:
+    with _GUARDS_LOCK:
+        guard = _GUARDS.pop(run_id, None)
+    if guard is not None:
+        guard.close()
+
+
+def driver_alive_sql(run_id: str) -> str:
+    """True while the run's driver holds its guard (a shared try-lock fails against its exclusive one)."""
+    from conveyor.connectors.postgres.common import literal
+
+    return f"SELECT NOT pg_try_advisory_xact_lock_shared({guard_key_sql(literal(run_id))})"
+
+
+def ensure_markers(con: Any, schema: str) -> None:
+    con.execute(
+        f"CREATE TABLE IF NOT EXISTS {ident(schema, MARKERS)} (load_id text NOT NULL, target text NOT NULL, "
+        "partition text NOT NULL, rows bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), "
+        "PRIMARY KEY (load_id, target, partition))"
+    )
+
+
+def marker_insert_sql(schema: str, load_id: str, target: str, partition: str, rows: int) -> str:
+    from conveyor.connectors.postgres.common import literal
+
+    return (f"INSERT INTO {ident(schema, MARKERS)} (load_id, target, partition, rows) VALUES "
+            f"({literal(load_id)}, {literal(target)}, {literal(partition)}, {int(rows)})")
+
+
+def marker_rows_sql(schema: str, load_id: str, target: str, partition: str) -> str:
+    from conveyor.connectors.postgres.common import literal
+
+    return (f"SELECT rows FROM {ident(schema, MARKERS)} WHERE load_id = {literal(load_id)} "
+            f"AND target = {literal(target)} AND partition = {literal(partition)}")
+
+
+def committed(con: Any, schema: str, load_id: str, target: str) -> dict[str, int]:
+    exists = con.execute("SELECT to_regclass(%s)", [ident(schema, MARKERS)]).fetchone()[0]
+    if exists is None:
+        return {}
+    rows = con.execute(f"SELECT partition, rows FROM {ident(schema, MARKERS)} WHERE load_id = %s AND target = %s",
+                       [load_id, target]).fetchall()
+    return {p: int(n) for p, n in rows}
+
+
+def forget(con: Any, schema: str, load_id: str, target: str) -> None:
+    """Drop a load's markers (a staged load made visible, or dropped, no longer needs them)."""
+    if con.execute("SELECT to_regclass(%s)", [ident(schema, MARKERS)]).fetchone()[0] is not None:
+        con.execute(f"DELETE FROM {ident(schema, MARKERS)} WHERE load_id = %s AND target = %s", [load_id, target])
+
+
+# --- staging tables -----------------------------------------------------------------------------
+
+
+def stage_name(run_id: str) -> str:
+    return f"{STAGE_PREFIX}{run_id}"
+
+
+def label_stage(con: Any, schema: str, run_id: str, target: str) -> None:
+    note = json.dumps({"conveyor": "staging table", "run_id": run_id, "target": target,
+                       "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+    con.execute(f"COMMENT ON TABLE {ident(schema, stage_name(run_id))} IS {_lit(note)}")
+
+
+def _lit(text: str) -> str:
+    from conveyor.connectors.postgres.common import literal
+
+    return literal(text)
+
+
+@dataclass(frozen=True)
+class Stage:
+    schema: str
+    name: str
+    run_id: str
+    target: str
+    started: str
+    bytes: int
+    active: bool
+
+    def describe(self) -> str:
+        state = "in use by a running job" if self.active else "stale (its run is gone)"
+        return (f"{self.schema}.{self.name}: run {self.run_id}, target {self.target or '?'}, started {self.started or '?'}, "
+                f"{self.bytes / 1e6:,.1f} MB, {state}")
+
+
+def stages(con: Any, schema: str | None = None) -> list[Stage]:
+    """Conveyor's staging tables (in one schema, or all), each with whether its run still holds its guard."""
+    rows = con.execute(
+        "SELECT n.nspname, c.relname, obj_description(c.oid, 'pg_class'), pg_total_relation_size(c.oid) "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relkind IN ('r', 'p') AND c.relname LIKE %s AND (%s::text IS NULL OR n.nspname = %s) ORDER BY 1, 2",
+        [STAGE_PREFIX.replace("_", "\\_") + "%", schema, schema],
+    ).fetchall()
+    out = []
+    for nsp, name, comment, size in rows:
+        run_id = name[len(STAGE_PREFIX):]
+        try:
+            note = json.loads(comment) if comment else {}
+        except ValueError:
+            note = {}
+        out.append(Stage(nsp, name, run_id, note.get("target", ""), note.get("started", ""), int(size or 0), _active(con, run_id)))
+    return out
+
+
+def _active(con: Any, run_id: str) -> bool:
+    """Whether a run still holds its guard (a try-lock that succeeds is released at once)."""
+    got = con.execute(f"SELECT pg_try_advisory_lock({guard_key_sql('%s')})", [run_id]).fetchone()[0]
+    if got:
+        con.execute(f"SELECT pg_advisory_unlock({guard_key_sql('%s')})", [run_id])
+    return not got
+
+
+def drop_stale(con: Any, schema: str, target: str | None = None) -> list[Stage]:
+    """Drop the stale staging tables (of one target, or all in the schema); returns what was dropped."""
+    dropped = []
+    for stage in stages(con, schema):
+        if stage.active or (target is not None and stage.target != target):
+            continue
+        con.execute(f"DROP TABLE IF EXISTS {ident(stage.schema, stage.name)}")
+        dropped.append(stage)
+    return dropped
