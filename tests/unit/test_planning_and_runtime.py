@@ -138,3 +138,86 @@ def test_a_task_that_cannot_pickle_fails_first_here() -> None:
     source.lock = threading.Lock()  # type: ignore[attr-defined]
     with pytest.raises(TransferError, match="does not pickle"):
         LocalRuntime(LocalRuntimeConfig(), JobOptions()).run(_tasks(source, CollectingSink("p"), 1), 1, NullProgress())
+
+
+class StreamSink(CollectingSink):
+    """A sink that declares it is not transactional (like Flight's do_put): a test double, since
+    the rule under test is the runtime's, not a connector's."""
+
+    from conveyor.core import SinkCapabilities
+
+    capabilities = SinkCapabilities(transactional=False)
+
+
+def test_a_sink_that_is_not_transactional_is_never_retried() -> None:
+    runtime = LocalRuntime(LocalRuntimeConfig(max_retries=5), JobOptions())
+    results = runtime.run(_tasks(RangeSource(fail_first={0}, retriable=True), StreamSink("stream"), 1), 1, NullProgress())
+    assert results[0].attempts == 1 and not results[0].ok and "connection dropped" in str(results[0].error)
+    # the transactional sink's retry of the same failure succeeds on its second attempt
+    results = runtime.run(_tasks(RangeSource(fail_first={0}, retriable=True), CollectingSink("txn"), 1), 1, NullProgress())
+    assert results[0].attempts == 2 and results[0].ok
+
+
+def test_the_partition_that_failed_is_named_not_one_cancelled_after_it() -> None:
+    from conveyor.runtime.task import TaskResult, first_failure
+
+    cancelled = TaskResult("a", 0, error=TransferError("partition a: cancelled after partition b failed"), cancelled=True)
+    failed = TaskResult("b", 1, error=TransferError("partition b: value too long"))
+    assert first_failure([cancelled, failed]) is failed
+    assert first_failure([TaskResult("c", 2)]) is None
+
+
+def test_the_manifest_is_a_journal_not_a_rewrite_per_partition(tmp_path) -> None:
+    """10,000 partitions: manifest.json is written when the run starts and ends; each finished
+    partition is one appended line; a run killed before its end is resumed from the journal."""
+    import json
+
+    from conveyor.core import ValueSet
+    from conveyor.pipelines.manifest import JOURNAL, Manifest, load_for_resume
+    from conveyor.runtime.task import TaskResult
+
+    config = {"source": {"type": "postgres", "table": "t", "password": "s3cr3t-pw"}, "sink": {"type": "postgres", "table": "u"},
+              "load_mode": "append", "map_method": "name"}
+    parts = [ValueSet(index=i, count=10000, column="k", values=(i,)) for i in range(10000)]
+    manifest = Manifest(tmp_path / "manifest.json", config, NullProgress())
+    manifest.start("run1", "run1", parts, None, {})
+    written = (tmp_path / "manifest.json").stat().st_mtime_ns
+    for p in parts[:6000]:
+        manifest.finished(TaskResult(p.key, p.index, rows=1))
+    assert (tmp_path / "manifest.json").stat().st_mtime_ns == written  # not rewritten per partition
+    assert len((tmp_path / JOURNAL).read_text().splitlines()) == 6000
+    assert "s3cr3t-pw" not in (tmp_path / "manifest.json").read_text()
+    previous = load_for_resume(str(tmp_path), config)  # killed before the end: the journal answers
+    assert len(previous.done) == 6000 and len(previous.partitions) == 10000 and previous.load_id == "run1"
+    manifest.close()
+    final = json.loads((tmp_path / "manifest.json").read_text())
+    assert sum(e["status"] == "done" for e in final["partitions"].values()) == 6000
+
+
+def test_datadriven_packs_many_values_into_balanced_ranges() -> None:
+    from conveyor.core import KeyRange
+    from conveyor.strategies.keyed import DataDrivenStrategy, DataDrivenStrategyConfig
+
+    class Keys:
+        def key_stats(self, column):  # type: ignore[no-untyped-def]
+            raise AssertionError("not needed")
+
+        def key_quantiles(self, column, buckets, exact):  # type: ignore[no-untyped-def]
+            raise AssertionError("not needed")
+
+        def key_values(self, column):  # type: ignore[no-untyped-def]
+            return [(None, 7)] + [(v, 1 + v % 3) for v in range(10000)]
+
+        def query_values(self, query):  # type: ignore[no-untyped-def]
+            return list(range(200))
+
+    request = PlanRequest(source=Keys(), info=SourceInfo(SCHEMA, "keys", estimated_rows=20007), degree=2)
+    parts = DataDrivenStrategy(DataDrivenStrategyConfig(distribute_key="k"), JobOptions()).plan(request)
+    assert len(parts) == 8 and all(isinstance(p, KeyRange) for p in parts)
+    assert parts[0].lower is None and parts[0].nulls and parts[-1].upper is None
+    assert all(a.upper == b.lower for a, b in zip(parts, parts[1:]))  # contiguous: every value in exactly one
+    rows = [sum(1 + v % 3 for v in range(10000) if (p.lower is None or v >= p.lower) and (p.upper is None or v < p.upper))
+            for p in parts]
+    assert max(rows) - min(rows) <= 10
+    listed = DataDrivenStrategy(DataDrivenStrategyConfig(distribute_key="k", datadriven_query="q"), JobOptions()).plan(request)
+    assert len(listed) == 64 and sorted(v for p in listed for v in p.values) == list(range(200))
