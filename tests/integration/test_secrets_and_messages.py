@@ -86,3 +86,16 @@ def test_hydra_composition_errors_are_one_line_and_a_hint(cli) -> None:
     res = cli("run", "source.pathh=1")
     assert res.code == 2 and res.error_lines == ["error: Could not override 'source.pathh'."]
     assert "check the key's spelling" in res.err
+
+
+def test_replace_of_a_table_with_a_63_byte_name_keeps_its_primary_key(pg_source, pg_target) -> None:
+    from tests.helpers import job
+
+    name = "t" * 63
+    pg_exec(pg_source, "DROP TABLE IF EXISTS long_src", "CREATE TABLE long_src AS SELECT g AS id FROM generate_series(1, 10) g")
+    pg_exec(pg_target, f'DROP TABLE IF EXISTS "{name}"', f'CREATE TABLE "{name}" (id int PRIMARY KEY)', f'INSERT INTO "{name}" VALUES (-1)')
+    job({"type": "postgres", "port": pg_source.port, "table": "long_src"}, {"type": "postgres", "port": pg_target.port, "table": name},
+        load_mode="replace")
+    assert pg_exec(pg_target, f'SELECT count(*), min(id) FROM "{name}"') == [(10, 1)]
+    indexes = pg_exec(pg_target, f"SELECT indexname FROM pg_indexes WHERE tablename = '{name}'")
+    assert indexes == [("t" * 58 + "_pkey",)]

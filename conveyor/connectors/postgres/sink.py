@@ -547,7 +547,7 @@ class PostgresSink:
             [self._qualified(), stage.replace("_", "\\_") + "%"],
         ).fetchall()
         for (name,) in rows:
-            new = (self.config.table + name[len(stage):])[:63]
+            new = _index_name(self.config.table, name[len(stage):])
             con.execute(f"ALTER INDEX {ident(self.config.schema, name)} RENAME TO {ident(new)}")
 
     def abort(self, plan: SinkPlan) -> None:
@@ -563,6 +563,15 @@ class PostgresSink:
                 con.close()
         finally:
             commits.release_guard(self.options.run_id)
+
+
+def _index_name(table: str, suffix: str) -> str:
+    """An index name for ``table`` + ``suffix`` within PostgreSQL's 63 bytes: the table part is
+    shortened, as PostgreSQL itself does, so the suffix (``_pkey``) stays and the name never
+    equals the table's own (a 63-byte table name once made ``(table + "_pkey")[:63]`` collide)."""
+    room = 63 - len(suffix.encode())
+    head = table.encode()[:room].decode(errors="ignore")
+    return head + suffix
 
 
 def _marker_conflict(exc: BaseException) -> bool:
