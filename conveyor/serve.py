@@ -103,8 +103,7 @@ def make_server(source: Any, partitions: list[Any], schema: Any, args: ServeArgs
 
 def serve(args: ServeArgs, echo: Any = print) -> int:
     from conveyor.config import build_job
-    from conveyor.core import PlanRequest
-    from conveyor.pipelines.job import source_session
+    from conveyor.pipelines.job import opened
     from conveyor.submit import compose
 
     token = None
@@ -113,9 +112,8 @@ def serve(args: ServeArgs, echo: Any = print) -> int:
         if not token:
             raise ConfigError(f"--token-env: the environment variable {args.token_env} is not set or empty")
     spec = build_job(compose(args.overrides), kinds=("source", "strategy"))
-    info = spec.source.describe()
-    partitions = spec.strategy.plan(PlanRequest(source=spec.source, info=info, degree=spec.options.degree))
-    with source_session(spec.source) as source:
+    with opened(spec) as (plan, source):  # planned inside the snapshot every endpoint reads
+        info, partitions = plan.info, plan.partitions
         server = make_server(source, partitions, info.schema, args, token)
         echo(f"serving {info.label} at grpc://{args.host}:{server.port} as flight [{args.name!r}]: "
              f"{len(partitions)} endpoint(s){', token required' if token else ''}", flush=True)
