@@ -316,6 +316,8 @@ class _FileSink:
                 raise SchemaError(f"{where} already holds {len(existing)} {self.extension} file(s)", hint="use load_mode=replace or append")
             write_to = root if mode == "append" else posixpath.join(root, f"_conveyor_staging_{self.options.run_id}")
             fs.makedirs(write_to, exist_ok=True)
+        except ConveyorError:
+            raise
         except Exception as exc:
             raise fs_util.translate(exc, where) from None
         return SinkPlan(
@@ -324,8 +326,26 @@ class _FileSink:
         )
 
     def _name(self, part: Partition) -> str:
-        run = f"-{self.options.run_id}" if self.options.load_mode == "append" else ""
-        return f"{self.config.prefix}{run}-{part.index:05d}{self.extension}"
+        """A partition's file name. Appended files carry the load id (the first run's id, kept by
+        ``resume``): a partition written again, by a resume or by the task of a driver that was killed,
+        replaces its own file instead of adding a second copy of its rows."""
+        return self._stem(part.index) + self.extension
+
+    def _written(self, plan: SinkPlan, paths: list[str]) -> list[str]:
+        """The files, among ``paths``, of the partitions this run writes (appended files only: a
+        replaced folder holds nothing else)."""
+        if self.options.load_mode != "append":
+            return paths
+        indexes = plan.detail("to_write")
+        if indexes is None:
+            return [p for p in paths if posixpath.basename(p).startswith(f"{self.config.prefix}-{self.options.load}-")]
+        # 'stem.ext', or 'stem-<i>.ext' in hive folders
+        stems = tuple(self._stem(i) + end for i in indexes for end in (self.extension, "-"))
+        return [p for p in paths if posixpath.basename(p).startswith(stems)]
+
+    def _stem(self, index: int) -> str:
+        load = f"-{self.options.load}" if self.options.load_mode == "append" else ""
+        return f"{self.config.prefix}{load}-{index:05d}"
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
         import time
@@ -337,8 +357,14 @@ class _FileSink:
         try:
             if self.config.partition_by:
                 rows, nbytes = self._write_hive(fs, tmp, batches, plan.schema, part)
+                if self.options.load_id:  # resumed: this partition's files from before are replaced, not added to
+                    for old in fs.glob(posixpath.join(plan.write_target, "**", f"{self._stem(part.index)}-*{self.extension}")):
+                        if "/_conveyor_" not in old:  # not the ones just written
+                            fs.rm(old)
                 for path in fs.find(tmp):
-                    fs.mv(path, posixpath.join(plan.write_target, path[len(tmp) + 1:]))
+                    dest = posixpath.join(plan.write_target, path[len(tmp) + 1:])
+                    fs.makedirs(posixpath.dirname(dest), exist_ok=True)  # a local folder must exist (object stores have none)
+                    fs.mv(path, dest)
             else:
                 rows, nbytes = self._write_file(fs, tmp, batches, plan.schema)
                 fs.mv(tmp, posixpath.join(plan.write_target, self._name(part)))
@@ -361,7 +387,7 @@ class _FileSink:
         counted = CountingBatches(batches)
         plain = without_views(schema)  # the dataset writer has no string_view kernels
         keys = pa.schema([plain.field(c) for c in self.config.partition_by])
-        stem = self._name(part)[: -len(self.extension)]
+        stem = self._stem(part.index)
         ds.write_dataset(
             pa.RecordBatchReader.from_batches(plain, cast_batches(counted, plain)), folder, filesystem=fs,
             format=self._dataset_format(), file_options=self._dataset_options(),
@@ -405,7 +431,9 @@ class _FileSink:
             for old in self._existing(fs, root):
                 fs.rm(old)
             for new in fs.find(plan.write_target):
-                fs.mv(new, posixpath.join(root, new[len(plan.write_target) + 1:]))
+                dest = posixpath.join(root, new[len(plan.write_target) + 1:])
+                fs.makedirs(posixpath.dirname(dest), exist_ok=True)
+                fs.mv(new, dest)
             if fs.exists(plan.write_target):  # object stores have no folders left to remove
                 fs.rm(plan.write_target, recursive=True)
         except Exception as exc:
@@ -451,13 +479,13 @@ class ParquetSink(_FileSink):
         return ds.ParquetFileFormat()
 
     def count_rows(self, plan: SinkPlan) -> int:
-        """Rows in the files this run wrote (their footers)."""
+        """Rows in the files this load wrote (their footers)."""
+        fs, _ = self._fs()
+        return self._rows_in(fs, self._written(plan, self._existing(fs, plan.write_target)))
+
+    def _rows_in(self, fs: Any, paths: list[str]) -> int:
         import pyarrow.parquet as pq
 
-        fs, _ = self._fs()
-        paths = self._existing(fs, plan.write_target)
-        if self.options.load_mode == "append":  # only the files this run added
-            paths = [p for p in paths if f"-{self.options.run_id}-" in posixpath.basename(p)]
         total = 0
         for path in paths:
             with fs.open(path, "rb") as f:

@@ -9,6 +9,7 @@ only for append.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -148,6 +149,8 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
             say(f"resume: {len(done)} of {len(plan.partitions)} partitions finished in {plan.resumed_from} "
                 f"(per {whose}); running the other {len(plan.partitions) - len(done)}")
         todo = [p for p in plan.partitions if p.key not in done]
+        # the partitions this run writes (a resumed file append counts only their files)
+        sink_plan = dataclasses.replace(sink_plan, details=(*sink_plan.details, ("to_write", tuple(p.index for p in todo))))
         before = [TaskResult(p.key, p.index, rows=done[p.key], already_committed=True) for p in plan.partitions if p.key in done]
         for result in before:
             progress.finished(result)

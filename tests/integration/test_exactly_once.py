@@ -115,6 +115,37 @@ def test_resume_asks_the_target_not_the_manifest(ex_src, pg_target, cli, tmp_pat
     assert checksum(pg_target, "ex_marked") == checksum(ex_src, "ex_src")
 
 
+@pytest.mark.parametrize("partition_by", [None, "grp"])
+def test_a_resumed_file_append_replaces_its_own_files(ex_src, cli, tmp_path: Path, partition_by) -> None:
+    """Files have no transaction to hold a marker: a partition written before the driver died (its
+    manifest line lost) is written again by the resume, or by the dead driver's Ray task. The file
+    carries the load id, so the second write replaces the first instead of adding its rows again."""
+    out = tmp_path / "appended"
+    args = ["run", "pipeline=postgres_to_parquet", f"source.port={ex_src.port}", "source.table=ex_src",
+            f"sink.path={out}", "load_mode=append", "runtime=local", "degree=2",
+            "strategy=ntile", "strategy.distribute_key=id", "strategy.partitions=4"]
+    if partition_by:
+        pg_exec(ex_src, "DROP TABLE IF EXISTS ex_few", "CREATE TABLE ex_few AS SELECT id, id % 3 AS grp FROM generate_series(1, 20000) id")
+        args = [a.replace("source.table=ex_src", "source.table=ex_few") for a in args] + ["sink.partition_by=[grp]"]
+    first = cli(*args)
+    assert first.code == 0, first.err
+    files = sorted(p.relative_to(out) for p in out.rglob("*.parquet"))
+    run_dir = tmp_path / "hydra-run"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    for entry in manifest["partitions"].values():  # what a driver killed just after the writes would have left
+        entry.update(status="pending", rows=0)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    (run_dir / "partitions.jsonl").unlink()
+    res = cli(*args, f"resume={run_dir}")
+    assert res.code == 0, res.err
+    assert sorted(p.relative_to(out) for p in out.rglob("*.parquet")) == files  # the same files, none added
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(out, format="parquet", partitioning="hive" if partition_by else None).to_table()
+    expected = 20000 if partition_by else 200000
+    assert table.num_rows == expected and len(set(table.column("id").to_pylist())) == expected
+
+
 def test_a_retried_partition_that_had_committed_is_not_written_again(ex_src, pg_target) -> None:
     """The same partition written twice under one load id (a worker that died after its commit,
     retried): the second write finds the marker and writes nothing."""
