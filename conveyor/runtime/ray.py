@@ -24,6 +24,7 @@ from typing import Any
 from conveyor.core import JobOptions, sink_capabilities
 from conveyor.errors import ConfigError, ConnectError, TransferError
 from conveyor.log import warn
+from conveyor.runtime.reaper import Reaper
 from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult, cancel_requested, not_run, retries_allowed, run_task
 
 # seconds a stopping run waits for killed tasks to be confirmed before it reports them as stopped
@@ -122,6 +123,7 @@ class RayRuntime:
     def __init__(self, config: RayRuntimeConfig, options: JobOptions) -> None:
         self.config = config
         self.options = options
+        self._reaper: Reaper | None = None
 
     # --- connecting ----------------------------------------------------------------------------
 
@@ -142,12 +144,16 @@ class RayRuntime:
         if address == "local":
             kwargs.update(address="local", include_dashboard=False, num_cpus=os.cpu_count() or 1,
                           object_store_memory=256 * 1024 * 1024)
+            self._reaper = Reaper().start()  # the private instance's processes end with this one
         else:
             self._check_reachable(address)
             kwargs["address"] = address
         try:
             ray.init(**kwargs)
-        except Exception as exc:  # noqa: BLE001 - a start-up timeout, a refused connection: one line, exit 3
+        except BaseException as exc:
+            self._end_reaper(reap=True)
+            if not isinstance(exc, Exception):
+                raise
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             what = "could not start a local Ray instance" if address == "local" else f"ray cluster {address}"
             raise ConnectError(f"{what}: {type(exc).__name__}: {first}",
@@ -201,6 +207,12 @@ class RayRuntime:
         finally:
             if started:
                 ray.shutdown()
+                self._end_reaper()
+
+    def _end_reaper(self, reap: bool = False) -> None:
+        if self._reaper is not None:
+            self._reaper.stop(reap)
+            self._reaper = None
 
     def _slots(self, ray: Any, degree: int) -> int:
         """At most as many tasks at once as the cluster has CPUs for (more would only queue)."""

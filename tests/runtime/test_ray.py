@@ -143,3 +143,76 @@ def test_an_unreachable_cluster_is_one_line_in_bounded_time(cli, tmp_path: Path)
     assert time.monotonic() - start < 30
     assert "error: ray cluster 127.0.0.1:" in res.err and "cannot connect" in res.err and "Traceback" not in res.err
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("kill_after", ["agents", "workers"])
+def test_a_driver_killed_during_start_up_leaves_no_ray_process(tpch_orders, tmp_path: Path, kill_after: str) -> None:
+    """SIGKILL to a driver that started its own Ray instance: the raylet's children (dashboard and
+    runtime-env agents, task workers), which Ray does not tie to the driver, are gone within seconds
+    (on the main this started from they stayed for minutes)."""
+    import signal
+    import subprocess
+
+    from tests.conftest import BIN
+
+    proc = subprocess.Popen(
+        [str(BIN / "conveyor"), "run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet",
+         f"sink.path={tmp_path}/out", "runtime=ray", "strategy=files", f"hydra.run.dir={tmp_path}/run"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wanted = "ray::DashboardAgent" if kill_after == "agents" else "default_worker"
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            below = descendants(proc.pid)
+            seen.update(below)
+            if any(wanted in _cmdline(pid) for pid in below):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before the processes it was to be killed after started"
+        assert any(wanted in _cmdline(pid) for pid in seen), f"no {wanted} within 60 s"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    deadline = time.monotonic() + 15
+    left = seen
+    while left and time.monotonic() < deadline:
+        left = {pid: _cmdline(pid) for pid in seen if _running(pid, seen[pid])}
+        time.sleep(0.2)
+    assert not left, f"still running 15 s after the driver was killed: {left}"
+
+
+def descendants(root: int) -> dict[int, str]:
+    """{pid: start time} of every process below ``root`` (from /proc)."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            table[int(entry.name)] = (int(fields[1]), fields[19])
+    out, todo = {}, [pid for pid, (ppid, _) in table.items() if ppid == root]
+    while todo:
+        pid = todo.pop()
+        out[pid] = table[pid][1]
+        todo += [c for c, (ppid, _) in table.items() if ppid == pid]
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _running(pid: int, started: str) -> bool:
+    """Alive and the same process (not a reused pid, not a zombie waiting for its parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2:].split()
+    return fields[19] == started and fields[0] != "Z"
