@@ -92,11 +92,11 @@ def pg_target(pg_servers):
     return pg_servers[1]
 
 
-def pg_exec(server, *statements: str) -> list[tuple]:
+def pg_exec(server, *statements: str, dbname: str = "postgres") -> list[tuple]:
     """Run statements on a test server; returns the last one's rows (if any)."""
     import psycopg
 
-    with psycopg.connect(server.dsn(), autocommit=True) as con:
+    with psycopg.connect(server.dsn(dbname), autocommit=True) as con:
         rows: list[tuple] = []
         for stmt in statements:
             cur = con.execute(stmt)

@@ -194,6 +194,10 @@ class DuckDBSinkConfig:
     database: str = "???"
     table: str = "???"
     schema: str = "main"
+    #: columns whose values may change type by DuckDB's own cast on insert (double -> integer
+    #: rounds, text is parsed, ...); ["*"]: every column. By default a type change that could alter
+    #: a value is refused before anything moves (conveyor/casts.py)
+    allow_cast: list[str] = field(default_factory=list)
 
 
 class DuckDBSink:
@@ -254,7 +258,7 @@ class DuckDBSink:
                 if mode == "truncate":
                     con.execute(f"CREATE TABLE {stage} AS SELECT * FROM {self._target} LIMIT 0")
                     write_target = self._stage_name()
-            self._probe(con, qualified(self.config.schema, write_target), pairs, where)
+            self._probe(con, qualified(self.config.schema, write_target), pairs, where, schema)
             before = 0
             if mode == "append" and self.options.verify != "none":
                 before = con.execute(f"SELECT count(*) FROM {self._target}").fetchone()[0]
@@ -283,10 +287,17 @@ class DuckDBSink:
         select = ", ".join(qident(c) for c in src_cols)
         return f"INSERT INTO {table} ({cols}) SELECT {select} FROM {relation}"
 
-    def _probe(self, con: Any, table: str, pairs: list[tuple[str, str]], where: str) -> None:
-        """Bind the insert against an empty batch, so type mismatches fail before rows move."""
+    def _probe(self, con: Any, table: str, pairs: list[tuple[str, str]], where: str, source: Any) -> None:
+        """Refuse a column whose values the target's type would change (conveyor/casts.py), then
+        bind the insert against an empty batch, so other mismatches fail before rows move too."""
         import duckdb
 
+        from conveyor.casts import ColumnType, check_casts, text_of
+
+        target = con.execute(f"SELECT * FROM {table} LIMIT 0").arrow().schema
+        src_types = [ColumnType(source.field(s).type, db=text_of(source.field(s)), as_text=bool(text_of(source.field(s))))
+                     for s, _ in pairs]
+        check_casts(pairs, src_types, [ColumnType(target.field(t).type) for _, t in pairs], where, self.config.allow_cast)
         sql = self._insert_sql(table, [t for _, t in pairs], [s for s, _ in pairs], "__conveyor_empty")
         con.execute("BEGIN")
         try:

@@ -113,9 +113,25 @@ def test_a_value_that_does_not_cast_fails_the_partition_and_rolls_back(tmp_path:
     con.close()
     csv = tmp_path / "in.csv"
     csv.write_text("v\n1\n2\nnot-a-number\n")
-    with pytest.raises(TransferError, match="duckdb"):
+    # text into an integer column: the cast policy refuses it before anything moves
+    with pytest.raises(SchemaError, match=r"column v \(string -> int32\): the text would be parsed"):
         job({"type": "csv", "path": str(csv)}, _sink(db), load_mode="truncate")
+    # asked for, DuckDB parses it, and the value that does not parse fails the partition
+    with pytest.raises(TransferError, match="duckdb"):
+        job({"type": "csv", "path": str(csv)}, {**_sink(db), "allow_cast": ["v"]}, load_mode="truncate")
     assert _rows(db, "SELECT * FROM t") == [(7,)]
+
+
+def test_a_double_into_an_integer_column_is_refused_not_rounded(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE t (v INTEGER, d DATE)")
+    con.close()
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"v": pa.array([2.5]), "d": pa.array([9497], pa.int32())}), src)
+    with pytest.raises(SchemaError, match=r"column v \(double -> int32\).*column d \(int32 -> date32\[day\]\)"):
+        job({"type": "parquet", "path": str(src)}, _sink(db), load_mode="append")
+    assert _rows(db, "SELECT count(*) FROM t") == [(0,)]
 
 
 def test_duckdb_source_table_and_query(tmp_path: Path) -> None:

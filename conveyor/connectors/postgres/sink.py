@@ -22,10 +22,11 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches
+from conveyor.casts import ColumnType, check_casts, text_of
 from conveyor.connectors.postgres import commits
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, row_hash_sql, sqlstate, translate
 from conveyor.connectors.postgres.types import PgColumn, column_ddl, read_columns
@@ -57,6 +58,10 @@ class PostgresSinkConfig(PgConnConfig):
     #: transaction: retries and resumes never load a partition twice. false: no marker table (then
     #: a partition retried after a lost worker, or resumed after a killed driver, may load twice)
     commit_markers: bool = True
+    #: columns whose values may change type by PostgreSQL's own cast (e.g. timestamp -> timestamptz
+    #: in the session's TimeZone, text -> integer); ["*"]: every column. By default a type change that
+    #: could alter a value is refused before anything moves (see conveyor/casts.py for the rules)
+    allow_cast: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.copy_path not in COPY_PATHS:
@@ -166,13 +171,16 @@ class PostgresSink:
     def _plan(self, request: PrepareRequest, pairs: list[tuple[str, str]], write_table: str, where: str, con: Any) -> SinkPlan:
         target_cols = {c.name: c for c in read_columns(con, f"SELECT * FROM {self._qualified(write_table)} LIMIT 0")}
         tcols = [target_cols[t] for _, t in pairs]
+        forced = self._check_casts(request, pairs, tcols, where)
         native, reason = self._negotiate(request, pairs, tcols)
         casts: tuple[Any, ...] = ()
         writer, pgpq_types = None, None
         if native is None:
-            casts = self._cast_plan(request.schema, pairs, write_table, where, [c.type_sql for c in tcols])
+            casts = self._cast_plan(request.schema, pairs, write_table, where, [c.type_sql for c in tcols], forced)
             writer, why, pgpq_types = self._choose_writer(request.schema, pairs, casts, tcols)
             reason = f"{reason}; {writer} encoder" + (f" ({why})" if why else "")
+            if forced:
+                reason += f"; cast by PostgreSQL (sink.allow_cast): {', '.join(forced)}"
         return SinkPlan(
             target=f"{self.config.where()} {self.name}",
             write_target=write_table,
@@ -186,6 +194,23 @@ class PostgresSink:
                      ("writer", writer), ("pgpq_types", pgpq_types), ("guard", self.options.run_id),
                      ("markers", self.config.commit_markers), ("load_id", self.options.load)),
         )
+
+    def _check_casts(self, request: PrepareRequest, pairs: list[tuple[str, str]], tcols: list[PgColumn], where: str) -> list[str]:
+        """Refuse, before anything moves, a column whose values the target type would change
+        (conveyor/casts.py); the target columns ``sink.allow_cast`` lets PostgreSQL cast anyway."""
+        src_cols = {c.name: c for c in (request.info.detail("postgres_columns") or ())}
+        sources = []
+        for s, _ in pairs:
+            f = request.schema.field(s)
+            col = src_cols.get(s)
+            if col is not None:
+                sources.append(_pg_column_type(col, f.type, as_text=col.unconstrained_numeric or not col.native))
+            elif text_of(f):
+                sources.append(ColumnType(f.type, db=text_of(f), sql=text_of(f), as_text=True))
+            else:
+                sources.append(ColumnType(f.type))
+        targets = [_pg_column_type(c, None) for c in tcols]
+        return check_casts(pairs, sources, targets, where, self.config.allow_cast)
 
     def _choose_writer(self, schema: Any, pairs: list[tuple[str, str]], casts: tuple[Any, ...],
                        tcols: list[PgColumn]) -> tuple[str, str, tuple[Any, ...] | None]:
@@ -222,6 +247,7 @@ class PostgresSink:
             pairs = map_columns(request.schema.names, target.mapping, self.options.map_method, f"postgres table {self.name}")
             by_name = {c.name: c for c in target.columns}
             tcols = [by_name[t] for _, t in pairs]
+            self._check_casts(request, pairs, tcols, f"postgres table {self.name}")
         else:  # a new table gets the source's built-in types
             pairs = [(n, n) for n in request.schema.names]
             src = {c.name: c for c in (request.info.detail("postgres_columns") or ())}
@@ -250,20 +276,28 @@ class PostgresSink:
                     why = f"column {s}: {sc.type_sql} -> {t.type_sql} differ"
                     break
         if why is None:
+            differ = [f"{s} {src_cols[s].type_sql} -> {t.type_sql}" for (s, _), t in zip(pairs, tcols)
+                      if src_cols[s].type_sql != t.type_sql]
+            if differ:  # same types, other typmods: PostgreSQL checks each value against the target's
+                return "pgcopy-binary", ("pass-through: PostgreSQL binary COPY stream, same column types; typmods differ "
+                                         f"(each value checked by PostgreSQL): {', '.join(differ)}")
             return "pgcopy-binary", "pass-through: PostgreSQL binary COPY stream, identical column types"
         if mode == "passthrough":
             raise SchemaError(f"copy_path=passthrough is not possible: {why}", hint="use sink.copy_path=auto or arrow")
         return None, f"arrow: {why}"
 
-    def _cast_plan(self, schema: Any, pairs: list[tuple[str, str]], write_table: str, where: str, types: list[str]) -> tuple[Any, ...]:
-        """Per column, the Arrow type to cast to, or None where PostgreSQL must cast (via a temp table)."""
+    def _cast_plan(self, schema: Any, pairs: list[tuple[str, str]], write_table: str, where: str, types: list[str],
+                   forced: Sequence[str] = ()) -> tuple[Any, ...]:
+        """Per column, the Arrow type to cast to, or None where PostgreSQL must cast (via a temp
+        table): where Arrow cannot, and for the columns of ``sink.allow_cast`` (PostgreSQL's rules)."""
         conn = adbc_connect(self.config, scope=self.options.run_id)
         cur = conn.cursor()
         try:
             cols = ", ".join(ident(t) for _, t in pairs)
             cur.execute(f"SELECT {cols} FROM {self._qualified(write_table)} LIMIT 0")
             target_schema = cur.fetch_arrow_table().schema
-            casts = tuple(_arrow_cast_target(schema.field(s).type, target_schema.field(i)) for i, (s, _) in enumerate(pairs))
+            casts = tuple(None if t in forced else _arrow_cast_target(schema.field(s).type, target_schema.field(i))
+                          for i, (s, t) in enumerate(pairs))
             if any(c is None for c in casts):
                 self._probe(cur, schema, pairs, casts, types, write_table, where)
             return casts
@@ -283,12 +317,27 @@ class PostgresSink:
         import pyarrow as pa
 
         empty = pa.Table.from_batches([], schema=_ingest_schema(schema, pairs, casts))
-        cur.adbc_ingest("_conveyor_probe", empty, mode="create", temporary=True)
-        try:
-            cur.execute(self._insert_from_temp([t for _, t in pairs], types, write_table, "_conveyor_probe"))
-        except adbc_driver_manager.Error as exc:
-            raise SchemaError(f"{where}: the source columns do not fit: {str(exc).splitlines()[0]}",
-                              hint="cast the column in the source, or change the target column's type") from None
+
+        def fails(sql: str) -> str | None:
+            cur.adbc_ingest("_conveyor_probe", empty, mode="create", temporary=True)
+            try:
+                cur.execute(sql)
+            except adbc_driver_manager.Error as exc:
+                return str(exc).splitlines()[0].split("ERROR:", 1)[-1].strip()
+            finally:
+                cur.connection.rollback()  # the temp table goes with it
+            return None
+
+        reason = fails(self._insert_from_temp([t for _, t in pairs], types, write_table, "_conveyor_probe"))
+        if reason is None:
+            return
+        which = ""
+        for (s, t), cast, ty in zip(pairs, casts, types):  # name the column PostgreSQL cannot cast
+            if cast is None and fails(f"SELECT {ident(t)}::{ty} FROM pg_temp._conveyor_probe") is not None:
+                which = f"column {s} ({_plain(schema.field(s).type)} -> {ty}): "
+                break
+        raise SchemaError(f"{where}: {which}PostgreSQL cannot cast it: {reason}",
+                          hint="cast the column in source.query, or change the target column's type")
 
     def _insert_from_temp(self, columns: Sequence[str], types: Sequence[str], write_table: str, temp: str) -> str:
         """Move a partition from its temp table into the target, PostgreSQL casting where Arrow could not."""
@@ -579,6 +628,11 @@ def _marker_conflict(exc: BaseException) -> bool:
     return sqlstate(exc) == "23505" and commits.MARKERS in str(exc)
 
 
+def _pg_column_type(col: PgColumn, arrow: Any, as_text: bool = False) -> ColumnType:
+    db = f"enum:{col.typname}" if col.typtype == "e" else col.typname
+    return ColumnType(arrow, db=db, sql=col.type_sql, typmod=col.typmod, as_text=as_text)
+
+
 # --- Arrow casting, column by column -------------------------------------------------------------
 
 
@@ -608,6 +662,8 @@ def _arrow_cast_target(src: Any, target_field: Any) -> Any:
             return None
     check_src = src.storage_type if isinstance(src, pa.BaseExtensionType) else src
     check_tgt = tgt.storage_type if isinstance(tgt, pa.BaseExtensionType) else tgt
+    if pa.types.is_integer(check_src) and pa.types.is_decimal(check_tgt) and check_tgt.precision - check_tgt.scale < 20:
+        return None  # Arrow wants room for the widest integer even when every value fits: PostgreSQL checks each
     if isinstance(src, pa.BaseExtensionType) and src == tgt:
         return tgt
     if isinstance(tgt, pa.BaseExtensionType) and tgt.extension_name == "arrow.uuid" and not pa.types.is_fixed_size_binary(check_src):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.arrowutil import rebatch
+from conveyor.casts import TEXT_OF
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, translate
 from conveyor.connectors.sql import where_clause
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_columns
@@ -120,11 +121,8 @@ class PostgresSource:
                 cur.close()
         finally:
             conn.close()
-        fields = []
-        for col, field in zip(self.columns, raw):
-            typ = numeric_arrow_type(col) or field.type
-            fields.append(pa.field(col.name, typ))
-        return pa.schema(fields)
+        return pa.schema([pa.field(col.name, numeric_arrow_type(col) or field.type, metadata=_text_of(col))
+                          for col, field in zip(self.columns, raw)])
 
     def _select_list(self) -> str:
         return ", ".join(c.select_expr() for c in self.columns)
@@ -324,7 +322,7 @@ class PostgresSource:
         import pyarrow.compute as pc
 
         targets = [numeric_arrow_type(c) for c in self.columns]
-        names = [c.name for c in self.columns]
+        schema = None
         try:
             for batch in reader:
                 arrays = []
@@ -340,8 +338,18 @@ class PostgresSource:
                                 hint="NaN and Infinity have no Arrow decimal form; cast the column to text or float8 in source.query",
                             ) from None
                     arrays.append(arr)
-                yield pa.RecordBatch.from_arrays(arrays, names=names)
+                if schema is None:
+                    schema = pa.schema([pa.field(c.name, a.type, metadata=_text_of(c)) for c, a in zip(self.columns, arrays)])
+                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
         except TransferError:
             raise
         except Exception as exc:
             raise translate(exc, self.config, f"reading {key}", key) from None
+
+
+def _text_of(col: PgColumn) -> dict[bytes, bytes] | None:
+    """Field metadata for a column read as PostgreSQL's text form of its type (kept by Parquet): the
+    cast policy then knows the text is, say, an inet, and loads it into an inet column as it is."""
+    if col.unconstrained_numeric or not col.native:
+        return {TEXT_OF: col.typname.encode()}
+    return None
