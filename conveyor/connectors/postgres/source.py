@@ -34,6 +34,9 @@ _HEAP_KINDS = {"r": "table", "m": "materialized view", "p": "partitioned table"}
 _KIND_NAMES = {"v": "view", "f": "foreign table", "p": "partitioned table", "m": "materialized view", "r": "table"}
 
 
+SPECIAL_VALUES = ("error", "null", "clamp")
+
+
 @dataclass
 class PostgresSourceConfig(PgConnConfig):
     #: read a table (schema + table) ...
@@ -43,10 +46,16 @@ class PostgresSourceConfig(PgConnConfig):
     query: str | None = None
     #: all partitions read one exported snapshot (consistent while the table is written to)
     snapshot: bool = True
+    #: dates and timestamps Arrow cannot hold (infinity, -infinity, timestamps after
+    #: 294247-01-10): error (default) names the column; null writes NULL; clamp writes the latest /
+    #: earliest value both can hold. (PostgreSQL -> PostgreSQL pass-through keeps them exactly.)
+    special_values: str = "error"
 
     def __post_init__(self) -> None:
         if bool(self.table) == bool(self.query):
             raise ValueError("set exactly one of table or query")
+        if self.special_values not in SPECIAL_VALUES:
+            raise ValueError(f"special_values: {self.special_values!r} is not one of {', '.join(SPECIAL_VALUES)}")
 
 
 class PostgresSource:
@@ -327,6 +336,8 @@ class PostgresSource:
             for batch in reader:
                 arrays = []
                 for col, arr, target in zip(self.columns, batch.columns, targets):
+                    if col.typname in _OUT_OF_RANGE and not col.elem:
+                        arr = self._special(col, arr, key)
                     if target is not None:
                         storage = arr.storage if isinstance(arr.type, pa.BaseExtensionType) else arr
                         try:
@@ -345,6 +356,40 @@ class PostgresSource:
             raise
         except Exception as exc:
             raise translate(exc, self.config, f"reading {key}", key) from None
+
+    def _special(self, col: PgColumn, arr: Any, key: str) -> Any:
+        """Dates and timestamps Arrow cannot hold: refused by name, or NULL / clamped as configured."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        low, inf, neg_inf = _OUT_OF_RANGE[col.typname]
+        ints = arr.view(pa.int32() if col.typname == "date" else pa.int64())
+        smallest = pc.min(ints).as_py()
+        if smallest is None or smallest >= low:
+            return arr  # the usual case: one pass over the column, nothing to do
+        bad = pc.less(ints, low)
+        if self.config.special_values == "error":
+            first = ints.filter(bad)[0].as_py()
+            what = {inf: "infinity", neg_inf: "-infinity"}.get(first, "a timestamp after 294247-01-10")
+            raise TransferError(
+                f"postgres column {col.name} ({col.type_sql}) holds {what}, which Arrow (and Parquet, DuckDB) cannot hold",
+                partition=key, hint="set source.special_values=null or clamp, filter or cast it in source.query, "
+                                    "or (PostgreSQL to PostgreSQL) use sink.copy_path=passthrough, which keeps it")
+        if self.config.special_values == "null":
+            return pc.if_else(bad, pa.scalar(None, arr.type), arr)
+        high, lowest = _CLAMP["date" if col.typname == "date" else "timestamp"]
+        clamped = pc.if_else(pc.equal(ints, neg_inf), lowest, high).cast(ints.type)
+        return pc.if_else(bad, clamped, ints).view(arr.type)
+
+
+# ADBC reads PostgreSQL's dates and timestamps by adding the 1970-2000 offset, which wraps around
+# for infinity, -infinity and timestamps after 294247-01-10: every such value lands below PostgreSQL's
+# earliest (4714-11-24 BC), where no real value can be. Below that bound: (infinity, -infinity).
+_OUT_OF_RANGE = {"date": (-2440588, -2147472692, -2147472691),
+                 "timestamp": (-210866803200000000, -9222425352054775809, -9222425352054775808),
+                 "timestamptz": (-210866803200000000, -9222425352054775809, -9222425352054775808)}
+_CLAMP = {"date": (2145042905, -2440588),  # 5874897-12-31, 4714-11-24 BC
+          "timestamp": (2**63 - 2, -210866803200000000)}  # 294247-01-10 04:00:54.775806 (DuckDB's latest), 4714-11-24 BC
 
 
 def _text_of(col: PgColumn) -> dict[bytes, bytes] | None:
