@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
 from conveyor import registry
+from conveyor.log import warn
 from conveyor.core import LOAD_MODES, MAP_METHODS, JobOptions
 from conveyor.errors import ConfigError
 
@@ -116,8 +117,36 @@ def build_plugin(kind: str, cfg: DictConfig, options: JobOptions) -> tuple[str, 
     schema = getattr(cls, "config_class", None)
     if schema is None:
         raise ConfigError(f"{kind} {name!r} declares no config_class", key=f"{kind}.type")
-    conf = to_dataclass(node, schema, kind)
+    conf = to_dataclass(_without_siblings_keys(kind, name, node, schema), schema, kind)
     return name, cls(conf, options)
+
+
+def _without_siblings_keys(kind: str, name: str, node: Any, schema: type) -> Any:
+    """A pipeline sets keys of the plugins it chooses (``strategy.distribute_key`` for ctid's
+    siblings, ``sink.database`` for duckdb); when the user switches the group (``strategy=none``,
+    ``sink=parquet``) those keys belong to another plugin of the group, not to a typo. They are
+    dropped, with a warning where a value was set; a key no plugin of the group knows stays an error."""
+    import dataclasses
+
+    own = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else set()
+    foreign = [k for k in node.keys() if k not in own]
+    if not foreign:
+        return node
+    siblings: set[str] = set()
+    for entry in registry.available(kind):
+        if entry.name == name:
+            continue
+        try:
+            other = getattr(registry.load(kind, entry.name), "config_class", None)
+        except Exception:  # noqa: BLE001 - a sibling that does not load knows nothing here
+            continue
+        if other is not None and dataclasses.is_dataclass(other):
+            siblings |= {f.name for f in dataclasses.fields(other)}
+    dropped = [k for k in foreign if k in siblings]
+    for key in dropped:
+        if node.get(key) is not None:
+            warn(f"{kind}.{key} is not a setting of {kind}={name}: ignored")
+    return OmegaConf.masked_copy(node, [k for k in node.keys() if k not in dropped])
 
 
 def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...] = TOP_LEVEL_PLUGINS,

@@ -99,3 +99,22 @@ def test_replace_of_a_table_with_a_63_byte_name_keeps_its_primary_key(pg_source,
     assert pg_exec(pg_target, f'SELECT count(*), min(id) FROM "{name}"') == [(10, 1)]
     indexes = pg_exec(pg_target, f"SELECT indexname FROM pg_indexes WHERE tablename = '{name}'")
     assert indexes == [("t" * 58 + "_pkey",)]
+
+
+def test_switching_a_group_inside_a_pipeline_works(pg_source, pg_target, tpch_orders, cli, tmp_path: Path) -> None:
+    """pipeline=pg_to_pg strategy=none and pipeline=demo sink=parquet failed on 'unknown key'
+    (keys the pipeline set for the plugin it chose); a key no plugin of the group has still fails."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS sw_src", "CREATE TABLE sw_src AS SELECT g AS id FROM generate_series(1, 100) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS sw_dst", "CREATE TABLE sw_dst (id int)")
+    res = cli("run", "pipeline=pg_to_pg", "strategy=none", f"source.port={pg_source.port}", "source.table=sw_src",
+              f"sink.port={pg_target.port}", "sink.table=sw_dst", "runtime=local")
+    assert res.code == 0, res.err
+    assert "unknown key" not in res.err and "warning" not in res.err  # the pipeline's distribute_key was null
+    assert pg_exec(pg_target, "SELECT count(*) FROM sw_dst")[0][0] == 100
+    out = tmp_path / "demo-parquet"
+    res = cli("run", "pipeline=demo", "sink=parquet", f"source.path={tpch_orders}", f"sink.path={out}")
+    assert res.code == 0, res.err
+    assert "warning: sink.database is not a setting of sink=parquet: ignored" in res.err
+    assert len(list(out.glob("*.parquet"))) == 4
+    res = cli("run", "pipeline=demo", "sink=parquet", f"source.path={tpch_orders}", f"sink.path={out}", "+sink.databse=x")
+    assert res.code == 2 and "sink.databse: unknown key" in res.err
