@@ -113,6 +113,37 @@ class PostgresSink:
         mapping = tuple(TargetColumn(name, c.type_sql, not notnull, bool(hasdef)) for (name, notnull, hasdef), c in zip(meta, cols))
         return _Target(True, row[0], tuple(cols), mapping)
 
+    def _check_access(self, con: Any, target: _Target, where: str) -> None:
+        """What the load needs, checked before anything is created: the schema exists, the target
+        is a table, and this role may do what the load mode does (not found out after staging)."""
+        mode, schema, user = self.options.load_mode, self.config.schema, self.config.user
+        on = self.config.where()
+        if not con.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", [schema]).fetchone():
+            raise SchemaError(f"{where}: schema {schema} does not exist on {on}",
+                              hint=f"create it (CREATE SCHEMA {ident(schema)}) or set sink.schema")
+        if target.exists and target.relkind not in ("r", "p"):
+            kind = {"v": "a view", "m": "a materialized view", "f": "a foreign table"}.get(target.relkind, "not a table")
+            raise SchemaError(f"{where} is {kind}: Conveyor loads tables", hint="point sink.table at the table behind it")
+        may_create, = con.execute("SELECT has_schema_privilege(%s, 'CREATE')", [schema]).fetchone()
+        needs = []
+        if mode != "append" and not may_create:
+            needs.append(f"CREATE on schema {schema} (for the staging table)")
+        if self.config.commit_markers and not may_create and not con.execute(
+                "SELECT to_regclass(%s) IS NOT NULL", [f"{ident(schema)}.{commits.MARKERS}"]).fetchone()[0]:
+            needs.append(f"CREATE on schema {schema} (for {commits.MARKERS}, or set sink.commit_markers=false)")
+        if target.exists:
+            privileges = {"append": ("INSERT",), "truncate": ("INSERT", "TRUNCATE")}.get(mode, ())
+            for privilege in privileges:
+                if not con.execute("SELECT has_table_privilege(%s, %s)", [self._qualified(), privilege]).fetchone()[0]:
+                    needs.append(f"{privilege} on {self.name}")
+            if mode == "replace" and not con.execute(
+                    "SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = %s::regclass",
+                    [self._qualified()]).fetchone()[0]:
+                needs.append(f"ownership of {self.name} (replace drops it)")
+        if needs:
+            raise SchemaError(f"{where}: role {user} lacks {'; '.join(needs)}",
+                              hint="grant it, or connect as a role that has it (sink.user)")
+
     # --- prepare ------------------------------------------------------------------------------
 
     def prepare(self, request: PrepareRequest) -> SinkPlan:
@@ -125,6 +156,7 @@ class PostgresSink:
             for stale in commits.drop_stale(con, self.config.schema, self.name):
                 warn(f"removed a staging table left by a run that is gone: {stale.describe()}")
             target = self._target(con)
+            self._check_access(con, target, where)
             if mode in ("append", "truncate") and not target.exists:
                 raise SchemaError(f"{where} does not exist on {self.config.where()}",
                                   hint="create it first, or use load_mode=create or replace")
@@ -241,6 +273,7 @@ class PostgresSink:
         con = connect(self.config, autocommit=True)
         try:
             target = self._target(con)
+            self._check_access(con, target, f"postgres table {self.name}")
         finally:
             con.close()
         if target.exists and self.options.load_mode not in ("create",):

@@ -14,8 +14,10 @@ from tests.conftest import PG_PASSWORD, pg_exec
 def tables(pg_source, pg_target):
     pg_exec(pg_source, "DROP TABLE IF EXISTS bad_src CASCADE", "CREATE TABLE bad_src (id int, name text, blob bytea)",
             "INSERT INTO bad_src VALUES (1, 'a', '\\x01'), (2, 'b', '\\x02')", "CREATE VIEW bad_view AS SELECT * FROM bad_src")
-    pg_exec(pg_target, "DROP TABLE IF EXISTS bad_dst", "CREATE TABLE bad_dst (id int, name text, blob int)",
-            "INSERT INTO bad_dst VALUES (42, 'keep', 0)")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS bad_dst CASCADE", "CREATE TABLE bad_dst (id int, name text, blob int)",
+            "INSERT INTO bad_dst VALUES (42, 'keep', 0)", "CREATE VIEW bad_dst_view AS SELECT * FROM bad_dst",
+            "DROP ROLE IF EXISTS reader", f"CREATE ROLE reader LOGIN PASSWORD '{PG_PASSWORD}'",
+            "GRANT SELECT ON bad_dst TO reader")
     return pg_source, pg_target
 
 
@@ -59,6 +61,14 @@ CASES = [
      ["the source has 2 columns, the target 3"]),
     ("a value that does not fit", ["source.table=null", "source.query='SELECT id, name, id * 3000000000 AS blob FROM bad_src'",
                                    "sink.copy_path=arrow"], 5, ["column blob -> blob: a value does not fit int32"]),
+    ("missing target schema", ["sink.schema=nope"], 4, ["error: postgres table nope.bad_dst: schema nope does not exist",
+                                                        'hint: create it (CREATE SCHEMA "nope") or set sink.schema']),
+    ("view as target", ["sink.table=bad_dst_view", "load_mode=append"], 4,
+     ["postgres table public.bad_dst_view is a view: Conveyor loads tables"]),
+    ("read-only role", ["sink.user=reader"], 4,
+     ["role reader lacks CREATE on schema public (for the staging table)", "INSERT on public.bad_dst", "TRUNCATE on public.bad_dst",
+      "hint: grant it, or connect as a role that has it"]),
+    ("read-only role, replace", ["sink.user=reader", "load_mode=replace"], 4, ["ownership of public.bad_dst (replace drops it)"]),
     ("target unreachable", ["sink.port={free}"], 3, ["cannot connect", "hint: is the server running"]),
     ("target wrong password", ["sink.password_env=CONVEYOR_WRONG_PW"], 3, ["password authentication failed"]),
     ("missing password file", ["sink.password_file=/nonexistent/pw"], 2, ["password_file '/nonexistent/pw': No such file or directory"]),
