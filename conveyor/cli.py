@@ -272,6 +272,26 @@ def _point_to_run_dir(exc: BaseException) -> None:
         exc.hint = exc.hint.replace(RESUME_HINT, f"resume={run_dir}")
 
 
+_HYDRA_VALUED = {"--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c", "--package", "-p",
+                 "--experimental-rerun"}
+_HYDRA_INFO = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def _hydra_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags with their values, the overrides), wherever the flags were written."""
+    flags, rest, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        takes_value = arg in _HYDRA_VALUED or (arg in ("--info", "-i") and i + 1 < len(args) and args[i + 1] in _HYDRA_INFO)
+        if arg.startswith("-") and takes_value and i + 1 < len(args):
+            flags += args[i:i + 2]
+            i += 2
+            continue
+        (flags if arg.startswith("-") else rest).append(arg)
+        i += 1
+    return flags, rest
+
+
 def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
     import hydra
 
@@ -286,8 +306,10 @@ def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
         sys.stderr = real_stderr
         codes.append(_run_one(cfg, mode, verbose))
 
+    flags, overrides = _hydra_flags(overrides)
     if mode == "plan":  # planning writes nothing: no run directory, no log file
         overrides = ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none", "hydra/hydra_logging=none", *overrides]
+    overrides = [*flags, *overrides]  # Hydra's parser takes its flags before the overrides, not among them
     if verbose:
         os.environ["HYDRA_FULL_ERROR"] = "1"
     saved = sys.argv

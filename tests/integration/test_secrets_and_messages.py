@@ -118,3 +118,15 @@ def test_switching_a_group_inside_a_pipeline_works(pg_source, pg_target, tpch_or
     assert len(list(out.glob("*.parquet"))) == 4
     res = cli("run", "pipeline=demo", "sink=parquet", f"source.path={tpch_orders}", f"sink.path={out}", "+sink.databse=x")
     assert res.code == 2 and "sink.databse: unknown key" in res.err
+
+
+def test_plan_takes_hydra_flags_before_the_overrides(tpch_orders, cli, tmp_path: Path) -> None:
+    """`conveyor plan --config-dir DIR overrides...` failed with 'unrecognized arguments'."""
+    (tmp_path / "mine" / "pipeline").mkdir(parents=True)
+    (tmp_path / "mine" / "pipeline" / "mine.yaml").write_text(
+        f"# @package _global_\ndefaults:\n  - override /sink: parquet\n  - override /runtime: local\nsource:\n  path: {tpch_orders}\n"
+        f"sink:\n  path: {tmp_path / 'out'}\n")
+    for args in (["--config-dir", str(tmp_path / "mine"), "pipeline=mine"], ["pipeline=mine", "--config-dir", str(tmp_path / "mine")]):
+        res = cli("plan", *args)
+        assert res.code == 0, res.err
+        assert "files-00003" in res.out
