@@ -7,6 +7,7 @@ here with its full key path (``source.pathh``), never later inside a worker.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -79,7 +80,15 @@ def _translate(exc: Exception, prefix: str) -> ConfigError:
         return ConfigError(f"{key}: a value is required", key=key, hint=f"set it in the YAML or on the command line: {key}=...")
     if isinstance(exc, oc_errors.InterpolationResolutionError):
         first = str(exc).splitlines()[0]
-        return ConfigError(f"{key}: cannot resolve: {first}", key=key, hint="is the environment variable set?")
+        if "Environment variable" in first:
+            hint = "set the environment variable, or give ${oc.env:NAME,default} a default"
+        elif (missing := re.search(r"Interpolation key '([^']+)' not found", first)) is not None:
+            name = missing.group(1)
+            hint = (f"define it: {name}=... on the command line, or under vars: in the YAML"
+                    if name.startswith("vars.") else f"no key {name} in the config: check the spelling")
+        else:
+            hint = "check the ${...} expression"
+        return ConfigError(f"{key + ': ' if key else ''}cannot resolve: {first}", key=key, hint=hint)
     value = getattr(exc, "value", None) if hasattr(exc, "value") else None
     first = str(exc).splitlines()[0]
     if value is not None:

@@ -203,12 +203,15 @@ class ParquetSource(_FileSource):
         return out
 
     def _read_file(self, fs: Any, path: str, row_groups: list[int] | None = None) -> Iterator[Any]:
+        import pyarrow as pa
+
         pf = self._open(fs, path)
         self._check_schema(path, pf.schema_arrow)
         try:
             yield from pf.iter_batches(batch_size=self.options.batch_size, row_groups=row_groups)
-        except OSError as exc:
-            raise TransferError(f"parquet file {path}: {exc}") from None
+        except (OSError, pa.ArrowException) as exc:  # a corrupt page: 'Corrupt snappy compressed data.' alone named no file
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise TransferError(f"parquet file {path}: {text}", hint="the file is damaged: write it again, or leave it out of source.path") from None
 
 
 class CsvSource(_FileSource):

@@ -51,9 +51,15 @@ def translate(exc: BaseException, where: str) -> ConveyorError:
     if isinstance(exc, ConveyorError):
         return exc
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    local = getattr(exc, "errno", None) is not None  # the operating system's own error: a local file
     if isinstance(exc, FileNotFoundError):
-        return ConfigError(f"{where}: not found: {text}", hint="check the path (and that the bucket exists)")
+        return ConfigError(f"{where}: not found: {text}", hint="check the path" if local else "check the path and that the bucket exists")
     if isinstance(exc, PermissionError):
+        if local:
+            import getpass
+
+            return ConnectError(f"{where}: access denied: {text}",
+                                hint=f"check the permissions of that file or folder for user {getpass.getuser()}")
         return ConnectError(f"{where}: access denied: {text}",
                             hint="check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or storage_options)")
     name = type(exc).__name__

@@ -76,3 +76,26 @@ def test_empty_partition_writes_a_valid_empty_file(tmp_path: Path) -> None:
                  load_mode="create")
     assert report.rows == 0
     assert pq.read_table(tmp_path / "o").schema.names == ["id", "txt"]
+
+
+def test_a_corrupt_parquet_page_names_the_file(tmp_path: Path, cli) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    table = pa.table({"id": pa.array(range(200000)), "s": pa.array([f"row {i}" for i in range(200000)])})
+    pq.write_table(table, folder / "good.parquet", compression="snappy")
+    pq.write_table(table, folder / "bad.parquet", compression="snappy", row_group_size=50000)
+    data = bytearray((folder / "bad.parquet").read_bytes())
+    # bytes inside a compressed data page (header and footer intact): Arrow's own error (here
+    # ArrowInvalid, 'Corrupt snappy compressed data.' for others) named no file on main
+    start = pq.ParquetFile(folder / "bad.parquet").metadata.row_group(1).column(1).data_page_offset + 1000
+    data[start:start + 64] = bytes(range(64))
+    (folder / "bad.parquet").write_bytes(bytes(data))
+    res = cli("run", "source=parquet", f"source.path={folder}", "sink=parquet", f"sink.path={tmp_path / 'out'}",
+              "runtime=local", "strategy=files", "load_mode=create")
+    assert res.code == 5, res.err
+    assert len(res.error_lines) == 1 and "Traceback" not in res.err
+    assert f"parquet file {folder / 'bad.parquet'}" in res.err and "hint: the file is damaged" in res.err
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.parquet"))

@@ -44,3 +44,32 @@ def test_postgres_errors_split_retriable_from_fatal(message: str, state: str | N
 
     err = translate(DriverError(message), PgConnConfig(), "reading", partition="p-1")
     assert isinstance(err, errors.TransferError) and err.retriable is retriable and err.partition == "p-1"
+
+
+def test_a_local_permission_error_does_not_hint_at_aws() -> None:
+    """Tests run as root, where the OS grants everything: the OS's own exception is built here."""
+    from conveyor.connectors.fs import translate
+
+    local = translate(PermissionError(13, "Permission denied", "/data/x.parquet"), "sink.path '/data'")
+    assert "access denied" in local.message and "permissions of that file or folder for user" in local.hint
+    assert "AWS" not in local.hint
+    remote = translate(PermissionError("Access Denied"), "sink.path 's3://b/x'")  # how s3fs raises it: no errno
+    assert "AWS_ACCESS_KEY_ID" in remote.hint
+    missing = translate(FileNotFoundError(2, "No such file or directory", "/nope"), "source.path '/nope'")
+    assert missing.hint == "check the path"
+
+
+def test_an_undefined_var_hints_at_vars_not_the_environment() -> None:
+    from omegaconf import OmegaConf
+
+    from conveyor.config import build_job
+    from conveyor.errors import ConfigError
+
+    base = {"source": {"type": "parquet", "path": "a"}, "sink": {"type": "parquet", "path": "b"},
+            "strategy": {"type": "files"}, "runtime": {"type": "local"}}
+    with pytest.raises(ConfigError) as err:
+        build_job(OmegaConf.create({**base, "vars": {}, "sink": {"type": "parquet", "path": "${vars.out}"}}))
+    assert "vars.out" in err.value.message and err.value.hint.startswith("define it: vars.out=...")
+    with pytest.raises(ConfigError) as err:
+        build_job(OmegaConf.create({**base, "sink": {"type": "parquet", "path": "${oc.env:CONVEYOR_SURELY_UNSET}"}}))
+    assert "CONVEYOR_SURELY_UNSET" in err.value.message and "environment variable" in err.value.hint
