@@ -20,6 +20,7 @@ from conveyor.arrowutil import CountingBatches, cast_batches, rebatch, same_colu
 from conveyor.core import (
     FileEntry, FileSet, JobOptions, Partition, PrepareRequest, RowGroupSet, SinkPlan, SourceInfo, WholeSource, WriteStats,
 )
+from conveyor.log import warn
 from conveyor.errors import ConfigError, ConveyorError, PlanningError, SchemaError, TransferError
 
 _GLOB_CHARS = ("*", "?", "[")
@@ -57,6 +58,8 @@ class _FileSource:
         self._entries: list[FileEntry] | None = None
         self._schema: Any = None
         self._fs_obj: Any = None
+        self._hive_fields: list[Any] = []  # columns held in folder names (key=value), after the files' own
+        self._hive: dict[str, dict[str, Any]] = {}  # file -> its values of those columns
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -109,6 +112,43 @@ class _FileSource:
             raise ConfigError(f"{where}: bucket {bucket!r} does not exist (or these credentials cannot see it)",
                               key="source.path", hint="check the bucket name, the endpoint and the credentials")
 
+    def _discover_hive(self, fs: Any, entries: list[FileEntry]) -> None:
+        """Hive-style folders (``year=2024/part-0.parquet``, as ``sink.partition_by`` writes them):
+        pyarrow.dataset discovers the columns and their types; each file gets its values."""
+        import pyarrow.dataset as ds
+
+        _, root = _filesystem(self.config.path, self.config.storage_options)
+        root = root.rstrip("/")
+        paths = [fs._strip_protocol(e.path) for e in entries]
+        if not any("=" in p[len(root):] for p in paths):
+            return
+        try:
+            found = ds.dataset(paths, filesystem=fs, format=self._dataset_format(), partitioning="hive", partition_base_dir=root)
+        except Exception as exc:  # noqa: BLE001 - the folders are not hive-style after all
+            warn(f"source.path {self.config.path!r}: folder names look like key=value but are not hive partitions: {exc}")
+            return
+        own = set(self._schema.names)
+        self._hive_fields = [f for f in found.schema if f.name not in own]
+        names = {f.name for f in self._hive_fields}
+        for fragment in found.get_fragments():
+            keys = ds.get_partition_keys(fragment.partition_expression)
+            self._hive[fs_util.display(fs, fragment.path)] = {k: v for k, v in keys.items() if k in names}
+
+    def _with_hive(self, path: str, batches: Iterator[Any]) -> Iterator[Any]:
+        """The file's batches with its folder's key=value columns added (constant arrays, no rows in Python)."""
+        if not self._hive_fields:
+            yield from batches
+            return
+        import pyarrow as pa
+
+        values = self._hive.get(path, {})
+        for batch in batches:
+            extra = [pa.repeat(pa.scalar(values.get(f.name), f.type), batch.num_rows) for f in self._hive_fields]
+            yield pa.RecordBatch.from_arrays([*batch.columns, *extra], names=[*batch.schema.names, *(f.name for f in self._hive_fields)])
+
+    def _dataset_format(self) -> str:
+        return self.format_name
+
     # subclasses: schema of one file, batches of one file
     def _file_schema(self, fs: Any, path: str) -> Any:
         raise NotImplementedError
@@ -120,9 +160,13 @@ class _FileSource:
         entries = self.list_files()
         fs = self._fs()
         self._schema = self._file_schema(fs, entries[0].path)
+        self._discover_hive(fs, entries)
         total = sum(e.size or 0 for e in entries)
+        schema = self._schema
+        for f in self._hive_fields:
+            schema = schema.append(f)
         return SourceInfo(
-            schema=self._schema,
+            schema=schema,
             label=f"{self.format_name}: {len(entries)} file(s) at {self.config.path}",
             estimated_bytes=total or None,
         )
@@ -130,7 +174,7 @@ class _FileSource:
     def read(self, part: Partition) -> Iterator[Any]:
         fs = self._fs()
         if isinstance(part, RowGroupSet):
-            yield from rebatch(self._read_file(fs, part.path, list(part.row_groups)), self.options.batch_size)
+            yield from rebatch(self._with_hive(part.path, self._read_file(fs, part.path, list(part.row_groups))), self.options.batch_size)
             return
         if isinstance(part, FileSet):
             paths: Sequence[str] = part.paths
@@ -139,7 +183,7 @@ class _FileSource:
         else:
             raise PlanningError(f"{self.format_name} source cannot read a {part.kind} partition", hint="use strategy=files or strategy=none")
         for path in paths:
-            yield from rebatch(self._read_file(fs, path), self.options.batch_size)
+            yield from rebatch(self._with_hive(path, self._read_file(fs, path)), self.options.batch_size)
 
     def _check_schema(self, path: str, schema: Any) -> None:
         if self._schema is not None and not same_columns(schema, self._schema):

@@ -99,3 +99,28 @@ def test_a_corrupt_parquet_page_names_the_file(tmp_path: Path, cli) -> None:
     assert len(res.error_lines) == 1 and "Traceback" not in res.err
     assert f"parquet file {folder / 'bad.parquet'}" in res.err and "hint: the file is damaged" in res.err
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("strategy", ["files", "none"])
+def test_hive_folders_keep_their_partition_columns(tmp_path: Path, strategy: str) -> None:
+    """sink.partition_by writes key=value folders; reading them back dropped those columns (main)."""
+    import duckdb
+
+    table = pa.table({"id": pa.array(range(3000)), "grp": pa.array([i % 3 for i in range(3000)]),
+                      "day": pa.array([f"2024-0{1 + i % 2}-01" for i in range(3000)])})
+    out = tmp_path / "hive"
+    job({"type": "parquet", "path": str(_write(tmp_path, table))}, {"type": "parquet", "path": str(out), "partition_by": ["grp", "day"]},
+        load_mode="create")
+    assert (out / "grp=1" / "day=2024-02-01").is_dir()
+    db = tmp_path / "back.duckdb"
+    report = job({"type": "parquet", "path": str(out)}, {"type": "duckdb", "database": str(db), "table": "t"}, strategy, load_mode="create")
+    assert report.rows == 3000
+    con = duckdb.connect(str(db))
+    assert con.execute("SELECT count(*) FROM t WHERE grp = id % 3 AND day = printf('2024-0%d-01', 1 + id % 2)").fetchone()[0] == 3000
+    assert [r[0] for r in con.execute("DESCRIBE t").fetchall()] == ["id", "grp", "day"]
+
+
+def _write(tmp_path: Path, table) -> Path:
+    path = tmp_path / "flat.parquet"
+    pq.write_table(table, path)
+    return path
