@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conveyor.connectors.postgres.common import PgConnConfig
 from conveyor.errors import ConfigError, scrub_value
 from tests.conftest import BIN, PG_PASSWORD, pg_exec
@@ -130,3 +132,28 @@ def test_plan_takes_hydra_flags_before_the_overrides(tpch_orders, cli, tmp_path:
         res = cli("plan", *args)
         assert res.code == 0, res.err
         assert "files-00003" in res.out
+
+
+@pytest.mark.parametrize("writer", ["pgpq", "adbc"])
+def test_write_errors_name_the_target_and_the_column(pg_source, pg_target, writer: str) -> None:
+    """A NOT NULL violation in a staged load named '_conveyor_stage_...' (main); a numeric
+    overflow named no column. Both name what the user knows; the target keeps its rows."""
+    from conveyor.errors import TransferError
+    from tests.helpers import job
+
+    pg_exec(pg_source, "DROP TABLE IF EXISTS wm_src", "CREATE TABLE wm_src AS SELECT g AS id, "
+            "CASE WHEN g = 5 THEN NULL ELSE 'x' END AS s, (g * 100.5)::numeric(12,2) AS n FROM generate_series(1, 10) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS wm_nn, wm_small", "CREATE TABLE wm_nn (id int, s text NOT NULL, n numeric(12,2))",
+            "INSERT INTO wm_nn VALUES (1, 'keep', 1)", "CREATE TABLE wm_small (id int, s text, n numeric(12,2) CHECK (n < 500))")
+    src = {"type": "postgres", "port": pg_source.port, "table": "wm_src"}
+    dst = {"type": "postgres", "port": pg_target.port, "copy_path": "arrow", "writer": writer}
+    with pytest.raises(TransferError) as err:
+        job(src, {**dst, "table": "wm_nn"}, load_mode="truncate")
+    assert 'null value in column "s" of relation "wm_nn" (staged)' in err.value.message
+    assert "_conveyor_stage" not in err.value.message
+    assert pg_exec(pg_target, "SELECT count(*) FROM wm_nn")[0][0] == 1
+    if writer == "pgpq":  # the encoder's COPY: PostgreSQL's context names the column
+        pg_exec(pg_target, "DROP TABLE wm_small", "CREATE TABLE wm_small (id int, s text, n numeric(5,2))")
+        with pytest.raises(TransferError, match=r"numeric field overflow \(column n, line \d+ of the partition's COPY\)"):
+            job({"type": "postgres", "port": pg_source.port, "query": "SELECT id, s, n::numeric(12,2) AS n FROM wm_src WHERE s IS NOT NULL"},
+                {**dst, "table": "wm_small"}, load_mode="append")

@@ -7,6 +7,8 @@ the process that opens it. Driver messages are scrubbed of it before they reach 
 
 from __future__ import annotations
 
+import re
+
 import atexit
 import contextlib
 import os
@@ -105,7 +107,20 @@ class PgConnConfig:
 
 
 def first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    """The message's first line; where it ends on a colon (ADBC's 'Error occurred writing COPY
+    data:'), the lines after it, up to the first that says something, go with it; and for a COPY
+    error, the column PostgreSQL names in its context ('column n', never the value)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    text = lines[0]
+    for more in lines[1:]:
+        if not text.endswith(":"):
+            break
+        text = f"{text} {more}"
+    context = getattr(getattr(exc, "diag", None), "context", None) or ""
+    found = re.search(r"COPY \S+, line (\d+), column ([^:\s]+)", context)
+    if found and "column" not in text:
+        text = f"{text} (column {found.group(2)}, line {found.group(1)} of the partition's COPY)"
+    return text
 
 
 def sqlstate(exc: BaseException) -> str | None:

@@ -569,7 +569,10 @@ class PostgresSink:
             return cause
         if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
             return exc
-        return translate(exc, self.config, f"writing {part.key} into {self.name}", part.key)
+        err = translate(exc, self.config, f"writing {part.key} into {self.name}", part.key)
+        # the staging table is ours: the user knows the target ('relation "_conveyor_stage_..."')
+        err.message = err.message.replace(f'relation "{self._stage()}"', f'relation "{self.config.table}" (staged)')
+        return err
 
     # --- verification ---------------------------------------------------------------------------
 
