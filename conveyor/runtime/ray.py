@@ -41,8 +41,9 @@ class RayRuntimeConfig:
     num_cpus_per_task: float = 1.0
     #: seconds to wait for a cluster to answer
     connect_timeout: float = 30.0
-    #: names of environment variables (e.g. PGPASSWORD) forwarded to the workers; their values
-    #: travel in Ray's runtime_env, so set secrets in the cluster's environment where you can
+    #: names of environment variables (e.g. PGPASSWORD) forwarded to the workers: their values go
+    #: with the tasks (Ray's object store, never its logs; not Ray's runtime_env, whose agent logs
+    #: them in plain text) and are set around each task on the worker
     forward_env: list[str] = field(default_factory=list)
     #: batches a task reads ahead of its writer (memory per task ~ prefetch x batch size)
     prefetch_batches: int = 4
@@ -50,10 +51,19 @@ class RayRuntimeConfig:
     progress_interval: float = 0.5
 
 
-def _remote_run(task: Task, max_retries: int, prefetch: int, collector: Any) -> TaskResult:
+def _remote_run(task: Task, max_retries: int, prefetch: int, collector: Any, env: dict[str, str] | None = None) -> TaskResult:
     """Runs on a Ray worker: the same task code as the local runtime, progress sent to an actor
-    (or nowhere, when nobody watches)."""
-    return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries, prefetch=prefetch)
+    (or nowhere, when nobody watches), with the forwarded environment set while it runs."""
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries, prefetch=prefetch)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class _RemoteProgress:
@@ -137,10 +147,8 @@ class RayRuntime:
             raise ConfigError("runtime=ray needs the ray package", key="runtime", hint="pip install 'conveyor[ray]', or use runtime=local") from None
         if ray.is_initialized():
             return ray, False
-        env_vars = {k: os.environ[k] for k in self.config.forward_env if k in os.environ}
-        runtime_env = {"env_vars": env_vars} if env_vars else None
         address = self.config.address
-        kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False, "runtime_env": runtime_env}
+        kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
         if address == "local":
             kwargs.update(address="local", include_dashboard=False, num_cpus=os.cpu_count() or 1,
                           object_store_memory=256 * 1024 * 1024)
@@ -231,6 +239,11 @@ class RayRuntime:
         # when something shows progress, and polled without blocking the scheduling loop.
         watched = not isinstance(progress, NullProgress)
         collector = ray.remote(num_cpus=0)(_Collector).remote() if watched else None
+        missing = [k for k in self.config.forward_env if k not in os.environ]
+        if missing:
+            warn(f"runtime.forward_env: {', '.join(missing)} not set here: not forwarded")
+        env = {k: os.environ[k] for k in self.config.forward_env if k in os.environ}
+        env_ref = ray.put(env) if env else None  # once, shared by every task; not in any log
         progress = _Settled(progress)
         self._poll: Any = None
         pending = list(reversed(tasks))
@@ -246,7 +259,7 @@ class RayRuntime:
                 while pending and stopping is None and len(running) < degree:
                     task = pending.pop()
                     progress.started(task.partition.key)
-                    running[remote.remote(task, self.config.max_retries, self.config.prefetch_batches, collector)] = task
+                    running[remote.remote(task, self.config.max_retries, self.config.prefetch_batches, collector, env_ref)] = task
                 done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)
                 if collector is not None:
                     self._forward(ray, collector, progress)

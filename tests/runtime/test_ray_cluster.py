@@ -13,6 +13,9 @@ from tests.conftest import BIN, pg_exec
 from tests.connectors.postgres.test_strategies import checksum
 
 
+CLUSTER: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def cluster(pg_servers):
     """A two-node Ray cluster on 127.0.0.1 (one CPU each); stopped after the module."""
@@ -27,6 +30,7 @@ def cluster(pg_servers):
     try:
         subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", *common], env=env, check=True, capture_output=True, timeout=180)
         os.environ["RAY_AUTH_MODE"] = "token"  # for `conveyor submit` run by the tests
+        CLUSTER.update(gcs=f"127.0.0.1:{port}", temp=temp)
         yield f"http://127.0.0.1:{dashboard}"
     finally:
         os.environ.pop("RAY_AUTH_MODE", None)
@@ -54,3 +58,31 @@ def test_a_failing_job_reports_its_error(cluster: str, cli, pg_source, pg_target
 def test_a_wrong_key_fails_before_anything_is_sent(cli) -> None:
     res = cli("submit", "--address", "http://127.0.0.1:1", "+source.nope=1", "pipeline=demo")
     assert res.code == 2 and "source.nope: unknown key" in res.err
+
+
+def test_forwarded_secrets_reach_the_workers_and_no_log(cluster: str, cli, pg_source, pg_target, tmp_path) -> None:
+    """A password only the driver's environment has, forwarded with runtime.forward_env: the
+    cluster's workers use it, and no file under the cluster's temp dir (session logs, the
+    runtime-env agent's log) holds it (on main it sat in runtime_env_agent.log)."""
+    from pathlib import Path
+
+    secret = "fwd-Secret-7c41e9"
+    pg_exec(pg_target, "DROP TABLE IF EXISTS fwd_dst", "CREATE TABLE fwd_dst (id int, h text)", "DROP ROLE IF EXISTS fwd_user",
+            f"CREATE ROLE fwd_user LOGIN PASSWORD '{secret}'", "GRANT ALL ON fwd_dst TO fwd_user", "GRANT CREATE ON SCHEMA public TO fwd_user",
+            "GRANT ALL ON ALL TABLES IN SCHEMA public TO fwd_user")
+    pg_exec(pg_source, "DROP TABLE IF EXISTS fwd_src", "CREATE TABLE fwd_src AS SELECT g AS id, md5(g::text) AS h FROM generate_series(1, 5000) g")
+    res = cli("run", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=fwd_src", f"sink.port={pg_target.port}",
+              "sink.table=fwd_dst", "sink.user=fwd_user", "sink.password_env=CONVEYOR_FWD_SECRET", "load_mode=append",
+              "runtime=ray", f"runtime.address={CLUSTER['gcs']}", "runtime.forward_env=[CONVEYOR_FWD_SECRET]",
+              "degree=2", "strategy.partitions=2", "sink.copy_path=arrow", env={"CONVEYOR_FWD_SECRET": secret}, timeout=600)
+    assert res.code == 0, res.out + res.err
+    assert pg_exec(pg_target, "SELECT count(*) FROM fwd_dst")[0][0] == 5000
+    leaked = []
+    for path in [*Path(CLUSTER["temp"]).rglob("*"), *tmp_path.rglob("*")]:
+        if path.is_file() and not path.is_symlink() and path.stat().st_size < 200_000_000:
+            try:
+                if secret.encode() in path.read_bytes():
+                    leaked.append(str(path))
+            except OSError:
+                continue
+    assert not leaked, leaked
