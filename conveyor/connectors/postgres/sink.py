@@ -28,7 +28,9 @@ from typing import Any
 from conveyor.arrowutil import CountingBatches
 from conveyor.casts import ColumnType, check_casts, text_of
 from conveyor.connectors.postgres import commits
-from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, row_hash_sql, sqlstate, translate
+from conveyor.connectors.postgres.common import (
+    PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, sqlstate, translate,
+)
 from conveyor.connectors.postgres.types import PgColumn, column_ddl, read_columns
 from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats, cancel_requested
 from conveyor.errors import Cancelled, ConveyorError, SchemaError, TransferError
@@ -143,6 +145,26 @@ class PostgresSink:
         if needs:
             raise SchemaError(f"{where}: role {user} lacks {'; '.join(needs)}",
                               hint="grant it, or connect as a role that has it (sink.user)")
+        if target.exists and mode in ("replace", "truncate"):
+            self._check_dependents(con, mode, where)
+
+    def _check_dependents(self, con: Any, mode: str, where: str) -> None:
+        """What would make the final swap fail after the whole load: views on the table (replace
+        drops it) and foreign keys of other tables pointing at it (replace and truncate)."""
+        oid = self._qualified()
+        refs = [r[0] for r in con.execute(
+            "SELECT format('%%s (%%s)', conname, conrelid::regclass) FROM pg_constraint "
+            "WHERE contype = 'f' AND confrelid = %s::regclass AND conrelid <> confrelid ORDER BY 1", [oid]).fetchall()]
+        views = [] if mode != "replace" else [r[0] for r in con.execute(
+            "SELECT DISTINCT v.oid::regclass::text FROM pg_depend d JOIN pg_rewrite w ON w.oid = d.objid "
+            "JOIN pg_class v ON v.oid = w.ev_class WHERE d.refobjid = %s::regclass AND v.oid <> d.refobjid ORDER BY 1",
+            [oid]).fetchall()]
+        found = ([f"views {', '.join(views)} depend on it"] if views else []) + (
+            [f"foreign keys point at it: {', '.join(refs)}"] if refs else [])
+        if found:
+            alternative = "load_mode=truncate keeps the table (and its views)" if mode == "replace" and not refs else \
+                "load_mode=append, or drop the foreign keys first"
+            raise SchemaError(f"{where}: load_mode={mode} cannot swap it in: {'; '.join(found)}", hint=alternative)
 
     # --- prepare ------------------------------------------------------------------------------
 
@@ -178,7 +200,8 @@ class PostgresSink:
                 if mode in ("truncate", "replace"):
                     like = "INCLUDING DEFAULTS" if mode == "truncate" else "INCLUDING ALL"
                     unlogged = "UNLOGGED " if mode == "truncate" or self.config.unlogged else ""
-                    con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} (LIKE {self._qualified()} {like})")
+                    using = self._access_method(con) if mode == "replace" else ""
+                    con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} (LIKE {self._qualified()} {like}){using}")
                     commits.label_stage(con, self.config.schema, self.options.run_id, self.name)
                     write_table, stage_created = self._stage(), True
             if self.config.commit_markers:
@@ -606,8 +629,9 @@ class PostgresSink:
                     con.execute(f"INSERT INTO {self._qualified()} ({cols}) SELECT {cols} FROM {stage}")
                     con.execute(f"DROP TABLE {stage}")
                 else:
-                    if plan.load_mode == "replace":
-                        con.execute(f"DROP TABLE IF EXISTS {self._qualified()}")
+                    if plan.load_mode == "replace" and self._target(con).exists:
+                        self._keep_identity(con, plan.write_target)
+                        con.execute(f"DROP TABLE {self._qualified()}")
                     con.execute(f"ALTER TABLE {stage} RENAME TO {ident(self.config.table)}")
                     self._rename_stage_indexes(con, plan.write_target)
                 if plan.detail("markers"):  # a staged load is visible whole: its markers served their purpose
@@ -623,6 +647,31 @@ class PostgresSink:
         finally:
             con.close()
             commits.release_guard(self.options.run_id)
+
+    def _access_method(self, con: Any) -> str:
+        """' USING <am>' for a target that is not a heap table (a columnar one): replace keeps it."""
+        row = con.execute("SELECT a.amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam WHERE c.oid = %s::regclass",
+                          [self._qualified()]).fetchone()
+        return f" USING {ident(row[0])}" if row and row[0] != "heap" else ""
+
+    def _keep_identity(self, con: Any, stage: str) -> None:
+        """Replace: the new table takes the old one's owner, privileges and comment (LIKE copies
+        columns, defaults, constraints, indexes and column comments, not these)."""
+        owner, acl, comment = con.execute(
+            "SELECT c.relowner::regrole::text, c.relacl::text[], obj_description(c.oid, 'pg_class') FROM pg_class c "
+            "WHERE c.oid = %s::regclass", [self._qualified()]).fetchone()
+        staged = self._qualified(stage)
+        grants = con.execute(
+            "SELECT a.privilege_type, CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END, a.is_grantable "
+            "FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = %s::regclass AND a.grantee <> c.relowner",
+            [self._qualified()]).fetchall() if acl else []
+        for privilege, grantee, grantable in grants:
+            who = grantee if grantee == "PUBLIC" else ident(grantee.strip('"'))
+            con.execute(f"GRANT {privilege} ON {staged} TO {who}" + (" WITH GRANT OPTION" if grantable else ""))
+        if comment is not None:
+            con.execute(f"COMMENT ON TABLE {staged} IS {literal(comment)}")
+        if con.execute("SELECT pg_has_role(%s::regrole, 'MEMBER')", [owner]).fetchone()[0]:
+            con.execute(f"ALTER TABLE {staged} OWNER TO {ident(owner.strip(chr(34)))}")
 
     def _rename_stage_indexes(self, con: Any, stage: str) -> None:
         """Indexes made by LIKE ... INCLUDING ALL carry the staging table's name: give them the target's."""
