@@ -55,6 +55,10 @@ class AdbcSourceConfig(AdbcConfig):
 class AdbcSinkConfig(AdbcConfig):
     table: str = "???"
     db_schema: str | None = None
+    #: columns whose values may change type by the database's own conversion; ["*"]: every column.
+    #: By default a type change that could alter a value is refused (conveyor/casts.py); SQLite,
+    #: whose columns have affinities rather than types, is not judged
+    allow_cast: list[str] = field(default_factory=list)
 
 
 def _module(driver: str) -> Any:
@@ -282,6 +286,7 @@ class AdbcSink(_Adbc):
                 schema = conn.adbc_get_table_schema(self.config.table, db_schema_filter=self.config.db_schema)
             except Exception:
                 return None
+            self._target_schema = schema
             return [TargetColumn(f.name, str(f.type), True, False) for f in schema]
         finally:
             conn.close()
@@ -326,6 +331,17 @@ class AdbcSink(_Adbc):
             pairs = [(n, n) for n in schema.names]
         else:
             pairs = map_columns(schema.names, target, self.options.map_method, where)
+            if self.config.driver != "sqlite":  # typed columns: the cast policy applies
+                from conveyor.casts import ColumnType, check_casts, text_of
+
+                tschema = self._target_schema
+                check_casts(pairs, [ColumnType(schema.field(s).type, db=text_of(schema.field(s)), as_text=bool(text_of(schema.field(s))))
+                                    for s, _ in pairs],
+                            [_column_type(tschema.field(t)) for _, t in pairs], where, self.config.allow_cast)
+                # the driver writes each column as its Arrow type (binary COPY for PostgreSQL): an
+                # int32 into a bigint column must be an int64 first (checked value by value)
+                to = {s: tschema.field(t).type for s, t in pairs if _castable(schema.field(s).type, tschema.field(t).type)}
+                schema = pa.schema([f.with_type(to[f.name]) if f.name in to else f for f in schema])
         write_table = self.config.table
         if mode != "append":
             out_schema = pa.schema([pa.field(t, schema.field(s).type) for s, t in pairs])
@@ -418,3 +434,27 @@ def _secrets(kwargs: dict[str, Any]) -> list[str]:
             if pw:
                 out += [pw, unquote(pw)]
     return out
+
+
+def _column_type(field: Any) -> Any:
+    """A target column as the cast policy sees it: its Arrow type, and the database's own type name
+    where the driver says it (PostgreSQL's driver does, in the field metadata)."""
+    from conveyor.casts import ColumnType
+
+    meta = {k.decode(): v.decode() for k, v in (field.metadata or {}).items()}
+    return ColumnType(field.type, db=meta.get("POSTGRESQL:type", ""), sql=meta.get("POSTGRESQL:type", ""),
+                      typmod=int(meta.get("POSTGRESQL:typmod", "-1")))
+
+
+def _castable(src: Any, tgt: Any) -> bool:
+    """Whether Arrow itself casts ``src`` to the plain type ``tgt`` (extension types are the driver's)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if src == tgt or isinstance(tgt, pa.BaseExtensionType) or isinstance(src, pa.BaseExtensionType):
+        return False
+    try:
+        pc.cast(pa.array([], src), tgt)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True

@@ -113,3 +113,22 @@ def test_unknown_driver_in_python() -> None:
 
     with pytest.raises(PluginError):
         _module("nosuchdb")
+
+
+def test_a_typed_adbc_target_follows_the_cast_policy(pg_target, tmp_path: Path) -> None:
+    """ADBC's PostgreSQL driver as a generic ADBC target: a date into an integer column is refused
+    before anything moves (the database would otherwise decide), a widening integer is loaded."""
+    import pyarrow as pa
+
+    from tests.conftest import PG_PASSWORD, pg_exec
+
+    pg_exec(pg_target, "DROP TABLE IF EXISTS adbc_cast", "CREATE TABLE adbc_cast (id bigint, d int)")
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int32()), "d": pa.array([9497, 9498], pa.date32())}), src)
+    sink = {"type": "adbc", "driver": "postgresql", "table": "adbc_cast",
+            "uri": f"postgresql://postgres:{PG_PASSWORD}@127.0.0.1:{pg_target.port}/postgres"}
+    with pytest.raises(SchemaError, match=r"column d \(date32\[day\] -> int4\): the values would change meaning"):
+        job({"type": "parquet", "path": str(src)}, sink, load_mode="append")
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int32()), "d": pa.array([7, 8], pa.int16())}), src)
+    assert job({"type": "parquet", "path": str(src)}, sink, load_mode="append").rows == 2
+    assert pg_exec(pg_target, "SELECT id, d FROM adbc_cast ORDER BY id") == [(1, 7), (2, 8)]
