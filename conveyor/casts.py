@@ -63,6 +63,12 @@ class ColumnType:
     typmod: int = -1
     as_text: bool = False  # values arrive as the text form of ``db`` (PostgreSQL types Arrow has no type for)
 
+    @classmethod
+    def of_field(cls, field: Any) -> ColumnType:
+        """A source column as its Arrow field says: its type, or the PostgreSQL type whose text it holds."""
+        pg = text_of(field)
+        return cls(field.type, db=pg, sql=pg, as_text=bool(pg))
+
     @property
     def shown(self) -> str:
         return self.sql or str(self.arrow)

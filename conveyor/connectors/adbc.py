@@ -332,11 +332,10 @@ class AdbcSink(_Adbc):
         else:
             pairs = map_columns(schema.names, target, self.options.map_method, where)
             if self.config.driver != "sqlite":  # typed columns: the cast policy applies
-                from conveyor.casts import ColumnType, check_casts, text_of
+                from conveyor.casts import ColumnType, check_casts
 
                 tschema = self._target_schema
-                check_casts(pairs, [ColumnType(schema.field(s).type, db=text_of(schema.field(s)), as_text=bool(text_of(schema.field(s))))
-                                    for s, _ in pairs],
+                check_casts(pairs, [ColumnType.of_field(schema.field(s)) for s, _ in pairs],
                             [_column_type(tschema.field(t)) for _, t in pairs], where, self.config.allow_cast)
                 # the driver writes each column as its Arrow type (binary COPY for PostgreSQL): an
                 # int32 into a bigint column must be an int64 first (checked value by value)

@@ -292,12 +292,11 @@ class DuckDBSink:
         bind the insert against an empty batch, so other mismatches fail before rows move too."""
         import duckdb
 
-        from conveyor.casts import ColumnType, check_casts, text_of
+        from conveyor.casts import ColumnType, check_casts
 
         target = con.execute(f"SELECT * FROM {table} LIMIT 0").arrow().schema
-        src_types = [ColumnType(source.field(s).type, db=text_of(source.field(s)), as_text=bool(text_of(source.field(s))))
-                     for s, _ in pairs]
-        check_casts(pairs, src_types, [ColumnType(target.field(t).type) for _, t in pairs], where, self.config.allow_cast)
+        check_casts(pairs, [ColumnType.of_field(source.field(s)) for s, _ in pairs],
+                    [ColumnType(target.field(t).type) for _, t in pairs], where, self.config.allow_cast)
         sql = self._insert_sql(table, [t for _, t in pairs], [s for s, _ in pairs], "__conveyor_empty")
         con.execute("BEGIN")
         try:

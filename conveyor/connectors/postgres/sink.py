@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches
-from conveyor.casts import ColumnType, check_casts, text_of
+from conveyor.casts import ColumnType, check_casts
 from conveyor.connectors.postgres import commits
 from conveyor.connectors.postgres.common import (
     PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, sqlstate, translate,
@@ -260,10 +260,8 @@ class PostgresSink:
             col = src_cols.get(s)
             if col is not None:
                 sources.append(_pg_column_type(col, f.type, as_text=col.unconstrained_numeric or not col.native))
-            elif text_of(f):
-                sources.append(ColumnType(f.type, db=text_of(f), sql=text_of(f), as_text=True))
             else:
-                sources.append(ColumnType(f.type))
+                sources.append(ColumnType.of_field(f))
         targets = [_pg_column_type(c, None) for c in tcols]
         return check_casts(pairs, sources, targets, where, self.config.allow_cast)
 
