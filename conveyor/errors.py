@@ -114,6 +114,11 @@ class Cancelled(ConveyorError):
     exit_code = 130
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line (its type's name where it has none)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def scrub_value(text: str, *secrets: str | None) -> str:
     """Mask each secret where it stands as a whole value (in a URL, after ``=`` or ``:``, in quotes),
     not where its letters happen to stand inside a word: a password ``x`` leaves ``syntax`` alone."""
@@ -134,5 +139,6 @@ __all__ = [
     "SchemaError",
     "TransferError",
     "VerificationError",
+    "first_line",
     "scrub_value",
 ]

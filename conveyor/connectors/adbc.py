@@ -23,7 +23,7 @@ from typing import Any
 from conveyor.arrowutil import CountingBatches, rebatch
 from conveyor.connectors.sql import key_kind, where_clause
 from conveyor.core import JobOptions, KeyStats, NativePartition, Partition, PrepareRequest, SinkPlan, SourceInfo, WriteStats
-from conveyor.errors import ConfigError, ConnectError, ConveyorError, PluginError, SchemaError, TransferError, scrub_value
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, PluginError, SchemaError, TransferError, first_line, scrub_value
 from conveyor.mapping import TargetColumn, map_columns
 
 # drivers whose placeholders are not "?"
@@ -101,7 +101,7 @@ class _Adbc:
     def _translate(self, exc: BaseException, doing: str, partition: str | None = None) -> ConveyorError:
         if isinstance(exc, ConveyorError):
             return exc
-        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        text = first_line(exc)
         text = scrub_value(text, *_secrets(self.config.db_kwargs))
         msg = f"{self._where()}: {doing}: {text}"
         low = text.lower()

@@ -21,7 +21,7 @@ from conveyor.core import (
     FileEntry, FileSet, JobOptions, Partition, PrepareRequest, RowGroupSet, SinkPlan, SourceInfo, WholeSource, WriteStats,
 )
 from conveyor.log import warn
-from conveyor.errors import ConfigError, ConveyorError, PlanningError, SchemaError, TransferError
+from conveyor.errors import ConfigError, ConveyorError, PlanningError, SchemaError, TransferError, first_line
 
 _GLOB_CHARS = ("*", "?", "[")
 
@@ -254,8 +254,7 @@ class ParquetSource(_FileSource):
         try:
             yield from pf.iter_batches(batch_size=self.options.batch_size, row_groups=row_groups)
         except (OSError, pa.ArrowException) as exc:  # a corrupt page: 'Corrupt snappy compressed data.' alone named no file
-            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise TransferError(f"parquet file {path}: {text}", hint="the file is damaged: write it again, or leave it out of source.path") from None
+            raise TransferError(f"parquet file {path}: {first_line(exc)}", hint="the file is damaged: write it again, or leave it out of source.path") from None
 
 
 class CsvSource(_FileSource):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.core import JobOptions, NativePartition, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WholeSource, WriteStats
-from conveyor.errors import ConfigError, ConnectError, ConveyorError, PlanningError, SchemaError, TransferError
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, PlanningError, SchemaError, TransferError, first_line
 
 
 @dataclass
@@ -46,7 +46,7 @@ def translate(exc: BaseException, conf: FlightConfig, doing: str, partition: str
 
     if isinstance(exc, ConveyorError):
         return exc
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = first_line(exc)
     msg = f"flight {conf.location}: {doing}: {text}"
     if isinstance(exc, (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)):
         return ConnectError(msg, hint=f"check the token in ${conf.token_env}" if conf.token_env else "the service wants a token: set token_env")

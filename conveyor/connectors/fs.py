@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, first_line
 
 _EXTRA = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
 
@@ -50,7 +50,7 @@ def translate(exc: BaseException, where: str) -> ConveyorError:
     """A filesystem error as one Conveyor error naming the path or bucket."""
     if isinstance(exc, ConveyorError):
         return exc
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = first_line(exc)
     local = getattr(exc, "errno", None) is not None  # the operating system's own error: a local file
     if isinstance(exc, FileNotFoundError):
         return ConfigError(f"{where}: not found: {text}", hint="check the path" if local else "check the path and that the bucket exists")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.core import JobOptions, sink_capabilities
-from conveyor.errors import ConfigError, ConnectError, TransferError
+from conveyor.errors import ConfigError, ConnectError, TransferError, first_line
 from conveyor.log import warn
 from conveyor.runtime.reaper import Reaper
 from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult, cancel_requested, not_run, retries_allowed, run_task
@@ -162,7 +162,7 @@ class RayRuntime:
             self._end_reaper(reap=True)
             if not isinstance(exc, Exception):
                 raise
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc)
             what = "could not start a local Ray instance" if address == "local" else f"ray cluster {address}"
             raise ConnectError(f"{what}: {type(exc).__name__}: {first}",
                                hint="is the cluster running? (ray status); runtime=local needs no Ray at all") from None
@@ -310,7 +310,7 @@ class RayRuntime:
             if stopping is not None:  # its worker was killed because the run stops
                 return not_run(task, stopping)
             cause = getattr(exc, "cause", None)
-            first = (str(cause or exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(cause or exc)
             err = TransferError(f"partition {key}: the Ray task failed after {self.config.max_retries} retries: {type(exc).__name__}: {first}",
                                 partition=key)
             return TaskResult(key, task.partition.index, attempts=self.config.max_retries + 1, error=err)
