@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -112,16 +113,10 @@ def s3():
     from conveyor.testing.s3server import S3Server
 
     server = S3Server().start()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
     try:
-        yield server
+        with mock.patch.dict(os.environ, server.env()):
+            yield server
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.stop()
 
 

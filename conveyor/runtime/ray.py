@@ -54,16 +54,10 @@ class RayRuntimeConfig:
 def _remote_run(task: Task, max_retries: int, prefetch: int, collector: Any, env: dict[str, str] | None = None) -> TaskResult:
     """Runs on a Ray worker: the same task code as the local runtime, progress sent to an actor
     (or nowhere, when nobody watches), with the forwarded environment set while it runs."""
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
+    from unittest import mock  # the standard library's way to set and restore os.environ
+
+    with mock.patch.dict(os.environ, env or {}):
         return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries, prefetch=prefetch)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 class _RemoteProgress:

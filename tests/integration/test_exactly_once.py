@@ -95,6 +95,17 @@ def test_a_failing_partition_with_others_queued_ends_the_run(ex_src, pg_target, 
 # --- exactly once: commit markers ----------------------------------------------------------------
 
 
+def _lose_manifest_lines(run_dir: Path) -> Path:
+    """Make a finished run's manifest say what a driver killed just after its commits (or file
+    writes) would have left: every partition pending, no journal lines."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    for entry in manifest["partitions"].values():
+        entry.update(status="pending", rows=0)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    (run_dir / "partitions.jsonl").unlink()
+    return run_dir
+
+
 def test_resume_asks_the_target_not_the_manifest(ex_src, pg_target, cli, tmp_path: Path) -> None:
     """A driver killed between a partition's commit and its manifest line: the manifest says
     pending, the target has the rows. Resume must not load them again."""
@@ -103,12 +114,7 @@ def test_resume_asks_the_target_not_the_manifest(ex_src, pg_target, cli, tmp_pat
             "sink.table=ex_marked", "load_mode=append", "runtime=local", "degree=2", "strategy.partitions=6"]
     first = cli(*args)
     assert first.code == 0, first.err
-    run_dir = tmp_path / "hydra-run"
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    for entry in manifest["partitions"].values():  # what a driver killed just after the commits would have left
-        entry.update(status="pending", rows=0)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest))
-    (run_dir / "partitions.jsonl").unlink()
+    run_dir = _lose_manifest_lines(tmp_path / "hydra-run")
     res = cli(*args, f"resume={run_dir}")
     assert res.code == 0, res.err
     assert "resume: 6 of 6 partitions finished" in res.err and "commit markers" in res.err
@@ -130,12 +136,7 @@ def test_a_resumed_file_append_replaces_its_own_files(ex_src, cli, tmp_path: Pat
     first = cli(*args)
     assert first.code == 0, first.err
     files = sorted(p.relative_to(out) for p in out.rglob("*.parquet"))
-    run_dir = tmp_path / "hydra-run"
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    for entry in manifest["partitions"].values():  # what a driver killed just after the writes would have left
-        entry.update(status="pending", rows=0)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest))
-    (run_dir / "partitions.jsonl").unlink()
+    run_dir = _lose_manifest_lines(tmp_path / "hydra-run")
     res = cli(*args, f"resume={run_dir}")
     assert res.code == 0, res.err
     assert sorted(p.relative_to(out) for p in out.rglob("*.parquet")) == files  # the same files, none added

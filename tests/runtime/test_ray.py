@@ -153,6 +153,7 @@ def test_a_driver_killed_during_start_up_leaves_no_ray_process(tpch_orders, tmp_
     import signal
     import subprocess
 
+    from conveyor.runtime.reaper import descendants
     from tests.conftest import BIN
 
     proc = subprocess.Popen(
@@ -180,25 +181,6 @@ def test_a_driver_killed_during_start_up_leaves_no_ray_process(tpch_orders, tmp_
         left = {pid: _cmdline(pid) for pid in seen if _running(pid, seen[pid])}
         time.sleep(0.2)
     assert not left, f"still running 15 s after the driver was killed: {left}"
-
-
-def descendants(root: int) -> dict[int, str]:
-    """{pid: start time} of every process below ``root`` (from /proc)."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2:].split()
-            table[int(entry.name)] = (int(fields[1]), fields[19])
-    out, todo = {}, [pid for pid, (ppid, _) in table.items() if ppid == root]
-    while todo:
-        pid = todo.pop()
-        out[pid] = table[pid][1]
-        todo += [c for c, (ppid, _) in table.items() if ppid == pid]
-    return out
 
 
 def _cmdline(pid: int) -> str:
