@@ -157,16 +157,15 @@ class _FileSource:
         raise NotImplementedError
 
     def describe(self) -> SourceInfo:
+        import pyarrow as pa
+
         entries = self.list_files()
         fs = self._fs()
         self._schema = self._file_schema(fs, entries[0].path)
         self._discover_hive(fs, entries)
         total = sum(e.size or 0 for e in entries)
-        schema = self._schema
-        for f in self._hive_fields:
-            schema = schema.append(f)
         return SourceInfo(
-            schema=schema,
+            schema=pa.schema([*self._schema, *self._hive_fields]),
             label=f"{self.format_name}: {len(entries)} file(s) at {self.config.path}",
             estimated_bytes=total or None,
         )
@@ -526,14 +525,11 @@ class ParquetSink(_FileSink):
 
     def count_rows(self, plan: SinkPlan) -> int:
         """Rows in the files this load wrote (their footers)."""
-        fs, _ = self._fs()
-        return self._rows_in(fs, self._written(plan, self._existing(fs, plan.write_target)))
-
-    def _rows_in(self, fs: Any, paths: list[str]) -> int:
         import pyarrow.parquet as pq
 
+        fs, _ = self._fs()
         total = 0
-        for path in paths:
+        for path in self._written(plan, self._existing(fs, plan.write_target)):
             with fs.open(path, "rb") as f:
                 total += pq.ParquetFile(f).metadata.num_rows
         return total

@@ -627,7 +627,7 @@ class PostgresSink:
                     con.execute(f"INSERT INTO {self._qualified()} ({cols}) SELECT {cols} FROM {stage}")
                     con.execute(f"DROP TABLE {stage}")
                 else:
-                    if plan.load_mode == "replace" and self._target(con).exists:
+                    if plan.load_mode == "replace" and con.execute("SELECT to_regclass(%s) IS NOT NULL", [self._qualified()]).fetchone()[0]:
                         self._keep_identity(con, plan.write_target)
                         con.execute(f"DROP TABLE {self._qualified()}")
                     con.execute(f"ALTER TABLE {stage} RENAME TO {ident(self.config.table)}")
@@ -655,21 +655,21 @@ class PostgresSink:
     def _keep_identity(self, con: Any, stage: str) -> None:
         """Replace: the new table takes the old one's owner, privileges and comment (LIKE copies
         columns, defaults, constraints, indexes and column comments, not these)."""
-        owner, acl, comment = con.execute(
-            "SELECT c.relowner::regrole::text, c.relacl::text[], obj_description(c.oid, 'pg_class') FROM pg_class c "
-            "WHERE c.oid = %s::regclass", [self._qualified()]).fetchone()
+        owner, comment = con.execute(
+            "SELECT pg_get_userbyid(c.relowner), obj_description(c.oid, 'pg_class') FROM pg_class c WHERE c.oid = %s::regclass",
+            [self._qualified()]).fetchone()
         staged = self._qualified(stage)
-        grants = con.execute(
-            "SELECT a.privilege_type, CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END, a.is_grantable "
+        grants = con.execute(  # grantee 0 is PUBLIC; names unquoted, quoted below
+            "SELECT a.privilege_type, CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, a.is_grantable "
             "FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = %s::regclass AND a.grantee <> c.relowner",
-            [self._qualified()]).fetchall() if acl else []
+            [self._qualified()]).fetchall()
         for privilege, grantee, grantable in grants:
-            who = grantee if grantee == "PUBLIC" else ident(grantee.strip('"'))
+            who = "PUBLIC" if grantee is None else ident(grantee)
             con.execute(f"GRANT {privilege} ON {staged} TO {who}" + (" WITH GRANT OPTION" if grantable else ""))
         if comment is not None:
             con.execute(f"COMMENT ON TABLE {staged} IS {literal(comment)}")
-        if con.execute("SELECT pg_has_role(%s::regrole, 'MEMBER')", [owner]).fetchone()[0]:
-            con.execute(f"ALTER TABLE {staged} OWNER TO {ident(owner.strip(chr(34)))}")
+        if con.execute("SELECT pg_has_role(%s, 'MEMBER')", [owner]).fetchone()[0]:
+            con.execute(f"ALTER TABLE {staged} OWNER TO {ident(owner)}")
 
     def _rename_stage_indexes(self, con: Any, stage: str) -> None:
         """Indexes made by LIKE ... INCLUDING ALL carry the staging table's name: give them the target's."""
