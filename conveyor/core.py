@@ -312,9 +312,27 @@ class SinkPlan:
     #: why this path was taken, for ``conveyor plan`` and the report
     path_reason: str = ""
     details: tuple[tuple[str, Any], ...] = ()
+    #: special values this sink writes exactly (``INFINITY``): the job asks the source to pass
+    #: them on instead of refusing them (``SupportsSpecialValues``)
+    keeps: tuple[str, ...] = ()
 
     def detail(self, name: str, default: Any = None) -> Any:
         return dict(self.details).get(name, default)
+
+
+#: infinity and -infinity of dates and timestamps, carried in Arrow as DuckDB does: date32
+#: +-(2**31 - 1) days, timestamp +-(2**63 - 1) (no real date or timestamp of PostgreSQL or DuckDB
+#: is that far out). A source passes them on only to a sink that keeps them.
+INFINITY = "infinity"
+INFINITY_DAYS = 2**31 - 1
+INFINITY_TICKS = 2**63 - 1
+
+
+@runtime_checkable
+class SupportsSpecialValues(Protocol):
+    """A source that refuses special values by default and can pass them on to a sink that keeps them."""
+
+    def keeping(self, kinds: tuple[str, ...]) -> Any: ...
 
 
 @dataclass(frozen=True)

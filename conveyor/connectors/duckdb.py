@@ -19,7 +19,7 @@ from typing import Any
 from conveyor.arrowutil import CountingBatches
 from conveyor.connectors import fs as fs_util
 from conveyor.connectors.sql import key_kind, where_clause
-from conveyor.core import JobOptions, KeyStats, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats
+from conveyor.core import INFINITY, JobOptions, KeyStats, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats
 from conveyor.errors import ConnectError, SchemaError, TransferError
 from conveyor.mapping import TargetColumn, map_columns
 
@@ -272,6 +272,7 @@ class DuckDBSink:
             columns=tuple(t for _, t in pairs),
             source_columns=tuple(s for s, _ in pairs),
             schema=schema,
+            keeps=(INFINITY,),  # DuckDB's own date and timestamp infinity
         )
 
     def _create_from_arrow(self, con: Any, stage: str, where: str) -> None:

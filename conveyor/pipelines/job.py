@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.config import JobSpec
-from conveyor.core import Partition, PlanRequest, PrepareRequest, SinkPlan, SourceInfo, SupportsCommitMarkers, WriteStats
+from conveyor.core import (
+    Partition,
+    PlanRequest,
+    PrepareRequest,
+    SinkPlan,
+    SourceInfo,
+    SupportsCommitMarkers,
+    SupportsSpecialValues,
+    WriteStats,
+)
 from conveyor.errors import Cancelled, ConveyorError, PlanningError
 from conveyor.log import say
 from conveyor.pipelines.verify import Verification, check_mode, raise_if_failed, verify
@@ -141,6 +150,8 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         exc.report = report
         raise
     report.target, report.sink_plan = sink_plan.target, sink_plan
+    if sink_plan.keeps and isinstance(source, SupportsSpecialValues):
+        source = source.keeping(sink_plan.keeps)  # e.g. infinity passed on, not refused
     try:
         done = _already_done(plan, spec.sink, sink_plan)
         report.committed_before = set(done)

@@ -32,7 +32,18 @@ from conveyor.connectors.postgres.common import (
     PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, sqlstate, translate,
 )
 from conveyor.connectors.postgres.types import PgColumn, column_ddl, read_columns
-from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats, cancel_requested
+from conveyor.core import (
+    INFINITY,
+    INFINITY_DAYS,
+    INFINITY_TICKS,
+    JobOptions,
+    Partition,
+    PrepareRequest,
+    SinkCapabilities,
+    SinkPlan,
+    WriteStats,
+    cancel_requested,
+)
 from conveyor.errors import Cancelled, ConveyorError, SchemaError, TransferError
 from conveyor.log import warn
 from conveyor.mapping import TargetColumn, map_columns
@@ -248,6 +259,7 @@ class PostgresSink:
             details=(("casts", casts), ("target_types", tuple(c.type_sql for c in tcols)),
                      ("writer", writer), ("pgpq_types", pgpq_types), ("guard", self.options.run_id),
                      ("markers", self.config.commit_markers), ("load_id", self.options.load)),
+            keeps=(INFINITY,) if writer == "pgpq" else (),
         )
 
     def _check_casts(self, request: PrepareRequest, pairs: list[tuple[str, str]], tcols: list[PgColumn], where: str) -> list[str]:
@@ -269,6 +281,8 @@ class PostgresSink:
                        tcols: list[PgColumn]) -> tuple[str, str, tuple[Any, ...] | None]:
         """pgpq where it can encode every column for its target type, else ADBC; why not pgpq;
         and, for pgpq, the Arrow type each column is encoded as."""
+        import pyarrow as pa
+
         if self.config.writer == "adbc":
             return "adbc", "writer=adbc", None
         why = ""
@@ -279,7 +293,11 @@ class PostgresSink:
         types: list[Any] = []
         if not why:
             for (s, _), cast, col in zip(pairs, casts, tcols):
-                types.append(_pgpq_type(schema.field(s).type, cast, col.type_oid))
+                src = _plain(schema.field(s).type)
+                if cast is None and (pa.types.is_string(src) or pa.types.is_large_string(src)):
+                    types.append(src)  # into a text column of a temp table, cast by PostgreSQL
+                    continue
+                types.append(_pgpq_type(src, cast, col.type_oid))
                 if types[-1] is None:
                     why = f"column {s}: pgpq does not encode {_plain(cast or schema.field(s).type)} as {col.type_sql}"
                     break
@@ -453,7 +471,8 @@ class PostgresSink:
         types = plan.detail("pgpq_types")
         out_schema = pa.schema([pa.field(t, ty) for (_, t), ty in zip(pairs, types)])
         counted = CountingBatches(_cast_batches(iter(batches), pairs, types, out_schema, part.key))
-        encoder = ArrowToPostgresBinaryEncoder(out_schema)
+        wire = pa.schema([pa.field(t, _wire_type(ty)) for (_, t), ty in zip(pairs, types)])
+        encoder = ArrowToPostgresBinaryEncoder(wire)
         con = connect(self.config)
         try:
             before = self._committed_before(plan, part, lambda sql: con.execute(sql).fetchone())
@@ -461,12 +480,22 @@ class PostgresSink:
                 con.rollback()
                 return WriteStats(part.key, before, 0, time.perf_counter() - start, already_committed=True)
             cols = ", ".join(ident(c) for c in plan.columns)
+            into = self._qualified(plan.write_target)
+            casts = plan.detail("casts")
+            if any(c is None for c in casts):  # PostgreSQL casts these text columns: through a temp table
+                into = f"pg_temp.{ident(f'_conveyor_in_{part.index}')}"
+                temp_types = ["text" if c is None else ty for c, ty in zip(casts, plan.detail("target_types"))]
+                con.execute(f"CREATE TEMP TABLE {into} ({', '.join(f'{ident(c)} {ty}' for c, ty in zip(plan.columns, temp_types))}) "
+                            "ON COMMIT DROP")
             with con.cursor() as cur:
-                with cur.copy(f"COPY {self._qualified(plan.write_target)} ({cols}) FROM STDIN (FORMAT binary)") as cp:
+                with cur.copy(f"COPY {into} ({cols}) FROM STDIN (FORMAT binary)") as cp:
                     cp.write(encoder.write_header())
                     for batch in counted:
-                        cp.write(encoder.write_batch(batch))
+                        cp.write(encoder.write_batch(_to_pg_epoch(batch, wire)))
                     cp.write(encoder.finish())
+            if into != self._qualified(plan.write_target):
+                con.execute(self._insert_from_temp(plan.columns, plan.detail("target_types"), plan.write_target,
+                                                   f"_conveyor_in_{part.index}"))
             self._seal(plan, part, counted.rows, con.execute, lambda sql: con.execute(sql).fetchone())
             con.commit()
         except BaseException as exc:
@@ -800,6 +829,37 @@ def _pgpq_type(src: Any, cast: Any, oid: int) -> Any:
         return None
     cast = _plain(cast)
     return cast if _pgpq_encodes(cast, oid) else None
+
+
+# Dates and timestamps go to pgpq as PostgreSQL's own integers (days / microseconds since
+# 2000-01-01, the binary COPY form of date, timestamp and timestamptz), so that infinity and
+# -infinity (core.INFINITY) reach PostgreSQL's: pgpq refuses them. Other values out of
+# PostgreSQL's range wrap around here and PostgreSQL refuses them ("date out of range").
+def _wire_type(typ: Any) -> Any:
+    import pyarrow as pa
+
+    if pa.types.is_date32(typ):
+        return pa.int32()
+    if pa.types.is_timestamp(typ) and typ.unit == "us":
+        return pa.int64()
+    return typ
+
+
+def _to_pg_epoch(batch: Any, wire: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arrays = []
+    for arr, field in zip(batch.columns, wire):
+        if arr.type != field.type:
+            ints = arr.view(field.type)
+            days = field.type == pa.int32()
+            offset, top = (10957, INFINITY_DAYS) if days else (946684800000000, INFINITY_TICKS)
+            shifted = pc.subtract(ints, pa.scalar(offset, field.type))  # wraps, never raises
+            bottom = pa.scalar(-top - 1, field.type)  # PostgreSQL's -infinity
+            arr = pc.if_else(pc.equal(ints, top), ints, pc.if_else(pc.equal(ints, -top), bottom, shifted))
+        arrays.append(arr)
+    return pa.RecordBatch.from_arrays(arrays, schema=wire)
 
 
 def _plain(typ: Any) -> Any:

@@ -21,6 +21,9 @@ from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, conn
 from conveyor.connectors.sql import where_clause
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_columns
 from conveyor.core import (
+    INFINITY,
+    INFINITY_DAYS,
+    INFINITY_TICKS,
     JobOptions,
     KeyStats,
     PageRange,
@@ -48,7 +51,8 @@ class PostgresSourceConfig(PgConnConfig):
     snapshot: bool = True
     #: dates and timestamps Arrow cannot hold (infinity, -infinity, timestamps after
     #: 294247-01-10): error (default) names the column; null writes NULL; clamp writes the latest /
-    #: earliest value both can hold. (PostgreSQL -> PostgreSQL pass-through keeps them exactly.)
+    #: earliest value both can hold. Into a sink that keeps infinity (PostgreSQL, DuckDB), the
+    #: default passes infinity and -infinity on exactly.
     special_values: str = "error"
 
     def __post_init__(self) -> None:
@@ -68,6 +72,14 @@ class PostgresSource:
         self.options = options
         self.columns: tuple[PgColumn, ...] = ()
         self.snapshot_id: str | None = None
+        #: the sink keeps infinity (core.INFINITY): pass it on instead of refusing it
+        self.keep_infinity = False
+
+    def keeping(self, kinds: tuple[str, ...]) -> PostgresSource:
+        """This source, passing on the special values a sink keeps (only under the default policy)."""
+        kept = copy.copy(self)
+        kept.keep_infinity = INFINITY in kinds and self.config.special_values == "error"
+        return kept
 
     # --- describing --------------------------------------------------------------------------
 
@@ -368,6 +380,12 @@ class PostgresSource:
         if smallest is None or smallest >= low:
             return arr  # the usual case: one pass over the column, nothing to do
         bad = pc.less(ints, low)
+        if self.keep_infinity:
+            top = INFINITY_DAYS if col.typname == "date" else INFINITY_TICKS
+            ints = pc.if_else(pc.equal(ints, inf), top, pc.if_else(pc.equal(ints, neg_inf), -top, ints)).cast(ints.type)
+            bad = pc.and_(pc.less(ints, low), pc.not_equal(ints, -top))
+            if not pc.any(bad).as_py():
+                return ints.view(arr.type)
         if self.config.special_values == "error":
             first = ints.filter(bad)[0].as_py()
             what = {inf: "infinity", neg_inf: "-infinity"}.get(first, "a timestamp after 294247-01-10")

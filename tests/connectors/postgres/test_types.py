@@ -144,13 +144,14 @@ def test_auto_writer_falls_back_to_adbc_and_says_why(types_source, pg_target) ->
     pg_exec(pg_target, "DROP TABLE IF EXISTS types", DDL)
     report = job(_src(types_source), _dst(pg_target, copy_path="arrow"), "none", load_mode="append")
     assert report.sink_plan.detail("writer") == "adbc"
-    # unconstrained numeric is read as exact text, which PostgreSQL parses
-    assert "adbc encoder (column nu: pgpq does not encode string as numeric)" in report.sink_plan.path_reason
+    # unconstrained numeric is read as exact text, which pgpq sends to PostgreSQL to parse; an interval
+    # (month_day_nano) pgpq cannot encode
+    assert "adbc encoder (column iv: pgpq does not encode month_day_nano_interval as interval)" in report.sink_plan.path_reason
     assert _rows_as_text(pg_target) == _rows_as_text(types_source)
 
 
 def test_forced_pgpq_writer_refuses_a_type_it_cannot_encode(types_source, pg_target) -> None:
     pg_exec(pg_target, "DROP TABLE IF EXISTS types", DDL)
-    with pytest.raises(SchemaError, match="writer=pgpq is not possible: column nu: pgpq does not encode string as numeric"):
+    with pytest.raises(SchemaError, match="writer=pgpq is not possible: column iv: pgpq does not encode month_day_nano_interval as interval"):
         job(_src(types_source), _dst(pg_target, copy_path="arrow", writer="pgpq"), "none", load_mode="append")
     assert pg_exec(pg_target, "SELECT count(*) FROM types") == [(0,)]
