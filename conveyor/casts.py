@@ -22,6 +22,8 @@ of a type -> that type
 date -> timestamp                           midnight, no time zone involved
 timestamp, time: precision kept or finer    a coarser target is refused (PostgreSQL would round);
                                             a coarser Arrow unit is checked per value
+interval -> interval with the same or more  interval(0), interval YEAR TO MONTH, ... into a target
+fields and digits                           that keeps fewer would truncate or round: refused
 ==========================================  ==========================================================
 
 Everything else is refused: date/timestamp <-> integer, bool <-> integer, float -> integer or
@@ -151,11 +153,27 @@ def _float_bits(ct: ColumnType) -> int:
     return typ.bit_width if pa.types.is_floating(typ) else 64
 
 
+def _judge_interval(src: int, tgt: int) -> str | None:
+    """interval typmods: the fields kept (YEAR TO MONTH, DAY, ...) in the upper 16 bits, the
+    fractional-second digits in the lower (0xFFFF: all); -1 is both in full."""
+    full = (0x7FFF << 16) | 0xFFFF
+    s, t = full if src < 0 else src, full if tgt < 0 else tgt
+    s_fields, t_fields, s_digits, t_digits = s >> 16, t >> 16, s & 0xFFFF, t & 0xFFFF
+    if s_fields & ~t_fields:
+        return "the target interval keeps fewer fields (e.g. YEAR TO MONTH drops days and time): values would be truncated"
+    if t_digits != 0xFFFF and (s_digits == 0xFFFF or s_digits > t_digits):
+        return (f"the target keeps fewer digits (fractional seconds {t_digits} < "
+                f"{'6' if s_digits == 0xFFFF else s_digits}): values would be rounded")
+    return None
+
+
 def judge(src: ColumnType, tgt: ColumnType) -> str | None:
     """None where every value keeps its meaning on the way from ``src`` to ``tgt``; else why not."""
     sk, tk = src.kind, tgt.kind
     if src.as_text and tk == "string":
         return None  # already text: the characters are kept
+    if sk == "interval" and tgt.db == "interval" and tgt.typmod >= 0 and src.typmod != tgt.typmod:
+        return _judge_interval(src.typmod if src.db == "interval" else -1, tgt.typmod)
     if src.db and src.db == tgt.db and sk not in ("decimal", "time", "timestamp", "timestamptz"):
         return None  # the same PostgreSQL type (text, enum, inet, arrays of one type, ...)
     if sk == "null":

@@ -159,3 +159,26 @@ def test_typmods_that_differ_are_named_or_refused(pg_source, pg_target) -> None:
     assert report.sink_plan.native == "pgcopy-binary"
     assert "typmods differ" in report.sink_plan.path_reason and "v character varying(20) -> character varying(30)" in report.sink_plan.path_reason
     assert pg_exec(pg_target, "SELECT n::text, v FROM tm_dst") == [("1.005", "x")]
+
+
+@pytest.mark.parametrize("target, refused", [
+    ("interval(0)", "fractional seconds 0 < 6"),
+    ("interval year to month", "keeps fewer fields"),
+    ("interval day to second(6)", "keeps fewer fields"),
+    ("interval", None),
+])
+def test_interval_typmods_that_would_truncate_are_refused(pg_source, pg_target, target: str, refused: str | None) -> None:
+    """main passed interval -> interval(0) / YEAR TO MONTH through as the same type: PostgreSQL's
+    binary input then rounds the seconds or drops the days without a word."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS iv_src", "CREATE TABLE iv_src (id int, a interval(3), b interval)",
+            "INSERT INTO iv_src VALUES (1, '1 year 2 mons 3 days 04:05:06.789', '5 days 00:00:01.5')")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS iv_dst", f"CREATE TABLE iv_dst (id int, a interval(3), b {target})")
+    src = {"type": "postgres", "port": pg_source.port, "table": "iv_src"}
+    dst = {"type": "postgres", "port": pg_target.port, "table": "iv_dst"}
+    if refused:
+        with pytest.raises(SchemaError, match=rf"column b \(interval -> {re.escape(target)}\): .*{refused}"):
+            job(src, dst, load_mode="append")
+        assert pg_exec(pg_target, "SELECT count(*) FROM iv_dst") == [(0,)]
+        return
+    job(src, dst, load_mode="append")
+    assert pg_exec(pg_target, "SELECT a::text, b::text FROM iv_dst") == pg_exec(pg_source, "SELECT a::text, b::text FROM iv_src")
