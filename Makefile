@@ -30,6 +30,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/conveyor run pipeline=demo source.path=$(DEMO_DIR)/orders sink.database=$(DEMO_DIR)/demo.duckdb
 
 test: $(VENV)/.installed-test
+	$(BIN)/ruff check .
 	bash scripts/ensure-postgres.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -93,12 +93,12 @@ def main() -> int:
                 cfg = {**base, "source": {"type": "postgres", "port": src.port, "table": "orders"},
                        "sink": {"type": "postgres", "port": dst.port, "table": "orders", "copy_path": path},
                        "strategy": {"type": method}, "load_mode": "append", "degree": degree}
-                results[f"pg->pg {path} {method} degree={degree}"] = best(lambda: conveyor(cfg, truncate), args.repeat)
+                results[f"pg->pg {path} {method} degree={degree}"] = best(lambda cfg=cfg: conveyor(cfg, truncate), args.repeat)
         for degree in (1, 2):
             cfg = {**base, "source": {"type": "parquet", "path": str(work / "orders")},
                    "sink": {"type": "postgres", "port": dst.port, "table": "orders"}, "strategy": {"type": "files"},
                    "load_mode": "append", "degree": degree}
-            results[f"parquet->pg files degree={degree}"] = best(lambda: conveyor(cfg, truncate), args.repeat)
+            results[f"parquet->pg files degree={degree}"] = best(lambda cfg=cfg: conveyor(cfg, truncate), args.repeat)
         assert int(sql(dst, "SELECT count(*) FROM orders")) == rows
     baseline = min(results["pipe psql|psql (baseline)"])
     print(f"\nTPC-H orders SF{args.sf}: {rows:,} rows; best of {args.repeat}; ratio = pipe seconds / job seconds\n")

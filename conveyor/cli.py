@@ -207,7 +207,7 @@ def _hydra_dir() -> Any:
         from hydra.core.hydra_config import HydraConfig
 
         return Path(HydraConfig.get().runtime.output_dir)
-    except Exception:  # noqa: BLE001 - not under hydra.main
+    except Exception:
         return None
 
 
@@ -243,13 +243,13 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
         console.print(summary_table(report))
         _write_report(report, plan, cfg, None)
         return 0
-    except Exception as exc:  # noqa: BLE001 - the CLI's boundary: one line, an exit code
+    except Exception as exc:
         _point_to_run_dir(exc)
         code = report_error(exc, verbose)
         if mode == "run":
             try:
                 _write_report(getattr(exc, "report", None), plan, cfg, exc)
-            except Exception:  # noqa: BLE001 - the error itself matters more
+            except Exception:
                 pass
         return code
 
@@ -293,9 +293,9 @@ def _hydra_flags(args: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
-    import hydra
-
     import io
+
+    import hydra
 
     codes: list[int] = []
     real_stderr = sys.stderr
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _stderr("error: cancelled (Ctrl-C)")
         return 130
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return report_error(exc, verbose)
     _stderr(f"error: unknown command {command!r}")
     _stderr("hint: commands are run, plan, plugins, submit, serve, report (conveyor --help)")

@@ -17,9 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
 from conveyor import registry
-from conveyor.log import warn
 from conveyor.core import LOAD_MODES, MAP_METHODS, JobOptions
 from conveyor.errors import ConfigError
+from conveyor.log import warn
 
 TOP_LEVEL_PLUGINS = ("source", "sink", "strategy", "runtime")
 
@@ -147,7 +147,7 @@ def _without_siblings_keys(kind: str, name: str, node: Any, schema: type) -> Any
             continue
         try:
             other = getattr(registry.load(kind, entry.name), "config_class", None)
-        except Exception:  # noqa: BLE001 - a sibling that does not load knows nothing here
+        except Exception:
             continue
         if other is not None and dataclasses.is_dataclass(other):
             siblings |= {f.name for f in dataclasses.fields(other)}

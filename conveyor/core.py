@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_chec
 if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
     import pyarrow as pa
 
+    from conveyor.errors import ConveyorError
+
 LoadMode = Literal["truncate", "append", "create", "replace"]
 MapMethod = Literal["name", "position"]
 LOAD_MODES: tuple[str, ...] = ("truncate", "append", "create", "replace")
@@ -428,3 +430,64 @@ class Strategy(Protocol):
     """Splits a source into partitions. Never writes SQL: connectors render partitions."""
 
     def plan(self, request: PlanRequest) -> list[Partition]: ...
+
+
+# --- tasks: what a runtime runs, and what it reports -------------------------------------------
+
+
+class Progress(Protocol):
+    """Receives what tasks do, per batch (never per row)."""
+
+    def started(self, key: str) -> None: ...
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None: ...
+
+    def finished(self, result: TaskResult) -> None: ...
+
+
+class NullProgress:
+    def started(self, key: str) -> None:
+        pass
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None:
+        pass
+
+    def finished(self, result: TaskResult) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything one partition needs; plain data, pickled to wherever it runs."""
+
+    source: Any
+    sink: Any
+    plan: SinkPlan
+    partition: Partition
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    partition: str
+    index: int
+    rows: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    attempts: int = 1
+    error: ConveyorError | None = None
+    traceback: str | None = None
+    #: stopped, or never started, because the run was cancelled or another partition failed
+    cancelled: bool = False
+    #: committed under this load id by an earlier attempt or run: nothing was written again
+    already_committed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Runtime(Protocol):
+    """Runs tasks, ``degree`` at once, and returns one result per task in any order; a failed
+    partition cancels the ones not started (their results say ``cancelled``)."""
+
+    def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]: ...

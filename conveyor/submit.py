@@ -86,7 +86,8 @@ def submit(args: SubmitArgs, echo: Any = print) -> int:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = "is the cluster's dashboard up? (ray start --head --dashboard-host 127.0.0.1)"
         if "token" in first.lower():
-            first, hint = "the cluster requires token authentication", "set RAY_AUTH_MODE=token (the token is in ~/.ray/auth_token, or RAY_AUTH_TOKEN)"
+            first = "the cluster requires token authentication"
+            hint = "set RAY_AUTH_MODE=token (the token is in ~/.ray/auth_token, or RAY_AUTH_TOKEN)"
         raise ConnectError(f"ray job server {address}: {first}", hint=hint) from None
     with tempfile.TemporaryDirectory(prefix="conveyor-submit-") as folder:
         Path(folder, "job.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=False))

@@ -39,7 +39,8 @@ def _connect(database: str, read_only: bool = False) -> Any:
     try:
         return duckdb.connect(database, read_only=read_only)
     except duckdb.Error as exc:
-        raise ConnectError(f"duckdb database {database!r}: {str(exc).splitlines()[0]}", hint="check the path and that no other process holds it open for writing") from None
+        raise ConnectError(f"duckdb database {database!r}: {str(exc).splitlines()[0]}",
+                           hint="check the path and that no other process holds it open for writing") from None
 
 
 @dataclass
@@ -319,7 +320,8 @@ class DuckDBSink:
             con.register("__conveyor_batches", reader)
             con.execute("BEGIN")
             try:
-                con.execute(self._insert_sql(qualified(self.config.schema, plan.write_target), plan.columns, plan.source_columns, "__conveyor_batches"))
+                into = qualified(self.config.schema, plan.write_target)
+                con.execute(self._insert_sql(into, plan.columns, plan.source_columns, "__conveyor_batches"))
                 con.execute("COMMIT")
             except duckdb.Error as exc:
                 con.execute("ROLLBACK")

@@ -15,13 +15,22 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.connectors import fs as fs_util
 from conveyor.arrowutil import CountingBatches, cast_batches, rebatch, same_columns, without_views
+from conveyor.connectors import fs as fs_util
 from conveyor.core import (
-    FileEntry, FileSet, JobOptions, Partition, PrepareRequest, RowGroupSet, SinkPlan, SourceInfo, WholeSource, WriteStats,
+    FileEntry,
+    FileSet,
+    JobOptions,
+    Partition,
+    PrepareRequest,
+    RowGroupSet,
+    SinkPlan,
+    SourceInfo,
+    WholeSource,
+    WriteStats,
 )
-from conveyor.log import warn
 from conveyor.errors import ConfigError, ConveyorError, PlanningError, SchemaError, TransferError, first_line
+from conveyor.log import warn
 
 _GLOB_CHARS = ("*", "?", "[")
 
@@ -124,7 +133,7 @@ class _FileSource:
             return
         try:
             found = ds.dataset(paths, filesystem=fs, format=self._dataset_format(), partitioning="hive", partition_base_dir=root)
-        except Exception as exc:  # noqa: BLE001 - the folders are not hive-style after all
+        except Exception as exc:
             warn(f"source.path {self.config.path!r}: folder names look like key=value but are not hive partitions: {exc}")
             return
         own = set(self._schema.names)
@@ -253,7 +262,8 @@ class ParquetSource(_FileSource):
         try:
             yield from pf.iter_batches(batch_size=self.options.batch_size, row_groups=row_groups)
         except (OSError, pa.ArrowException) as exc:  # a corrupt page: 'Corrupt snappy compressed data.' alone named no file
-            raise TransferError(f"parquet file {path}: {first_line(exc)}", hint="the file is damaged: write it again, or leave it out of source.path") from None
+            raise TransferError(f"parquet file {path}: {first_line(exc)}",
+                                hint="the file is damaged: write it again, or leave it out of source.path") from None
 
 
 class CsvSource(_FileSource):

@@ -18,19 +18,24 @@ from typing import Any
 
 from conveyor.config import JobSpec
 from conveyor.core import (
+    NullProgress,
     Partition,
     PlanRequest,
     PrepareRequest,
+    Progress,
     SinkPlan,
     SourceInfo,
     SupportsCommitMarkers,
     SupportsSpecialValues,
+    Task,
+    TaskResult,
     WriteStats,
+    cancel_requested,
 )
 from conveyor.errors import Cancelled, ConveyorError, PlanningError
 from conveyor.log import say
 from conveyor.pipelines.verify import Verification, check_mode, raise_if_failed, verify
-from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult, cancel_requested, first_failure
+from conveyor.runtime.task import first_failure
 
 
 @dataclass(frozen=True)
@@ -240,5 +245,5 @@ def _with_committed(err: ConveyorError, report: JobReport) -> ConveyorError:
 def _abort(sink: Any, plan: Any) -> None:
     try:
         sink.abort(plan)
-    except Exception:  # noqa: BLE001 - the original error matters more; abort is best effort
+    except Exception:
         pass

@@ -9,8 +9,9 @@ manifest.json is rewritten with the final state when the run ends.
 ``resume=<run dir>`` re-runs only the partitions that did not finish, and refuses when the
 job's identity changed. Which partitions finished is asked of the target where the sink keeps
 commit markers (they commit with the rows, so a driver killed between a commit and its manifest
-line cannot make a partition load twice); the manifest answers only for sinks that keep none. Only ``load_mode=append`` commits partitions one by one; a staged load
-(truncate, create, replace) is all or nothing, so a failed one leaves nothing to resume.
+line cannot make a partition load twice); the manifest answers only for sinks that keep none.
+Only ``load_mode=append`` commits partitions one by one; a staged load (truncate, create,
+replace) is all or nothing, so a failed one leaves nothing to resume.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.core import Progress, TaskResult
 from conveyor.errors import ConfigError
-from conveyor.runtime.task import Progress, TaskResult
 
 # The partitions themselves (their predicates) come from the manifest, so the strategy and the
 # degree may change on resume; the source, the target and how rows map onto it may not.

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from conveyor.core import JobOptions
+from conveyor.core import JobOptions, Progress, Task, TaskResult, cancel_requested
 from conveyor.errors import TransferError
 from conveyor.log import warn
-from conveyor.runtime.task import Progress, Task, TaskResult, cancel_requested, not_run, run_task
+from conveyor.runtime.task import not_run, run_task
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from conveyor.runtime.task import TaskResult
+from conveyor.core import TaskResult
 
 
 class RichProgress:

@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.core import JobOptions, sink_capabilities
+from conveyor.core import JobOptions, NullProgress, Progress, Task, TaskResult, cancel_requested, sink_capabilities
 from conveyor.errors import ConfigError, ConnectError, TransferError, first_line
 from conveyor.log import warn
 from conveyor.runtime.reaper import Reaper
-from conveyor.runtime.task import NullProgress, Progress, Task, TaskResult, cancel_requested, not_run, retries_allowed, run_task
+from conveyor.runtime.task import not_run, retries_allowed, run_task
 
 # seconds a stopping run waits for killed tasks to be confirmed before it reports them as stopped
 _STOP_SECONDS = 10.0
@@ -265,7 +265,7 @@ class RayRuntime:
                         stopping = f"cancelled after partition {result.partition} failed"
                         deadline = self._stop(ray, running)
                 if deadline is not None and running and time.monotonic() > deadline:
-                    for ref, task in running.items():  # killed, but Ray did not confirm in time
+                    for task in running.values():  # killed, but Ray did not confirm in time
                         results.append(not_run(task, f"{stopping} (its worker was killed)"))
                     running.clear()
         finally:

@@ -12,63 +12,10 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from conveyor.core import Partition, SinkPlan, cancel_requested
+from conveyor.core import Progress, Task, TaskResult, cancel_requested
 from conveyor.errors import Cancelled, ConveyorError, TransferError
-
-
-
-class Progress(Protocol):
-    """Receives what tasks do, per batch (never per row)."""
-
-    def started(self, key: str) -> None: ...
-
-    def advanced(self, key: str, rows: int, nbytes: int) -> None: ...
-
-    def finished(self, result: TaskResult) -> None: ...
-
-
-class NullProgress:
-    def started(self, key: str) -> None:
-        pass
-
-    def advanced(self, key: str, rows: int, nbytes: int) -> None:
-        pass
-
-    def finished(self, result: TaskResult) -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class Task:
-    """Everything one partition needs; plain data, pickled to wherever it runs."""
-
-    source: Any
-    sink: Any
-    plan: SinkPlan
-    partition: Partition
-
-
-@dataclass(frozen=True)
-class TaskResult:
-    partition: str
-    index: int
-    rows: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    attempts: int = 1
-    error: ConveyorError | None = None
-    traceback: str | None = None
-    #: stopped, or never started, because the run was cancelled or another partition failed
-    cancelled: bool = False
-    #: committed under this load id by an earlier attempt or run: nothing was written again
-    already_committed: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 def _reported(batches: Iterator[Any], key: str, progress: Progress) -> Iterator[Any]:
@@ -123,7 +70,7 @@ def read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
                     break
             else:
                 put(_DONE)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        except BaseException as exc:
             put(_Failed(exc))
         finally:
             close = getattr(batches, "close", None)
@@ -164,7 +111,7 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
             else:
                 batches = _reported(read_ahead(task.source.read(task.partition), prefetch), key, progress)
                 stats = task.sink.write(task.plan, task.partition, batches)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a TaskResult
+        except Exception as exc:
             err = _as_conveyor_error(exc, key)
             retriable = isinstance(err, TransferError) and err.retriable and not cancel_requested()
             if isinstance(exc, Cancelled) or cancel_requested():

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conveyor.core import (
-    FileEntry, FileSet, JobOptions, Partition, PlanRequest, RowGroupSet, SupportsFileListing, SupportsNativePartitions,
+    FileEntry,
+    FileSet,
+    JobOptions,
+    Partition,
+    PlanRequest,
+    RowGroupSet,
+    SupportsFileListing,
+    SupportsNativePartitions,
     WholeSource,
 )
 from conveyor.errors import PlanningError

@@ -91,16 +91,16 @@ class Store(fl.FlightServerBase):
         super().__init__("grpc://127.0.0.1:0")
         self.tables: dict[str, list[pa.Table]] = {}
 
-    def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
+    def do_put(self, context, descriptor, reader, writer):
         self.tables.setdefault(descriptor.path[0].decode(), []).append(reader.read_all())
 
-    def get_flight_info(self, context, descriptor):  # noqa: ANN001
+    def get_flight_info(self, context, descriptor):
         name = descriptor.path[0].decode()
         parts = self.tables[name]
         endpoints = [fl.FlightEndpoint(f"{name}/{i}".encode(), []) for i in range(len(parts))]
         return fl.FlightInfo(parts[0].schema, descriptor, endpoints, sum(t.num_rows for t in parts), -1)
 
-    def do_get(self, context, ticket):  # noqa: ANN001
+    def do_get(self, context, ticket):
         name, i = ticket.ticket.decode().split("/")
         return fl.RecordBatchStream(self.tables[name][int(i)])
 

@@ -63,7 +63,7 @@ def test_multirun_runs_one_job_per_value(cli, tpch_orders: Path, tmp_path: Path)
     # each job wrote its report; `conveyor report` tabulates the sweep from them
     table = cli("report", str(tmp_path / "hydra-multirun"))
     assert table.code == 0, table.err
-    lines = [line for line in table.out.splitlines() if line.startswith("| 0 ") or line.startswith("| 1 ")]
+    lines = [line for line in table.out.splitlines() if line.startswith(("| 0 ", "| 1 "))]
     assert len(lines) == 2 and all("succeeded" in line and "15000" in line for line in lines)
     assert "strategy=none" in lines[0] and "strategy=files" in lines[1]
 

@@ -57,7 +57,7 @@ def _bounded(fn, seconds: float):
     def target() -> None:
         try:
             out["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+        except BaseException as exc:
             out["error"] = exc
 
     t = threading.Thread(target=target, daemon=True)

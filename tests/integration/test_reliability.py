@@ -114,7 +114,7 @@ def test_target_server_restarted_mid_run(big, pg_target) -> None:
         while time.monotonic() < deadline:
             try:
                 busy = pg_exec(pg_target, "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'COPY%rel_restart%'")[0][0]
-            except Exception:  # noqa: BLE001
+            except Exception:
                 busy = 0
             if busy:
                 pg_target.restart()

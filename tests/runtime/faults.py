@@ -40,7 +40,7 @@ class SequenceSource:
     def describe(self) -> SourceInfo:
         return SourceInfo(schema=SCHEMA, label="test sequence", estimated_rows=self.config.rows)
 
-    def read(self, part: Partition):  # noqa: ANN201
+    def read(self, part: Partition):
         lo_all = self.config.rows * part.index // part.count
         hi_all = self.config.rows * (part.index + 1) // part.count
         for i, lo in enumerate(range(lo_all, hi_all, self.config.batch)):

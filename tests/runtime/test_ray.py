@@ -62,7 +62,7 @@ class Recorder:
         self.rows[key] = self.rows.get(key, 0) + rows
         self.calls += 1
 
-    def finished(self, result) -> None:  # noqa: ANN001
+    def finished(self, result) -> None:
         self.done.append(result.partition)
 
 

@@ -12,7 +12,6 @@ from conveyor.testing.pgserver import free_port
 from tests.conftest import BIN, pg_exec
 from tests.connectors.postgres.test_strategies import checksum
 
-
 CLUSTER: dict[str, str] = {}
 
 

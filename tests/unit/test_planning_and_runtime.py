@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pytest
 
-from conveyor.core import FileEntry, FileSet, JobOptions, PlanRequest, SinkPlan, SourceInfo, WholeSource, WriteStats
+from conveyor.core import FileEntry, FileSet, JobOptions, NullProgress, PlanRequest, SinkPlan, SourceInfo, Task, WholeSource, WriteStats
 from conveyor.errors import PlanningError, TransferError
 from conveyor.runtime.local import LocalRuntime, LocalRuntimeConfig
-from conveyor.runtime.task import NullProgress, Task
 from conveyor.strategies.basic import FilesStrategy, FilesStrategyConfig, NoneStrategy, NoneStrategyConfig
 
 SCHEMA = pa.schema([("x", pa.int64())])
@@ -159,7 +158,8 @@ def test_a_sink_that_is_not_transactional_is_never_retried() -> None:
 
 
 def test_the_partition_that_failed_is_named_not_one_cancelled_after_it() -> None:
-    from conveyor.runtime.task import TaskResult, first_failure
+    from conveyor.core import TaskResult
+    from conveyor.runtime.task import first_failure
 
     cancelled = TaskResult("a", 0, error=TransferError("partition a: cancelled after partition b failed"), cancelled=True)
     failed = TaskResult("b", 1, error=TransferError("partition b: value too long"))
@@ -172,9 +172,8 @@ def test_the_manifest_is_a_journal_not_a_rewrite_per_partition(tmp_path) -> None
     partition is one appended line; a run killed before its end is resumed from the journal."""
     import json
 
-    from conveyor.core import ValueSet
+    from conveyor.core import TaskResult, ValueSet
     from conveyor.pipelines.manifest import JOURNAL, Manifest, load_for_resume
-    from conveyor.runtime.task import TaskResult
 
     config = {"source": {"type": "postgres", "table": "t", "password": "s3cr3t-pw"}, "sink": {"type": "postgres", "table": "u"},
               "load_mode": "append", "map_method": "name"}

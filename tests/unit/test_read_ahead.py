@@ -41,8 +41,7 @@ def test_stopping_early_closes_the_source() -> None:
 
     def source():
         try:
-            for i in range(1000):
-                yield i
+            yield from range(1000)
         finally:
             closed.set()
 

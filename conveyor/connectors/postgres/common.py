@@ -7,11 +7,10 @@ the process that opens it. Driver messages are scrubbed of it before they reach 
 
 from __future__ import annotations
 
-import re
-
 import atexit
 import contextlib
 import os
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass

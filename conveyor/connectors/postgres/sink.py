@@ -29,7 +29,14 @@ from conveyor.arrowutil import CountingBatches
 from conveyor.casts import ColumnType, check_casts
 from conveyor.connectors.postgres import commits
 from conveyor.connectors.postgres.common import (
-    PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, sqlstate, translate,
+    PgConnConfig,
+    adbc_connect,
+    connect,
+    ident,
+    literal,
+    row_hash_sql,
+    sqlstate,
+    translate,
 )
 from conveyor.connectors.postgres.types import PgColumn, column_ddl, read_columns
 from conveyor.core import (
@@ -850,13 +857,13 @@ def _to_pg_epoch(batch: Any, wire: Any) -> Any:
     import pyarrow.compute as pc
 
     arrays = []
-    for arr, field in zip(batch.columns, wire):
-        if arr.type != field.type:
-            ints = arr.view(field.type)
-            days = field.type == pa.int32()
+    for arr, out in zip(batch.columns, wire):
+        if arr.type != out.type:
+            ints = arr.view(out.type)
+            days = out.type == pa.int32()
             offset, top = (10957, INFINITY_DAYS) if days else (946684800000000, INFINITY_TICKS)
-            shifted = pc.subtract(ints, pa.scalar(offset, field.type))  # wraps, never raises
-            bottom = pa.scalar(-top - 1, field.type)  # PostgreSQL's -infinity
+            shifted = pc.subtract(ints, pa.scalar(offset, out.type))  # wraps, never raises
+            bottom = pa.scalar(-top - 1, out.type)  # PostgreSQL's -infinity
             arr = pc.if_else(pc.equal(ints, top), ints, pc.if_else(pc.equal(ints, -top), bottom, shifted))
         arrays.append(arr)
     return pa.RecordBatch.from_arrays(arrays, schema=wire)

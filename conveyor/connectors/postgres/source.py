@@ -18,8 +18,8 @@ from typing import Any
 from conveyor.arrowutil import rebatch
 from conveyor.casts import TEXT_OF
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, translate
-from conveyor.connectors.sql import where_clause
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_columns
+from conveyor.connectors.sql import where_clause
 from conveyor.core import (
     INFINITY,
     INFINITY_DAYS,

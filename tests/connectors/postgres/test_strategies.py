@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
 from conveyor.config import build_job
 from conveyor.pipelines.job import plan_job
 from tests.conftest import pg_exec
-from omegaconf import OmegaConf
 
 N = 20000
 
