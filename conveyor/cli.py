@@ -46,7 +46,7 @@ def report_error(exc: BaseException, verbose: bool) -> int:
     if isinstance(exc, ConveyorError):
         if verbose:
             _stderr("".join(traceback.format_exception(exc)).rstrip())
-            if getattr(exc, "task_traceback", None):
+            if exc.task_traceback:
                 _stderr("in the task:\n" + exc.task_traceback.rstrip())
         _stderr(f"error: {exc.message}")
         if exc.hint:
@@ -188,6 +188,7 @@ def _manifest(plan: Any, cfg: Any, progress: Any, source: Any) -> Any:
     """A progress wrapper that keeps manifest.json in the run directory (none outside Hydra)."""
     from omegaconf import OmegaConf
 
+    from conveyor.core import SupportsSnapshot
     from conveyor.pipelines.manifest import Manifest
 
     run_dir = _hydra_dir()
@@ -196,7 +197,8 @@ def _manifest(plan: Any, cfg: Any, progress: Any, source: Any) -> Any:
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = Manifest(run_dir / "manifest.json", OmegaConf.to_container(cfg, resolve=False), progress)
     opts = plan.spec.options
-    manifest.start(opts.run_id, opts.load, plan.partitions, getattr(source, "snapshot_id", None), plan.previously_done)
+    snapshot = source.snapshot_id if isinstance(source, SupportsSnapshot) else None
+    manifest.start(opts.run_id, opts.load, plan.partitions, snapshot, plan.previously_done)
     return manifest
 
 
@@ -216,6 +218,7 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     _quiet_libraries()
     from conveyor.config import build_job
     from conveyor.core import reset_cancel
+    from conveyor.errors import ConveyorError
     from conveyor.pipelines.job import execute, opened
     from conveyor.pipelines.report import plan_table, summary_table
 
@@ -248,7 +251,7 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
         code = report_error(exc, verbose)
         if mode == "run":
             try:
-                _write_report(getattr(exc, "report", None), plan, cfg, exc)
+                _write_report(exc.report if isinstance(exc, ConveyorError) else None, plan, cfg, exc)
             except Exception:
                 pass
         return code

@@ -398,11 +398,86 @@ class SupportsCleanup(Protocol):
     def leftovers(self, remove: bool) -> list[str]: ...
 
 
+# --- optional capabilities: a plugin offers one by having its method; the job asks with isinstance --
+
+
+@runtime_checkable
+class SupportsSession(Protocol):
+    """A source that holds something for the whole job (an exported snapshot): ``session()`` is a
+    context manager yielding the source the tasks get."""
+
+    def session(self) -> Any: ...
+
+
+@runtime_checkable
+class SupportsSnapshot(Protocol):
+    """A source whose partitions all read one snapshot; its id goes into the manifest."""
+
+    snapshot_id: str | None
+
+
+@runtime_checkable
+class SupportsPartitionCounts(Protocol):
+    """A source that counts the rows of its partitions (``verify=count``); None: it cannot."""
+
+    def count_rows(self, parts: list[Partition]) -> list[int] | None: ...
+
+
+@runtime_checkable
+class SupportsChecksums(Protocol):
+    """A source that sums a 64-bit hash of every row per partition (``verify=checksum``)."""
+
+    def checksums(self, parts: list[Partition], columns: tuple[str, ...]) -> list[tuple[int, int]]: ...
+
+
+@runtime_checkable
+class SupportsTargetCount(Protocol):
+    """A sink that counts the rows its target holds after the load (``verify=count``)."""
+
+    def count_rows(self, plan: SinkPlan) -> int | None: ...
+
+
+@runtime_checkable
+class SupportsTargetChecksum(Protocol):
+    """A sink that computes the same checksum as ``SupportsChecksums`` over what it wrote."""
+
+    def checksum(self, plan: SinkPlan) -> str: ...
+
+
+@runtime_checkable
+class SupportsNativeWrite(Protocol):
+    """A sink with a native path it agreed on in ``prepare`` (``plan.native``): the task calls
+    ``write_native`` instead of reading Arrow batches."""
+
+    def write_native(self, plan: SinkPlan, source: Any, part: Partition) -> WriteStats: ...
+
+
+@runtime_checkable
+class ExplainsPath(Protocol):
+    """A sink that tells ``conveyor plan`` which path a run would take, changing nothing."""
+
+    def explain_path(self, request: PrepareRequest) -> str: ...
+
+
+@runtime_checkable
+class ExplainsPlan(Protocol):
+    """A strategy that says, after ``plan``, how it chose its partitions."""
+
+    def explain(self) -> str: ...
+
+
+@runtime_checkable
+class ChecksBeforeRun(Protocol):
+    """A runtime that refuses, before anything moves, a pair it cannot run (e.g. a single-process sink)."""
+
+    def check(self, source: Any, sink: Any) -> None: ...
+
+
 class Sink(Protocol):
     """Writes Arrow record batches with a lifecycle: prepare, write per partition, finalize or abort.
 
-    A sink may also offer ``write_native(plan, source, part)`` for a native path it agreed on
-    in ``prepare`` (``plan.native``); the task calls it instead of reading Arrow batches.
+    Optional: ``SupportsNativeWrite``, ``SupportsTargetCount``, ``SupportsTargetChecksum``,
+    ``SupportsCommitMarkers``, ``SupportsCleanup``, ``ExplainsPath``.
     """
 
     def prepare(self, request: PrepareRequest) -> SinkPlan: ...

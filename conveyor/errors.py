@@ -26,6 +26,12 @@ class ConveyorError(Exception):
     """Base of every error Conveyor reports to the user."""
 
     exit_code = 1
+    #: the run's report, when a job failed (the CLI writes it)
+    report: Any = None
+    #: the failed task's traceback (on a Ray worker: its own), shown by --verbose
+    task_traceback: str | None = None
+    #: the message already says what an append committed
+    committed_noted: bool = False
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)

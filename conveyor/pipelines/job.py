@@ -18,6 +18,9 @@ from typing import Any
 
 from conveyor.config import JobSpec
 from conveyor.core import (
+    ChecksBeforeRun,
+    ExplainsPath,
+    ExplainsPlan,
     NullProgress,
     Partition,
     PlanRequest,
@@ -26,6 +29,7 @@ from conveyor.core import (
     SinkPlan,
     SourceInfo,
     SupportsCommitMarkers,
+    SupportsSession,
     SupportsSpecialValues,
     Task,
     TaskResult,
@@ -104,7 +108,7 @@ def plan_job(spec: JobSpec) -> JobPlan:
 
 
 def _check(spec: JobSpec) -> None:
-    if hasattr(spec.runtime, "check"):
+    if isinstance(spec.runtime, ChecksBeforeRun):
         spec.runtime.check(spec.source, spec.sink)
     check_mode(spec.options.verify, spec.source, spec.sink)
 
@@ -113,9 +117,9 @@ def _plan(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
     partitions = spec.strategy.plan(PlanRequest(source=source, info=info, degree=spec.options.degree))
     if not partitions:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
-    note = spec.strategy.explain() if hasattr(spec.strategy, "explain") else ""
+    note = spec.strategy.explain() if isinstance(spec.strategy, ExplainsPlan) else ""
     path = ""
-    if hasattr(spec.sink, "explain_path"):
+    if isinstance(spec.sink, ExplainsPath):
         path = spec.sink.explain_path(PrepareRequest(schema=info.schema, info=info, source=spec.source))
     return JobPlan(spec=spec, info=info, partitions=partitions, note=note, path=path)
 
@@ -142,8 +146,7 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
 
 def source_session(source: Any) -> Any:
     """A source may hold something for the whole job (a snapshot); it yields what tasks get."""
-    session = getattr(source, "session", None)
-    return session() if session is not None else nullcontext(source)
+    return source.session() if isinstance(source, SupportsSession) else nullcontext(source)
 
 
 def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> JobReport:
@@ -234,7 +237,7 @@ def _cancelled(report: JobReport) -> Cancelled:
 
 def _with_committed(err: ConveyorError, report: JobReport) -> ConveyorError:
     """A partition's error, saying what the run left in the target and how to go on."""
-    if report.plan.spec.options.load_mode == "append" and not getattr(err, "committed_noted", False):
+    if report.plan.spec.options.load_mode == "append" and not err.committed_noted:
         err.message = f"{err.message} ({committed_note(report)})"
         err.args = (err.message,)
         err.hint = f"{err.hint}; then {_resume_hint(report)}" if err.hint else _resume_hint(report)

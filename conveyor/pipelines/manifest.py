@@ -192,7 +192,7 @@ def _partition_classes() -> dict[str, type]:
 
 
 def encode_partition(part: Any) -> dict[str, Any]:
-    return {"kind": part.kind, **{f.name: _enc(getattr(part, f.name)) for f in dataclasses.fields(part)}}
+    return {"kind": part.kind, **{name: _enc(value) for name, value in vars(part).items()}}
 
 
 def decode_partition(data: dict[str, Any]) -> Any:

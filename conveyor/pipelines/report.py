@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from conveyor.errors import ConveyorError
 from conveyor.pipelines.job import JobPlan, JobReport
 
 
@@ -103,8 +104,9 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
     """The run report as JSON-ready data: per partition, totals, verification, the masked config."""
     out: dict[str, Any] = {"status": status, "config": mask(config)}
     if error is not None:
-        out["error"] = {"type": type(error).__name__, "message": str(error), "hint": getattr(error, "hint", None),
-                        "exit_code": getattr(error, "exit_code", 1)}
+        ours = isinstance(error, ConveyorError)
+        out["error"] = {"type": type(error).__name__, "message": str(error), "hint": error.hint if ours else None,
+                        "exit_code": error.exit_code if ours else 1}
     plan = plan or (report.plan if report else None)
     if plan is not None:
         spec = plan.spec

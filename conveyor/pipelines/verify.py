@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.core import SupportsChecksums, SupportsPartitionCounts, SupportsTargetChecksum, SupportsTargetCount
 from conveyor.errors import ConfigError, VerificationError
 
 VERIFY_MODES = ("count", "checksum", "none")
@@ -44,7 +45,7 @@ def check_mode(mode: str, source: Any, sink: Any) -> None:
     """Refuse, before anything moves, a checksum the two ends cannot compute alike."""
     if mode not in VERIFY_MODES:
         raise ConfigError(f"verify: {mode!r} is not one of {', '.join(VERIFY_MODES)}", key="verify")
-    if mode == "checksum" and not (hasattr(source, "checksums") and hasattr(sink, "checksum")):
+    if mode == "checksum" and not (isinstance(source, SupportsChecksums) and isinstance(sink, SupportsTargetChecksum)):
         raise ConfigError("verify=checksum needs PostgreSQL on both sides", key="verify",
                           hint="use verify=count (the default) for this pair")
 
@@ -55,7 +56,7 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         out.notes.append("not verified (verify=none)")
         return out
     by_key = {r.partition: r.rows for r in results}
-    counts = source.count_rows(partitions) if hasattr(source, "count_rows") else None
+    counts = source.count_rows(partitions) if isinstance(source, SupportsPartitionCounts) else None
     if counts is None:
         out.notes.append("the source cannot count its partitions: the writers' counts stand in")
     else:
@@ -63,7 +64,7 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         out.mismatched += [f"{p.key}: source {n:,} rows, written {by_key.get(p.key, 0):,}"
                            for p, n in zip(partitions, counts) if n != by_key.get(p.key, 0)]
     expected = out.source_rows if out.source_rows is not None else out.written_rows
-    total = sink.count_rows(plan) if hasattr(sink, "count_rows") else None
+    total = sink.count_rows(plan) if isinstance(sink, SupportsTargetCount) else None
     if total is None:
         out.notes.append("the sink cannot count what it holds")
     else:

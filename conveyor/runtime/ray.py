@@ -293,7 +293,7 @@ class RayRuntime:
             progress.advanced(key, rows, nbytes)
 
     def _result(self, ray: Any, ref: Any, task: Task, stopping: str | None) -> TaskResult:
-        from ray.exceptions import RayError, TaskCancelledError
+        from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 
         key = task.partition.key
         try:
@@ -303,7 +303,7 @@ class RayRuntime:
         except RayError as exc:
             if stopping is not None:  # its worker was killed because the run stops
                 return not_run(task, stopping)
-            cause = getattr(exc, "cause", None)
+            cause = exc.cause if isinstance(exc, RayTaskError) else None
             first = first_line(cause or exc)
             err = TransferError(f"partition {key}: the Ray task failed after {self.config.max_retries} retries: {type(exc).__name__}: {first}",
                                 partition=key)

@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from conveyor.core import Progress, Task, TaskResult, cancel_requested
@@ -73,9 +73,8 @@ def read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
         except BaseException as exc:
             put(_Failed(exc))
         finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
+            if isinstance(batches, Generator):  # the source's own clean-up (its connection) runs now
+                batches.close()
 
     reader = threading.Thread(target=produce, name="conveyor-prefetch", daemon=True)
     reader.start()
