@@ -41,3 +41,11 @@ def test_a_job_runs_with_the_third_party_source(installed_plugin: Path, cli, tmp
     n = table.column("n").to_pylist()
     assert sorted(n) == list(range(250000))
     assert table.column("square").to_pylist()[:4] == [v * v for v in n[:4]]
+
+
+def test_the_plugins_own_contract_tests_pass(installed_plugin: Path) -> None:
+    """The example package runs Conveyor's contract kit (a pytest plugin) on its source in its own tests."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=installed_plugin,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "2 passed" in proc.stdout
