@@ -151,3 +151,18 @@ def ray_instance(pg_servers):
              logging_level=logging.WARNING, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+_SLOW_FIXTURES = {"ray_instance", "s3", "installed_plugin", "tpch_orders"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The declared markers, applied by what a test uses: ``postgres`` where it needs the
+    throwaway servers, ``slow`` where it starts Ray, moto, pip, tpchgen or a subprocess CLI, so
+    ``pytest -m "not slow"`` is the quick subset."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if "pg_servers" in used:
+            item.add_marker(pytest.mark.postgres)
+        if used & _SLOW_FIXTURES or "cli" in used or "/runtime/test_ray" in str(item.path) or "/integration/" in str(item.path):
+            item.add_marker(pytest.mark.slow)
