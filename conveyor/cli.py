@@ -209,7 +209,7 @@ def _hydra_dir() -> Any:
         from hydra.core.hydra_config import HydraConfig
 
         return Path(HydraConfig.get().runtime.output_dir)
-    except Exception:
+    except Exception:  # not under hydra.main
         return None
 
 
@@ -246,13 +246,13 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
         console.print(summary_table(report))
         _write_report(report, plan, cfg, None)
         return 0
-    except Exception as exc:
+    except Exception as exc:  # the CLI's boundary: one line, an exit code
         _point_to_run_dir(exc)
         code = report_error(exc, verbose)
         if mode == "run":
             try:
                 _write_report(exc.report if isinstance(exc, ConveyorError) else None, plan, cfg, exc)
-            except Exception:
+            except Exception:  # the error itself matters more
                 pass
         return code
 

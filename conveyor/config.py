@@ -147,7 +147,7 @@ def _without_siblings_keys(kind: str, name: str, node: Any, schema: type) -> Any
             continue
         try:
             other = getattr(registry.load(kind, entry.name), "config_class", None)
-        except Exception:
+        except Exception:  # a sibling that does not load knows nothing here
             continue
         if other is not None and dataclasses.is_dataclass(other):
             siblings |= {f.name for f in dataclasses.fields(other)}

@@ -133,7 +133,7 @@ class _FileSource:
             return
         try:
             found = ds.dataset(paths, filesystem=fs, format=self._dataset_format(), partitioning="hive", partition_base_dir=root)
-        except Exception as exc:
+        except Exception as exc:  # the folders are not hive-style after all
             warn(f"source.path {self.config.path!r}: folder names look like key=value but are not hive partitions: {exc}")
             return
         own = set(self._schema.names)

@@ -248,5 +248,5 @@ def _with_committed(err: ConveyorError, report: JobReport) -> ConveyorError:
 def _abort(sink: Any, plan: Any) -> None:
     try:
         sink.abort(plan)
-    except Exception:
+    except Exception:  # the original error matters more; abort is best effort
         pass

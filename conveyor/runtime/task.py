@@ -70,7 +70,7 @@ def read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
                     break
             else:
                 put(_DONE)
-        except BaseException as exc:
+        except BaseException as exc:  # handed to the consumer
             put(_Failed(exc))
         finally:
             if isinstance(batches, Generator):  # the source's own clean-up (its connection) runs now
@@ -110,7 +110,7 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
             else:
                 batches = _reported(read_ahead(task.source.read(task.partition), prefetch), key, progress)
                 stats = task.sink.write(task.plan, task.partition, batches)
-        except Exception as exc:
+        except Exception as exc:  # every failure becomes a TaskResult
             err = _as_conveyor_error(exc, key)
             retriable = isinstance(err, TransferError) and err.retriable and not cancel_requested()
             if isinstance(exc, Cancelled) or cancel_requested():

@@ -62,7 +62,7 @@ class S3Server:
         return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
 
-    def client(self):
+    def client(self):  # a boto3 client
         import boto3
 
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",

@@ -57,7 +57,7 @@ def _bounded(fn, seconds: float):
     def target() -> None:
         try:
             out["value"] = fn()
-        except BaseException as exc:
+        except BaseException as exc:  # handed back to the test
             out["error"] = exc
 
     t = threading.Thread(target=target, daemon=True)

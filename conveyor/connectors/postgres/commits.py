@@ -59,7 +59,7 @@ class _Guard:
         while not self.stop.wait(1.0):
             try:
                 self.con.execute("SELECT 1")
-            except Exception:
+            except Exception:  # lost: take the lock again as soon as the server answers
                 with contextlib.suppress(Exception):
                     self.con.close()
                 with contextlib.suppress(Exception):
