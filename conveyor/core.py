@@ -9,6 +9,7 @@ inside ``read`` and ``write`` and closed before they return.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -407,6 +408,12 @@ class SupportsSession(Protocol):
     context manager yielding the source the tasks get."""
 
     def session(self) -> Any: ...
+
+
+def open_session(source: Any) -> Any:
+    """The source's job-long session where it has one (a context manager yielding the source the
+    tasks get), else the source itself."""
+    return source.session() if isinstance(source, SupportsSession) else contextlib.nullcontext(source)
 
 
 @runtime_checkable

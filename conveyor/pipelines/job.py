@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +29,12 @@ from conveyor.core import (
     SinkPlan,
     SourceInfo,
     SupportsCommitMarkers,
-    SupportsSession,
     SupportsSpecialValues,
     Task,
     TaskResult,
     WriteStats,
     cancel_requested,
+    open_session,
 )
 from conveyor.errors import Cancelled, ConveyorError, PlanningError
 from conveyor.log import say
@@ -97,7 +97,7 @@ def opened(spec: JobSpec) -> Iterator[tuple[JobPlan, Any]]:
     """
     _check(spec)
     info = spec.source.describe()
-    with source_session(spec.source) as source:
+    with open_session(spec.source) as source:
         yield _plan(spec, info, source), source
 
 
@@ -140,13 +140,8 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
     progress = progress or NullProgress()
     if source is not None:
         return _execute(plan, source, progress, start)
-    with source_session(plan.spec.source) as session:
+    with open_session(plan.spec.source) as session:
         return _execute(plan, session, progress, start)
-
-
-def source_session(source: Any) -> Any:
-    """A source may hold something for the whole job (a snapshot); it yields what tasks get."""
-    return source.session() if isinstance(source, SupportsSession) else nullcontext(source)
 
 
 def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> JobReport:

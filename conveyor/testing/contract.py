@@ -23,7 +23,6 @@ same partition writes nothing. The kit moves real data through your connector: n
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -41,9 +40,9 @@ from conveyor.core import (
     SourceInfo,
     SupportsCommitMarkers,
     SupportsNativeWrite,
-    SupportsSession,
     SupportsTargetCount,
     WholeSource,
+    open_session,
     sink_capabilities,
 )
 from conveyor.errors import ConveyorError
@@ -73,7 +72,7 @@ class Contract:
         _expect(isinstance(info, SourceInfo), f"describe() returned {type(info).__name__}, not a SourceInfo")
         _roundtrip(info.schema, "the described schema")
         plans: dict[str, list[Partition]] = {}
-        with _session(source) as shipped:
+        with open_session(source) as shipped:
             _roundtrip(shipped, "the source")
             whole = self._rows(shipped, WholeSource(index=0, count=1), info)
             for name, params in (strategies or {"none": {}}).items():
@@ -123,11 +122,10 @@ class Contract:
         options = JobOptions(batch_size=self.options.batch_size, degree=1, run_id=f"contract-{uuid.uuid4().hex[:12]}",
                              load_mode="append")
         sink = make_sink(options)
-        _roundtrip(sink, "the sink")
         caps = sink_capabilities(sink)
         info = source.describe()
         part = WholeSource(index=0, count=1)
-        with _session(source) as shipped:
+        with open_session(source) as shipped:
             plan = sink.prepare(PrepareRequest(schema=info.schema, info=info, source=shipped))
             plan = _roundtrip(plan, "the sink plan")
             before = sink.count_rows(plan) if isinstance(sink, SupportsTargetCount) else None
@@ -194,11 +192,6 @@ def _rows_of(source: Any, part: Partition) -> int:
 def _strategy(name: str, params: Mapping[str, Any], options: JobOptions) -> Any:
     cls = registry.load("strategy", name)
     return cls(cls.config_class(**params), options)
-
-
-def _session(source: Any) -> Any:
-    """The source's job-long session (one snapshot), where it has one."""
-    return source.session() if isinstance(source, SupportsSession) else contextlib.nullcontext(source)
 
 
 def _roundtrip(obj: Any, what: str) -> Any:

@@ -288,8 +288,6 @@ class PostgresSink:
                        tcols: list[PgColumn]) -> tuple[str, str, tuple[Any, ...] | None]:
         """pgpq where it can encode every column for its target type, else ADBC; why not pgpq;
         and, for pgpq, the Arrow type each column is encoded as."""
-        import pyarrow as pa
-
         if self.config.writer == "adbc":
             return "adbc", "writer=adbc", None
         why = ""
@@ -301,7 +299,7 @@ class PostgresSink:
         if not why:
             for (s, _), cast, col in zip(pairs, casts, tcols):
                 src = _plain(schema.field(s).type)
-                if cast is None and (pa.types.is_string(src) or pa.types.is_large_string(src)):
+                if cast is None and _pgpq_encodes(src, _TEXT_OID):
                     types.append(src)  # into a text column of a temp table, cast by PostgreSQL
                     continue
                 types.append(_pgpq_type(src, cast, col.type_oid))
@@ -487,10 +485,10 @@ class PostgresSink:
                 con.rollback()
                 return WriteStats(part.key, before, 0, time.perf_counter() - start, already_committed=True)
             cols = ", ".join(ident(c) for c in plan.columns)
-            into = self._qualified(plan.write_target)
             casts = plan.detail("casts")
-            if any(c is None for c in casts):  # PostgreSQL casts these text columns: through a temp table
-                into = f"pg_temp.{ident(f'_conveyor_in_{part.index}')}"
+            temp = f"_conveyor_in_{part.index}" if any(c is None for c in casts) else None
+            into = self._qualified(plan.write_target) if temp is None else f"pg_temp.{ident(temp)}"
+            if temp is not None:  # PostgreSQL casts these text columns: through a temp table
                 temp_types = ["text" if c is None else ty for c, ty in zip(casts, plan.detail("target_types"))]
                 con.execute(f"CREATE TEMP TABLE {into} ({', '.join(f'{ident(c)} {ty}' for c, ty in zip(plan.columns, temp_types))}) "
                             "ON COMMIT DROP")
@@ -500,9 +498,8 @@ class PostgresSink:
                     for batch in counted:
                         cp.write(encoder.write_batch(_to_pg_epoch(batch, wire)))
                     cp.write(encoder.finish())
-            if into != self._qualified(plan.write_target):
-                con.execute(self._insert_from_temp(plan.columns, plan.detail("target_types"), plan.write_target,
-                                                   f"_conveyor_in_{part.index}"))
+            if temp is not None:
+                con.execute(self._insert_from_temp(plan.columns, plan.detail("target_types"), plan.write_target, temp))
             self._seal(plan, part, counted.rows, con.execute, lambda sql: con.execute(sql).fetchone())
             con.commit()
         except BaseException as exc:
@@ -805,7 +802,8 @@ def _is_binary(typ: Any) -> bool:
 
 # pgpq picks its PostgreSQL encoding from the Arrow type; binary COPY input must then be exactly
 # what the target column's type reads: these are the pairs that agree (checked in the type tests).
-_PGPQ_TEXT = {25, 1042, 1043, 114}  # text, char(n), varchar(n), json: the binary form is the text
+_TEXT_OID = 25
+_PGPQ_TEXT = {_TEXT_OID, 1042, 1043, 114}  # text, char(n), varchar(n), json: the binary form is the text
 _PGPQ_EXACT = {16: "bool", 21: "int16", 23: "int32", 20: "int64", 700: "float", 701: "double", 1082: "date32[day]",
                1083: "time64[us]"}
 

@@ -379,13 +379,14 @@ class PostgresSource:
         smallest = pc.min(ints).as_py()
         if smallest is None or smallest >= low:
             return arr  # the usual case: one pass over the column, nothing to do
-        bad = pc.less(ints, low)
         if self.keep_infinity:
             top = INFINITY_DAYS if col.typname == "date" else INFINITY_TICKS
             ints = pc.if_else(pc.equal(ints, inf), top, pc.if_else(pc.equal(ints, neg_inf), -top, ints)).cast(ints.type)
             bad = pc.and_(pc.less(ints, low), pc.not_equal(ints, -top))
             if not pc.any(bad).as_py():
                 return ints.view(arr.type)
+        else:
+            bad = pc.less(ints, low)
         if self.config.special_values == "error":
             first = ints.filter(bad)[0].as_py()
             what = {inf: "infinity", neg_inf: "-infinity"}.get(first, "a timestamp after 294247-01-10")
