@@ -41,8 +41,10 @@ def _stderr(msg: str) -> None:
 
 def report_error(exc: BaseException, verbose: bool) -> int:
     """Print an error as one line plus its hint; return the exit code."""
-    from conveyor.errors import ConveyorError
+    from conveyor.errors import ConveyorError, JobFailed
 
+    if isinstance(exc, JobFailed):  # a failed run: say what stopped it
+        exc = exc.cause
     if isinstance(exc, ConveyorError):
         if verbose:
             _stderr("".join(traceback.format_exception(exc)).rstrip())
@@ -136,72 +138,6 @@ def _install_signals() -> None:
         signal.signal(signal.SIGTERM, _on_signal)
 
 
-def _report_path() -> Any:
-    from pathlib import Path
-
-    if REPORT_PATH:
-        return Path(REPORT_PATH[0])
-    run_dir = _hydra_dir()
-    return run_dir / "report.json" if run_dir is not None else None
-
-
-def _write_report(report: Any, plan: Any, cfg: Any, error: BaseException | None) -> None:
-    import json
-
-    from omegaconf import OmegaConf
-
-    from conveyor.errors import Cancelled
-    from conveyor.pipelines.report import report_dict
-
-    path = _report_path()
-    if path is None:
-        return
-    status = "succeeded" if error is None else ("cancelled" if isinstance(error, Cancelled) else "failed")
-    data = report_dict(report, plan, OmegaConf.to_container(cfg, resolve=False), status, error)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str))
-    _stderr(f"report: {path}")
-
-
-def _previous_run(cfg: Any) -> Any:
-    """With resume=<dir>: what that run planned and finished (checked before anything connects)."""
-    from omegaconf import OmegaConf
-
-    from conveyor.pipelines.manifest import load_for_resume
-
-    if not cfg.get("resume"):
-        return None
-    return load_for_resume(str(cfg.resume), OmegaConf.to_container(cfg, resolve=False))
-
-
-def _resumed(plan: Any, cfg: Any, previous: Any) -> Any:
-    """The plan of the run being resumed: its partitions (saved predicates) and what it finished."""
-    import dataclasses
-
-    if previous is None:
-        return plan
-    return dataclasses.replace(plan, partitions=previous.partitions, resumed_from=str(cfg.resume),
-                               previously_done=previous.done, note=f"resumed from {cfg.resume}")
-
-
-def _manifest(plan: Any, cfg: Any, progress: Any, source: Any) -> Any:
-    """A progress wrapper that keeps manifest.json in the run directory (none outside Hydra)."""
-    from omegaconf import OmegaConf
-
-    from conveyor.core import SupportsSnapshot
-    from conveyor.pipelines.manifest import Manifest
-
-    run_dir = _hydra_dir()
-    if run_dir is None:
-        return None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    manifest = Manifest(run_dir / "manifest.json", OmegaConf.to_container(cfg, resolve=False), progress)
-    opts = plan.spec.options
-    snapshot = source.snapshot_id if isinstance(source, SupportsSnapshot) else None
-    manifest.start(opts.run_id, opts.load, plan.partitions, snapshot, plan.previously_done)
-    return manifest
-
-
 def _hydra_dir() -> Any:
     from pathlib import Path
 
@@ -214,47 +150,25 @@ def _hydra_dir() -> Any:
 
 
 def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
-    """One composed config: validate, then plan (and run)."""
-    _quiet_libraries()
-    from conveyor.config import build_job
-    from conveyor.core import reset_cancel
-    from conveyor.errors import ConveyorError
-    from conveyor.pipelines.job import execute, opened
-    from conveyor.pipelines.report import plan_table, summary_table
+    """One composed config: plan it, or run it (conveyor.pipelines.run owns the run); print the outcome."""
+    from pathlib import Path
 
+    from conveyor.pipelines.report import plan_table, summary_table
+    from conveyor.pipelines.run import RunPlace, plan_run, run
+
+    _quiet_libraries()
     console = _console()
-    plan = None
     try:
-        previous = _previous_run(cfg) if mode == "run" else None
-        spec = build_job(cfg, load_id=previous.load_id if previous else None)
-        if mode == "run":
-            reset_cancel()
-            _install_signals()
-        with opened(spec) as (plan, source):
-            if mode == "plan":
-                console.print(plan_table(plan))
-                return 0
-            plan = _resumed(plan, cfg, previous)
-            progress = _progress(console, plan)
-            manifest = _manifest(plan, cfg, progress, source)
-            try:
-                with progress:
-                    report = execute(plan, manifest or progress, source=source)
-            finally:
-                if manifest is not None:
-                    manifest.close()
+        if mode == "plan":
+            console.print(plan_table(plan_run(cfg)))
+            return 0
+        _install_signals()
+        place = RunPlace(run_dir=_hydra_dir(), report_path=Path(REPORT_PATH[0]) if REPORT_PATH else None)
+        report = run(cfg, place, progress=lambda plan: _progress(console, plan))
         console.print(summary_table(report))
-        _write_report(report, plan, cfg, None)
         return 0
     except Exception as exc:  # the CLI's boundary: one line, an exit code
-        _point_to_run_dir(exc)
-        code = report_error(exc, verbose)
-        if mode == "run":
-            try:
-                _write_report(exc.report if isinstance(exc, ConveyorError) else None, plan, cfg, exc)
-            except Exception:  # the error itself matters more
-                pass
-        return code
+        return report_error(exc, verbose)
 
 
 def _progress(console: Any, plan: Any) -> Any:
@@ -263,16 +177,6 @@ def _progress(console: Any, plan: Any) -> Any:
     if console.is_terminal:
         return RichProgress(console, plan.info.estimated_rows, len(plan.partitions))
     return LogProgress(plan.info.estimated_rows, len(plan.partitions))
-
-
-def _point_to_run_dir(exc: BaseException) -> None:
-    """A hint that says ``resume=<run dir>`` names this run's directory."""
-    from conveyor.errors import ConveyorError
-    from conveyor.pipelines.job import RESUME_HINT
-
-    run_dir = _hydra_dir()
-    if isinstance(exc, ConveyorError) and exc.hint and RESUME_HINT in exc.hint and run_dir is not None:
-        exc.hint = exc.hint.replace(RESUME_HINT, f"resume={run_dir}")
 
 
 _HYDRA_VALUED = {"--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c", "--package", "-p",

@@ -34,10 +34,10 @@ class JobOptions:
     load_mode: LoadMode = "append"
     map_method: MapMethod = "name"
     batch_size: int = 65536
+    #: as configured: N > 0 tasks at once, N < 0 a fraction of the runtime's CPUs (the job resolves
+    #: it once, against the runtime, see :func:`resolve_degree`; plugins get the resolved number)
     degree: int = 1
     run_id: str = "run"
-    #: the degree as configured (negative: a fraction of the CPUs, which a cluster runtime resolves)
-    requested_degree: int = 1
     #: count | checksum | none
     verify: str = "count"
     #: what names this load's commits in the target (commit markers, file names): the run id, or,
@@ -467,13 +467,6 @@ class ExplainsPath(Protocol):
 
 
 @runtime_checkable
-class ExplainsPlan(Protocol):
-    """A strategy that says, after ``plan``, how it chose its partitions."""
-
-    def explain(self) -> str: ...
-
-
-@runtime_checkable
 class ChecksBeforeRun(Protocol):
     """A runtime that refuses, before anything moves, a pair it cannot run (e.g. a single-process sink)."""
 
@@ -508,10 +501,19 @@ class PlanRequest:
     degree: int
 
 
+@dataclass(frozen=True)
+class PartitionPlan:
+    """What a strategy decided: the partitions, and a note saying how it chose them (for
+    ``conveyor plan`` and the report)."""
+
+    partitions: Sequence[Partition]
+    note: str = ""
+
+
 class Strategy(Protocol):
     """Splits a source into partitions. Never writes SQL: connectors render partitions."""
 
-    def plan(self, request: PlanRequest) -> list[Partition]: ...
+    def plan(self, request: PlanRequest) -> PartitionPlan: ...
 
 
 # --- tasks: what a runtime runs, and what it reports -------------------------------------------
@@ -566,6 +568,21 @@ class TaskResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+@runtime_checkable
+class KnowsCpus(Protocol):
+    """A runtime whose tasks run on other CPUs than the driver's (a Ray cluster): how many."""
+
+    def cpus(self) -> int: ...
+
+
+def resolve_degree(runtime: Any, degree: int) -> int:
+    """The degree a job runs at, resolved once: N > 0 as given; N < 0 the runtime's CPUs / |N|
+    (the cluster's for a runtime that knows them, else this machine's)."""
+    if degree > 0:
+        return degree
+    return JobOptions.resolve_degree(degree, runtime.cpus() if isinstance(runtime, KnowsCpus) else None)
 
 
 class Runtime(Protocol):

@@ -12,6 +12,7 @@
     |                                      (``retriable`` says whether a retry may succeed)
     +-- VerificationError         exit 6   source and target disagree after the load
     +-- Cancelled                 exit 130 Ctrl-C / SIGTERM: running partitions rolled back
+    +-- JobFailed                 its cause's  a whole run failed: the cause, and the run's report
 
 Every error pickles (the runtimes carry them across processes) and keeps its hint.
 Messages never hold secrets: connectors build them from identifiers, never from DSNs.
@@ -26,8 +27,6 @@ class ConveyorError(Exception):
     """Base of every error Conveyor reports to the user."""
 
     exit_code = 1
-    #: the run's report, when a job failed (the CLI writes it)
-    report: Any = None
     #: the failed task's traceback (on a Ray worker: its own), shown by --verbose
     task_traceback: str | None = None
     #: the message already says what an append committed
@@ -118,6 +117,21 @@ class Cancelled(ConveyorError):
     """The run was interrupted (SIGINT / SIGTERM); running partitions rolled back."""
 
     exit_code = 130
+
+
+class JobFailed(ConveyorError):
+    """A run failed (``conveyor.pipelines.run``): ``cause`` is what stopped it, ``report`` the run's
+    report as far as it got (None when it failed before a plan existed). Message, hint and exit
+    code are the cause's (exit 1 for an error Conveyor did not expect)."""
+
+    def __init__(self, cause: BaseException, report: Any = None) -> None:
+        ours = isinstance(cause, ConveyorError)
+        super().__init__(cause.message if ours else f"{type(cause).__name__}: {first_line(cause)}",
+                         hint=cause.hint if ours else None)
+        self.cause = cause
+        self.report = report
+        self.exit_code = cause.exit_code if ours else 1
+        self.task_traceback = cause.task_traceback if ours else None
 
 
 def first_line(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""The job: config -> plan -> prepare -> execute -> finalize -> report."""
+"""The job: config -> plan -> prepare -> execute -> finalize -> report (``run`` owns a whole run)."""
 
 from conveyor.pipelines.job import JobPlan, JobReport, execute, plan_job, run_job
 

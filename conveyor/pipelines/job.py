@@ -20,7 +20,6 @@ from conveyor.config import JobSpec
 from conveyor.core import (
     ChecksBeforeRun,
     ExplainsPath,
-    ExplainsPlan,
     NullProgress,
     Partition,
     PlanRequest,
@@ -35,6 +34,7 @@ from conveyor.core import (
     WriteStats,
     cancel_requested,
     open_session,
+    resolve_degree,
 )
 from conveyor.errors import Cancelled, ConveyorError, PlanningError
 from conveyor.log import say
@@ -47,6 +47,9 @@ class JobPlan:
     spec: JobSpec
     info: SourceInfo
     partitions: list[Partition]
+    #: tasks at once: the configured degree resolved once against the runtime (the strategy, the
+    #: runtime and the report all get this number)
+    degree: int = 1
     #: what the strategy chose and why (strategy=auto explains its choice)
     note: str = ""
     #: the data path the sink expects to take (e.g. a native pass-through), when it says
@@ -64,7 +67,8 @@ class JobReport:
     seconds: float = 0.0
     target: str = ""
     sink_plan: SinkPlan | None = None
-    error: ConveyorError | None = None
+    #: what stopped a failed run (a ConveyorError, or an error Conveyor did not expect)
+    error: Exception | None = None
     verification: Verification | None = None
     #: partitions a resumed run found committed by the run it resumes (not run again)
     committed_before: set[str] = field(default_factory=set)
@@ -114,27 +118,34 @@ def _check(spec: JobSpec) -> None:
 
 
 def _plan(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
-    partitions = spec.strategy.plan(PlanRequest(source=source, info=info, degree=spec.options.degree))
+    degree = resolve_degree(spec.runtime, spec.options.degree)
+    planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree))
+    partitions = list(planned.partitions)
     if not partitions:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
-    note = spec.strategy.explain() if isinstance(spec.strategy, ExplainsPlan) else ""
     path = ""
     if isinstance(spec.sink, ExplainsPath):
         path = spec.sink.explain_path(PrepareRequest(schema=info.schema, info=info, source=spec.source))
-    return JobPlan(spec=spec, info=info, partitions=partitions, note=note, path=path)
+    return JobPlan(spec=spec, info=info, partitions=partitions, degree=degree, note=planned.note, path=path)
 
 
 def run_job(spec: JobSpec, progress: Progress | None = None) -> JobReport:
-    """Plan and run a whole job. Raises the first error after aborting the sink."""
+    """Plan and run a whole job (the library's entry point); raises the error that stopped it,
+    after aborting the sink. ``conveyor.pipelines.run`` is the CLI's, with report and manifest."""
     start = time.perf_counter()
     with opened(spec) as (plan, source):
-        return execute(plan, progress, start, source)
+        report = execute(plan, progress, start, source)
+    if report.error is not None:
+        raise report.error
+    return report
 
 
 def execute(plan: JobPlan, progress: Progress | None = None, start: float | None = None, source: Any = None) -> JobReport:
     """Prepare the sink, run the planned partitions, finalize; abort the sink on any failure.
 
-    ``source`` is the session's source from :func:`opened`; without it a session is opened here.
+    Always returns the report: ``report.error`` says what stopped a failed run (the sink was
+    aborted). ``source`` is the session's source from :func:`opened`; without it a session is
+    opened here.
     """
     start = time.perf_counter() if start is None else start
     progress = progress or NullProgress()
@@ -149,9 +160,9 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
     report = JobReport(plan=plan)
     try:
         sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, source=source))
-    except ConveyorError as exc:
-        exc.report = report
-        raise
+    except Exception as exc:  # nothing was prepared: nothing to abort
+        report.error, report.seconds = exc, time.perf_counter() - start
+        return report
     report.target, report.sink_plan = sink_plan.target, sink_plan
     if sink_plan.keeps and isinstance(source, SupportsSpecialValues):
         source = source.keeping(sink_plan.keeps)  # e.g. infinity passed on, not refused
@@ -169,7 +180,7 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         for result in before:
             progress.finished(result)
         tasks = [Task(source, spec.sink, sink_plan, part) for part in todo]
-        report.results = sorted(before + spec.runtime.run(tasks, spec.options.degree, progress), key=lambda r: r.index)
+        report.results = sorted(before + spec.runtime.run(tasks, plan.degree, progress), key=lambda r: r.index)
         if cancel_requested():
             raise _cancelled(report)
         failed = first_failure(report.results)
@@ -186,10 +197,10 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
     except BaseException as exc:
         _abort(spec.sink, sink_plan)
         report.seconds = time.perf_counter() - start
-        if isinstance(exc, ConveyorError):
-            report.error = exc
-            exc.report = report  # the CLI writes it
-        raise
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not a failed run but a leaving process
+            raise
+        report.error = exc
+        return report
     report.seconds = time.perf_counter() - start
     return report
 

@@ -12,13 +12,18 @@ def _rate(rows: int, seconds: float) -> str:
     return f"{rows / seconds:,.0f}" if seconds > 0 else "-"
 
 
+def _degree(plan: JobPlan) -> str:
+    configured = plan.spec.options.degree
+    return str(plan.degree) if configured == plan.degree else f"{plan.degree} (degree={configured} of the runtime's CPUs)"
+
+
 def summary_table(report: JobReport) -> Any:
     from rich.table import Table
 
     spec = report.plan.spec
     title = (
         f"{spec.names['source']} -> {spec.names['sink']} ({report.target}), "
-        f"strategy={spec.names['strategy']}, runtime={spec.names['runtime']}, degree={spec.options.degree}, "
+        f"strategy={spec.names['strategy']}, runtime={spec.names['runtime']}, degree={_degree(report.plan)}, "
         f"load_mode={spec.options.load_mode}"
     )
     if report.sink_plan is not None and report.sink_plan.path_reason:
@@ -51,7 +56,7 @@ def plan_table(plan: JobPlan) -> Any:
     spec = plan.spec
     table = Table(
         title=f"{plan.info.label}: {len(plan.partitions)} partition(s), strategy={spec.names['strategy']}, "
-        f"degree={spec.options.degree}, sink={spec.names['sink']}, load_mode={spec.options.load_mode}",
+        f"degree={_degree(plan)}, sink={spec.names['sink']}, load_mode={spec.options.load_mode}",
         title_justify="left",
         caption="\n".join(x for x in (f"strategy: {plan.note}" if plan.note else "", f"path: {plan.path}" if plan.path else "") if x),
         caption_justify="left",
@@ -112,7 +117,9 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
         spec = plan.spec
         out.update(run_id=spec.options.run_id, plugins=spec.names, source=plan.info.label, strategy_note=plan.note,
                    options={"load_mode": spec.options.load_mode, "map_method": spec.options.map_method,
-                            "batch_size": spec.options.batch_size, "degree": spec.options.degree, "verify": spec.options.verify})
+                            "batch_size": spec.options.batch_size, "degree": plan.degree, "verify": spec.options.verify})
+        if plan.degree != spec.options.degree:
+            out["options"]["degree_configured"] = spec.options.degree
     if report is not None:
         parts = {p.key: p for p in report.plan.partitions}
         out["target"] = report.target

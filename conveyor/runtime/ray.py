@@ -128,6 +128,8 @@ class RayRuntime:
         self.config = config
         self.options = options
         self._reaper: Reaper | None = None
+        #: cpus() connected to the cluster: run() disconnects when done
+        self._connected_here = False
 
     # --- connecting ----------------------------------------------------------------------------
 
@@ -185,12 +187,14 @@ class RayRuntime:
                                        hint="is the cluster running? start one with `ray start --head`") from None
                 time.sleep(0.5)
 
-    def resolve_degree(self, ray: Any, degree: int) -> int:
-        requested = self.options.requested_degree
-        if requested < 0:
-            cpus = int(ray.cluster_resources().get("CPU", 1))
-            return JobOptions.resolve_degree(requested, cpus)
-        return degree
+    def cpus(self) -> int:
+        """The CPUs tasks run on: this machine's for a private instance (started later, by ``run``),
+        else the cluster's (connecting now; ``run`` keeps using the connection)."""
+        if self.config.address == "local":
+            return os.cpu_count() or 1
+        ray, started = self._init()
+        self._connected_here = self._connected_here or started
+        return int(ray.cluster_resources().get("CPU", 1))
 
     # --- running -----------------------------------------------------------------------------
 
@@ -204,8 +208,9 @@ class RayRuntime:
         if tasks:
             self.check(tasks[0].source, tasks[0].sink)
         ray, started = self._init()
+        started, self._connected_here = started or self._connected_here, False
         try:
-            return self._run(ray, tasks, self._slots(ray, self.resolve_degree(ray, degree)), progress)
+            return self._run(ray, tasks, self._slots(ray, degree), progress)
         finally:
             if started:
                 ray.shutdown()

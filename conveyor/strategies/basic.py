@@ -8,7 +8,7 @@ from conveyor.core import (
     FileEntry,
     FileSet,
     JobOptions,
-    Partition,
+    PartitionPlan,
     PlanRequest,
     RowGroupSet,
     SupportsFileListing,
@@ -31,8 +31,8 @@ class NoneStrategy:
     def __init__(self, config: NoneStrategyConfig, options: JobOptions) -> None:
         self.config = config
 
-    def plan(self, request: PlanRequest) -> list[Partition]:
-        return [WholeSource(index=0, count=1, estimated_rows=request.info.estimated_rows)]
+    def plan(self, request: PlanRequest) -> PartitionPlan:
+        return PartitionPlan([WholeSource(index=0, count=1, estimated_rows=request.info.estimated_rows)], "the whole source in one partition")
 
 
 @dataclass
@@ -58,7 +58,7 @@ class FilesStrategy:
     def __init__(self, config: FilesStrategyConfig, options: JobOptions) -> None:
         self.config = config
 
-    def plan(self, request: PlanRequest) -> list[Partition]:
+    def plan(self, request: PlanRequest) -> PartitionPlan:
         source = request.source
         if not isinstance(source, SupportsFileListing):
             raise PlanningError(
@@ -70,21 +70,21 @@ class FilesStrategy:
             return self._row_groups(entries, request)
         per = self.config.files_per_partition or max(1, -(-len(entries) // request.degree))
         groups = [entries[i : i + per] for i in range(0, len(entries), per)]
-        return [
-            FileSet(index=i, count=len(groups), paths=tuple(e.path for e in g), estimated_rows=_rows(g))
-            for i, g in enumerate(groups)
-        ]
+        parts = [FileSet(index=i, count=len(groups), paths=tuple(e.path for e in g), estimated_rows=_rows(g))
+                 for i, g in enumerate(groups)]
+        return PartitionPlan(parts, f"{len(entries)} files in {len(parts)} partitions of up to {per}")
 
 
-    def _row_groups(self, entries: list[FileEntry], request: PlanRequest) -> list[Partition]:
+    def _row_groups(self, entries: list[FileEntry], request: PlanRequest) -> PartitionPlan:
         if any(e.row_groups is None for e in entries):
             raise PlanningError(f"row_groups_per_partition needs Parquet files; {request.info.label} has none",
                                 hint="set strategy.row_groups_per_partition=0")
         per = self.config.row_groups_per_partition
         spans = [(e.path, tuple(range(i, min(i + per, len(e.row_groups or ())))), e.row_groups or ())
                  for e in entries for i in range(0, max(len(e.row_groups or ()), 1), per)]
-        return [RowGroupSet(index=i, count=len(spans), path=path, row_groups=groups, estimated_rows=sum(sizes[g] for g in groups))
-                for i, (path, groups, sizes) in enumerate(spans)]
+        parts = [RowGroupSet(index=i, count=len(spans), path=path, row_groups=groups, estimated_rows=sum(sizes[g] for g in groups))
+                 for i, (path, groups, sizes) in enumerate(spans)]
+        return PartitionPlan(parts, f"{len(entries)} files in {len(parts)} spans of up to {per} row groups")
 
 
 def _rows(entries: list[FileEntry]) -> int | None:
@@ -105,8 +105,9 @@ class NativeStrategy:
     def __init__(self, config: NativeStrategyConfig, options: JobOptions) -> None:
         self.config = config
 
-    def plan(self, request: PlanRequest) -> list[Partition]:
+    def plan(self, request: PlanRequest) -> PartitionPlan:
         if not isinstance(request.source, SupportsNativePartitions):
             raise PlanningError(f"strategy=native needs a source that splits itself; {request.info.label} does not",
                                 hint="use strategy=none, or a keyed strategy")
-        return list(request.source.native_partitions())
+        parts = list(request.source.native_partitions())
+        return PartitionPlan(parts, f"{len(parts)} partitions handed out by the source")

@@ -22,6 +22,7 @@ from conveyor.core import (
     ModuloBucket,
     PageRange,
     Partition,
+    PartitionPlan,
     PlanRequest,
     SupportsCtid,
     SupportsKeys,
@@ -148,10 +149,6 @@ class _Base:
     def __init__(self, config: Any, options: JobOptions) -> None:
         self.config = config
         self.options = options
-        self._note = ""
-
-    def explain(self) -> str:
-        return self._note
 
     def _count(self, request: PlanRequest, default_factor: int = 1) -> int:
         """``partitions`` as configured, else degree x factor, bounded by the data's size."""
@@ -163,7 +160,7 @@ class CtidStrategy(_Base):
 
     method = "ctid"
 
-    def plan(self, request: PlanRequest) -> list[Partition]:
+    def plan(self, request: PlanRequest) -> PartitionPlan:
         if not isinstance(request.source, SupportsCtid):
             raise PlanningError(f"strategy=ctid needs a PostgreSQL table; {request.info.label} is not one", hint="use strategy=none")
         pages = request.source.ctid_pages()
@@ -174,8 +171,7 @@ class CtidStrategy(_Base):
         for i, start in enumerate(starts):
             stop = None if i == len(starts) - 1 else starts[i + 1]
             parts.append(PageRange(index=i, count=len(starts), start=start, stop=stop))
-        self._note = f"{pages} pages in {len(parts)} ranges; the last is open-ended"
-        return parts
+        return PartitionPlan(parts, f"{pages} pages in {len(parts)} ranges; the last is open-ended")
 
 
 class RangeIdStrategy(_Base):
@@ -184,7 +180,7 @@ class RangeIdStrategy(_Base):
     config_class = RangeIdStrategyConfig
     method = "rangeid"
 
-    def plan(self, request: PlanRequest) -> list[Partition]:
+    def plan(self, request: PlanRequest) -> PartitionPlan:
         source, column = _keys(request, self.method), _key_column(self.config, self.method)
         stats = source.key_stats(column)
         if stats.kind not in ("integer", "numeric", "temporal"):
@@ -198,8 +194,7 @@ class RangeIdStrategy(_Base):
         else:
             bounds = source.key_quantiles(column, n, exact=False)
         parts = ranges_from_bounds(column, bounds)
-        self._note = f"{len(parts)} ranges of {column} balanced by {self.config.balance} (min {stats.min!r}, max {stats.max!r})"
-        return parts
+        return PartitionPlan(parts, f"{len(parts)} ranges of {column} balanced by {self.config.balance} (min {stats.min!r}, max {stats.max!r})")
 
 
 class NtileStrategy(_Base):
@@ -207,12 +202,11 @@ class NtileStrategy(_Base):
 
     method = "ntile"
 
-    def plan(self, request: PlanRequest) -> list[Partition]:
+    def plan(self, request: PlanRequest) -> PartitionPlan:
         source, column = _keys(request, self.method), _key_column(self.config, self.method)
         source.key_stats(column)  # checks the column exists
         parts = ranges_from_bounds(column, source.key_quantiles(column, self._count(request), exact=True))
-        self._note = f"{len(parts)} ntile ranges of {column}"
-        return parts
+        return PartitionPlan(parts, f"{len(parts)} ntile ranges of {column}")
 
 
 class RandomStrategy(_Base):
@@ -220,14 +214,15 @@ class RandomStrategy(_Base):
 
     method = "random"
 
-    def plan(self, request: PlanRequest) -> list[Partition]:
+    def plan(self, request: PlanRequest) -> PartitionPlan:
         source, column = _keys(request, self.method), _key_column(self.config, self.method)
         stats = source.key_stats(column)
         if stats.kind != "integer":
             raise PlanningError(f"strategy=random: distribute_key {column!r} is not an integer column",
                                 hint="use strategy=ntile or rangeid")
         n = self._count(request)
-        return [ModuloBucket(index=i, count=n, column=column, buckets=n, bucket=i) for i in range(n)]
+        return PartitionPlan([ModuloBucket(index=i, count=n, column=column, buckets=n, bucket=i) for i in range(n)],
+                             f"{n} buckets of abs({column} % {n})")
 
 
 class DataDrivenStrategy(_Base):
@@ -242,26 +237,25 @@ class DataDrivenStrategy(_Base):
     config_class = DataDrivenStrategyConfig
     method = "datadriven"
 
-    def plan(self, request: PlanRequest) -> list[Partition]:
+    def plan(self, request: PlanRequest) -> PartitionPlan:
         source, column = _keys(request, self.method), _key_column(self.config, self.method)
         n = self._count(request, 4)
         # few values: one partition each (FastTransfer's meaning), unless partitions says otherwise
         one_each = n if self.config.partitions else max(n, DATADRIVEN_ONE_EACH)
         if self.config.datadriven_query:
             listed = source.query_values(self.config.datadriven_query)
-            self._note = f"{len(listed)} values of {column} from datadriven_query (rows with other values are not read)"
+            note = f"{len(listed)} values of {column} from datadriven_query (rows with other values are not read)"
             groups = _pack([(v, 1) for v in dict.fromkeys(listed)], one_each)
             parts = [ValueSet(index=i, count=len(groups), column=column, values=tuple(g)) for i, g in enumerate(groups)]
-            return parts or [ValueSet(index=0, count=1, column=column, values=())]
+            return PartitionPlan(parts or [ValueSet(index=0, count=1, column=column, values=())], note)
         counted = source.key_values(column)
-        self._note = f"{len(counted)} distinct values of {column}"
+        note = f"{len(counted)} distinct values of {column}"
         if len(counted) <= one_each:
             parts = [ValueSet(index=i, count=len(counted), column=column, values=(v,), estimated_rows=rows)
                      for i, (v, rows) in enumerate(counted)]
-            return parts or [ValueSet(index=0, count=1, column=column, values=())]
+            return PartitionPlan(parts or [ValueSet(index=0, count=1, column=column, values=())], note)
         parts = _runs(column, counted, n)
-        self._note += f" in {len(parts)} ranges balanced by rows"
-        return parts
+        return PartitionPlan(parts, f"{note} in {len(parts)} ranges balanced by rows")
 
 
 def _pack(values: list[tuple[Any, int]], n: int) -> list[list[Any]]:
@@ -296,13 +290,12 @@ class AutoStrategy(_Base):
 
     method = "auto"
 
-    def plan(self, request: PlanRequest) -> list[Partition]:
+    def plan(self, request: PlanRequest) -> PartitionPlan:
         source = request.source
         if isinstance(source, SupportsCtid):
             try:
-                parts = CtidStrategy(self.config, self.options).plan(request)
-                self._note = f"chose ctid: {request.info.label} is a heap table ({len(parts)} page ranges)"
-                return parts
+                parts = CtidStrategy(self.config, self.options).plan(request).partitions
+                return PartitionPlan(parts, f"chose ctid: {request.info.label} is a heap table ({len(parts)} page ranges)")
             except PlanningError as exc:
                 why = exc.message
         else:
@@ -311,9 +304,8 @@ class AutoStrategy(_Base):
             stats = source.key_stats(self.config.distribute_key)
             if stats.kind in ("integer", "numeric", "temporal"):
                 cfg = RangeIdStrategyConfig(distribute_key=self.config.distribute_key, partitions=self.config.partitions)
-                parts = RangeIdStrategy(cfg, self.options).plan(request)
-                self._note = f"chose rangeid on {self.config.distribute_key}: {why}"
-                return parts
+                chosen = RangeIdStrategy(cfg, self.options).plan(request)
+                return PartitionPlan(chosen.partitions, f"chose rangeid on {self.config.distribute_key}: {why}; {chosen.note}")
             why += f"; {self.config.distribute_key} is not numeric"
-        self._note = f"chose none: {why}" + ("" if self.config.distribute_key else "; no distribute_key set")
-        return [WholeSource(index=0, count=1, estimated_rows=request.info.estimated_rows)]
+        note = f"chose none: {why}" + ("" if self.config.distribute_key else "; no distribute_key set")
+        return PartitionPlan([WholeSource(index=0, count=1, estimated_rows=request.info.estimated_rows)], note)

@@ -35,6 +35,7 @@ from conveyor import registry
 from conveyor.core import (
     JobOptions,
     Partition,
+    PartitionPlan,
     PlanRequest,
     PrepareRequest,
     SourceInfo,
@@ -77,7 +78,9 @@ class Contract:
             whole = self._rows(shipped, WholeSource(index=0, count=1), info)
             for name, params in (strategies or {"none": {}}).items():
                 strategy = _strategy(name, params, self.options)
-                parts = strategy.plan(PlanRequest(source=shipped, info=info, degree=self.options.degree))
+                planned = strategy.plan(PlanRequest(source=shipped, info=info, degree=self.options.degree))
+                _expect(isinstance(planned, PartitionPlan), f"strategy {name}: plan() returned {type(planned).__name__}, not a PartitionPlan")
+                parts = list(planned.partitions)
                 _expect(bool(parts), f"strategy {name} planned no partitions")
                 _expect([p.index for p in parts] == list(range(len(parts))), f"strategy {name}: partition indexes are not 0..n-1")
                 _expect(len({p.key for p in parts}) == len(parts), f"strategy {name}: two partitions share a key")

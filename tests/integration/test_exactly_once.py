@@ -397,6 +397,6 @@ def test_planning_reads_the_jobs_snapshot(ex_src) -> None:
     info = spec.source.describe()
     with open_session(spec.source) as source:
         pg_exec(ex_src, "INSERT INTO ex_snap VALUES (6)")
-        parts = spec.strategy.plan(PlanRequest(source=source, info=info, degree=4))
+        parts = spec.strategy.plan(PlanRequest(source=source, info=info, degree=4)).partitions
     planned = sorted(v for p in parts for v in getattr(p, "values", ()))
     assert planned == [1, 2, 3, 4, 5]

@@ -88,3 +88,65 @@ def test_pipeline(name: str, cli, tmp_path: Path, tpch_orders: Path, pg_source, 
     extra = {"request": request} if "request" in run.__code__.co_varnames else {}
     rows = run(cli, tmp_path, tpch_orders, pg_source, pg_target, **extra)
     assert rows == _orders_count(tpch_orders)
+
+
+def test_one_owner_runs_the_job_writes_report_and_manifest_and_a_failure_carries_its_report(tpch_orders: Path, tmp_path: Path) -> None:
+    """conveyor.pipelines.run owns the whole run (the CLI only prints): it returns the report, or
+    raises one JobFailed carrying it, and writes report.json and manifest.json either way."""
+    import json
+
+    from conveyor.errors import JobFailed, SchemaError
+    from conveyor.pipelines.run import RunPlace, run
+    from conveyor.submit import compose
+
+    db = tmp_path / "owner.duckdb"
+    overrides = ["pipeline=demo", f"source.path={tpch_orders}", f"sink.database={db}"]
+    report = run(compose(overrides), RunPlace(run_dir=tmp_path / "ok"))
+    assert report.ok and report.rows == _orders_count(tpch_orders)
+    assert json.loads((tmp_path / "ok" / "report.json").read_text())["status"] == "succeeded"
+    assert json.loads((tmp_path / "ok" / "manifest.json").read_text())["partitions"]
+    with pytest.raises(JobFailed) as failed:
+        run(compose([*overrides, "load_mode=create"]), RunPlace(run_dir=tmp_path / "bad"))
+    assert isinstance(failed.value.cause, SchemaError) and failed.value.exit_code == SchemaError.exit_code
+    assert failed.value.report is not None and failed.value.report.error is failed.value.cause
+    saved = json.loads((tmp_path / "bad" / "report.json").read_text())
+    assert saved["status"] == "failed" and saved["error"]["type"] == "SchemaError" and "already exists" in saved["error"]["message"]
+
+
+def test_degree_is_resolved_once_against_the_runtime_and_reaches_strategy_runtime_and_report(
+        tpch_orders: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """degree=-2 is half the runtime's CPUs: here a local runtime that says its tasks have 8 (as a
+    Ray cluster's cpus() does), so 4 - not half of this machine's CPUs - for all three."""
+    import json
+    from dataclasses import replace
+
+    from conveyor.pipelines.run import RunPlace, run
+    from conveyor.runtime.local import LocalRuntime
+    from conveyor.submit import compose
+
+    seen: list[int] = []
+
+    class EightCpus(LocalRuntime):
+        def cpus(self) -> int:
+            return 8
+
+        def run(self, tasks, degree, progress):  # type: ignore[no-untyped-def]
+            seen.append(degree)
+            return super().run(tasks, degree, progress)
+
+    import conveyor.config as config
+
+    build = config.build_job
+
+    def with_eight(*args, **kwargs):  # type: ignore[no-untyped-def]
+        spec = build(*args, **kwargs)
+        return replace(spec, runtime=EightCpus(spec.runtime.config, spec.options))
+
+    overrides = ["pipeline=demo", f"source.path={tpch_orders}", f"sink.database={tmp_path}/d.duckdb", "degree=-2",
+                 "strategy.files_per_partition=0"]
+    monkeypatch.setattr(config, "build_job", with_eight)
+    report = run(compose(overrides), RunPlace(run_dir=tmp_path / "run"))
+    assert report.plan.degree == 4 and seen == [4]
+    assert len(report.plan.partitions) == 4  # 4 files over 4 partitions: the strategy got 4
+    options = json.loads((tmp_path / "run" / "report.json").read_text())["options"]
+    assert options["degree"] == 4 and options["degree_configured"] == -2

@@ -83,10 +83,11 @@ def test_progress_reaches_the_driver_while_tasks_run(ray_instance, pg_target, tm
 
 
 def test_negative_degree_is_a_fraction_of_the_cluster(ray_instance) -> None:
-    runtime = RayRuntime(RayRuntimeConfig(), JobOptions(degree=1, requested_degree=-1))
-    assert runtime.resolve_degree(ray_instance, 1) == int(ray_instance.cluster_resources()["CPU"]) == 2
-    runtime = RayRuntime(RayRuntimeConfig(), JobOptions(degree=1, requested_degree=-2))
-    assert runtime.resolve_degree(ray_instance, 1) == 1
+    from conveyor.core import resolve_degree
+
+    runtime = RayRuntime(RayRuntimeConfig(address="auto"), JobOptions(degree=-1))
+    assert resolve_degree(runtime, -1) == runtime.cpus() == int(ray_instance.cluster_resources()["CPU"]) == 2
+    assert resolve_degree(runtime, -2) == 1
 
 
 def test_a_single_process_sink_is_refused(ray_instance, tmp_path: Path) -> None:

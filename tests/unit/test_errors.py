@@ -7,12 +7,22 @@ import pytest
 from conveyor import errors
 
 
-@pytest.mark.parametrize("cls", [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.ConveyorError)])
+@pytest.mark.parametrize("cls", [c for c in vars(errors).values()
+                                 if isinstance(c, type) and issubclass(c, errors.ConveyorError) and c is not errors.JobFailed])
 def test_every_error_pickles_with_its_hint(cls: type[errors.ConveyorError]) -> None:
     err = cls("something failed", hint="do this")
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is cls and str(back) == "something failed" and back.hint == "do this"
     assert back.exit_code == cls.exit_code
+
+
+def test_job_failed_speaks_for_its_cause_and_carries_the_report() -> None:
+    cause = errors.SchemaError("postgres table public.t does not exist", hint="create it first")
+    err = pickle.loads(pickle.dumps(errors.JobFailed(cause, report={"rows": 3})))
+    assert (str(err), err.hint, err.exit_code) == (str(cause), "create it first", 4)
+    assert type(err.cause) is errors.SchemaError and err.report == {"rows": 3}
+    internal = errors.JobFailed(KeyError("x"))
+    assert internal.exit_code == 1 and str(internal) == "KeyError: 'x'" and internal.report is None
 
 
 def test_transfer_error_keeps_partition_and_retriable() -> None:

@@ -30,19 +30,19 @@ def _request(source: object, degree: int = 2) -> PlanRequest:
 
 
 def test_none_is_one_partition() -> None:
-    parts = NoneStrategy(NoneStrategyConfig(), JobOptions()).plan(_request(object()))
+    parts = NoneStrategy(NoneStrategyConfig(), JobOptions()).plan(_request(object())).partitions
     assert parts == [WholeSource(index=0, count=1)] and parts[0].estimated_rows == 70
 
 
 def test_files_one_partition_per_file_covers_each_file_once() -> None:
-    parts = FilesStrategy(FilesStrategyConfig(), JobOptions()).plan(_request(ListedFiles(7)))
+    parts = FilesStrategy(FilesStrategyConfig(), JobOptions()).plan(_request(ListedFiles(7))).partitions
     assert [p.paths for p in parts] == [(f"f{i}.parquet",) for i in range(7)]
     assert [p.key for p in parts] == [f"files-{i:05d}" for i in range(7)]
     assert all(p.count == 7 and p.estimated_rows == 10 for p in parts)
 
 
 def test_files_spread_over_degree() -> None:
-    parts = FilesStrategy(FilesStrategyConfig(files_per_partition=0), JobOptions()).plan(_request(ListedFiles(7), degree=3))
+    parts = FilesStrategy(FilesStrategyConfig(files_per_partition=0), JobOptions()).plan(_request(ListedFiles(7), degree=3)).partitions
     assert [len(p.paths) for p in parts] == [3, 3, 1]
     assert sorted(x for p in parts for x in p.paths) == sorted(f"f{i}.parquet" for i in range(7))
 
@@ -211,12 +211,12 @@ def test_datadriven_packs_many_values_into_balanced_ranges() -> None:
             return list(range(200))
 
     request = PlanRequest(source=Keys(), info=SourceInfo(SCHEMA, "keys", estimated_rows=20007), degree=2)
-    parts = DataDrivenStrategy(DataDrivenStrategyConfig(distribute_key="k"), JobOptions()).plan(request)
+    parts = DataDrivenStrategy(DataDrivenStrategyConfig(distribute_key="k"), JobOptions()).plan(request).partitions
     assert len(parts) == 8 and all(isinstance(p, KeyRange) for p in parts)
     assert parts[0].lower is None and parts[0].nulls and parts[-1].upper is None
     assert all(a.upper == b.lower for a, b in zip(parts, parts[1:]))  # contiguous: every value in exactly one
     rows = [sum(1 + v % 3 for v in range(10000) if (p.lower is None or v >= p.lower) and (p.upper is None or v < p.upper))
             for p in parts]
     assert max(rows) - min(rows) <= 10
-    listed = DataDrivenStrategy(DataDrivenStrategyConfig(distribute_key="k", datadriven_query="q"), JobOptions()).plan(request)
+    listed = DataDrivenStrategy(DataDrivenStrategyConfig(distribute_key="k", datadriven_query="q"), JobOptions()).plan(request).partitions
     assert len(listed) == 64 and sorted(v for p in listed for v in p.values) == list(range(200))

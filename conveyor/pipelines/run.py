@@ -1,0 +1,132 @@
+"""One owner for a run: compose -> plan -> prepare -> execute -> verify -> finalize -> report -> manifest.
+
+:func:`run` takes a composed config and where the run keeps its files (:class:`RunPlace`), and
+either returns the run's report or raises one :class:`~conveyor.errors.JobFailed` that carries
+it (``report.json`` is written either way). :func:`plan_run` plans and moves nothing. The CLI
+parses arguments, calls these and prints; it decides nothing about the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conveyor.core import NullProgress, Progress, SupportsSnapshot, reset_cancel
+from conveyor.errors import Cancelled, ConveyorError, JobFailed
+from conveyor.log import say
+from conveyor.pipelines.job import RESUME_HINT, JobPlan, JobReport, execute, opened
+from conveyor.pipelines.manifest import Manifest, Previous, load_for_resume
+from conveyor.pipelines.report import report_dict
+
+#: builds the run's progress display once the plan is known (a context manager yielding a Progress)
+ProgressFactory = Callable[[JobPlan], ContextManager[Progress]]
+
+
+@dataclass(frozen=True)
+class RunPlace:
+    """Where a run keeps its files: ``run_dir`` gets manifest.json (what resume reads) and, unless
+    ``report_path`` says otherwise, report.json. Neither: the run writes no file."""
+
+    run_dir: Path | None = None
+    report_path: Path | None = None
+
+    @property
+    def report(self) -> Path | None:
+        return self.report_path or (self.run_dir / "report.json" if self.run_dir is not None else None)
+
+
+def plan_run(cfg: Any) -> JobPlan:
+    """Validate, describe the source and plan its partitions (in its snapshot); moves nothing."""
+    from conveyor.config import build_job
+
+    with opened(build_job(cfg)) as (plan, _):
+        return plan
+
+
+def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None = None) -> JobReport:
+    """Run the job ``cfg`` describes (resuming ``cfg.resume`` when set); return its report, or
+    raise :class:`JobFailed` carrying it after the sink was aborted. report.json is written either way."""
+    from conveyor.config import build_job
+
+    config = _plain(cfg)
+    plan: JobPlan | None = None
+    report: JobReport | None = None
+    try:
+        previous = load_for_resume(str(cfg.resume), config) if cfg.get("resume") else None
+        spec = build_job(cfg, load_id=previous.load_id if previous else None)
+        reset_cancel()
+        with opened(spec) as (plan, source):
+            plan = _resumed(plan, str(cfg.get("resume") or ""), previous)
+            with (progress or _no_progress)(plan) as shown:
+                with _manifest(place, plan, config, shown, source) as manifest:
+                    report = execute(plan, manifest or shown, source=source)
+        if report.error is not None:
+            raise report.error
+    except Exception as exc:
+        _name_run_dir(exc, place)
+        _write_report(place, report, plan, config, exc)
+        raise JobFailed(exc, report) from exc
+    _write_report(place, report, plan, config, None)
+    return report
+
+
+def _plain(cfg: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _no_progress(plan: JobPlan) -> ContextManager[Progress]:
+    return contextlib.nullcontext(NullProgress())
+
+
+def _resumed(plan: JobPlan, resume: str, previous: Previous | None) -> JobPlan:
+    """The plan of the run being resumed: its partitions (saved predicates) and what it finished."""
+    if previous is None:
+        return plan
+    return dataclasses.replace(plan, partitions=previous.partitions, resumed_from=resume,
+                               previously_done=previous.done, note=f"resumed from {resume}")
+
+
+@contextlib.contextmanager
+def _manifest(place: RunPlace, plan: JobPlan, config: Any, progress: Progress, source: Any) -> Any:
+    """A progress wrapper that keeps manifest.json in the run directory (None without one)."""
+    if place.run_dir is None:
+        yield None
+        return
+    place.run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest(place.run_dir / "manifest.json", config, progress)
+    opts = plan.spec.options
+    snapshot = source.snapshot_id if isinstance(source, SupportsSnapshot) else None
+    manifest.start(opts.run_id, opts.load, plan.partitions, snapshot, plan.previously_done)
+    try:
+        yield manifest
+    finally:
+        manifest.close()
+
+
+def _write_report(place: RunPlace, report: JobReport | None, plan: JobPlan | None, config: Any, error: BaseException | None) -> None:
+    path = place.report
+    if path is None:
+        return
+    status = "succeeded" if error is None else ("cancelled" if isinstance(error, Cancelled) else "failed")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report_dict(report, plan, config, status, error), indent=2, default=str))
+    except Exception:  # a failed run's own error matters more than its report's
+        if error is None:
+            raise
+        return
+    say(f"report: {path}")
+
+
+def _name_run_dir(exc: BaseException, place: RunPlace) -> None:
+    """A hint that says ``resume=<run dir>`` names this run's directory."""
+    if isinstance(exc, ConveyorError) and exc.hint and RESUME_HINT in exc.hint and place.run_dir is not None:
+        exc.hint = exc.hint.replace(RESUME_HINT, f"resume={place.run_dir}")
