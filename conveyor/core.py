@@ -221,6 +221,22 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class NativeExport:
+    """What a database source says of itself beyond Arrow: its dialect's column types (a sink of
+    the same database creates and checks columns with them) and the wire format, if any, it can
+    stream a partition in (a sink that imports that format may take the pass-through)."""
+
+    #: the database the columns come from ("postgres")
+    dialect: str
+    #: the dialect's own column records (``PgColumn`` for postgres), in the schema's order
+    columns: tuple[Any, ...] = ()
+    #: the format ``SupportsNativeExport.export_native`` streams (e.g. "pgcopy-binary"); None: none
+    format: str | None = None
+    #: why there is no format (e.g. "psql is not installed")
+    why_not: str = ""
+
+
+@dataclass(frozen=True)
 class SourceInfo:
     """What planning knows of a source: its Arrow schema, size estimates, a human label."""
 
@@ -228,11 +244,8 @@ class SourceInfo:
     label: str
     estimated_rows: int | None = None
     estimated_bytes: int | None = None
-    #: connector-specific facts another connector may use (e.g. PostgreSQL column types)
-    details: tuple[tuple[str, Any], ...] = ()
-
-    def detail(self, name: str, default: Any = None) -> Any:
-        return dict(self.details).get(name, default)
+    #: a database source's own column types and wire format (None: Arrow is all it speaks)
+    native: NativeExport | None = None
 
 
 @runtime_checkable
@@ -310,17 +323,21 @@ class SinkPlan:
     columns: tuple[str, ...]
     source_columns: tuple[str, ...]
     schema: Any = None
-    #: a native path both connectors agreed on (e.g. "pgcopy-binary"); None: Arrow batches
+    #: the native format both connectors agreed on (``NativeExport.format``, e.g. "pgcopy-binary"):
+    #: the task streams ``source.export_native`` into ``sink.write_native``; None: Arrow batches
     native: str | None = None
     #: why this path was taken, for ``conveyor plan`` and the report
     path_reason: str = ""
-    details: tuple[tuple[str, Any], ...] = ()
     #: special values this sink writes exactly (``INFINITY``): the job asks the source to pass
     #: them on instead of refusing them (``SupportsSpecialValues``)
     keeps: tuple[str, ...] = ()
-
-    def detail(self, name: str, default: Any = None) -> Any:
-        return dict(self.details).get(name, default)
+    #: rows the target held before an append (``verify=count`` compares what was added)
+    rows_before: int = 0
+    #: the partitions (indexes) this run writes, set by the job (a resumed run writes only the rest)
+    to_write: tuple[int, ...] | None = None
+    #: the sink's own decisions, as its own picklable dataclass (the PostgreSQL sink's writer and
+    #: casts, ...): read only by the sink that made them
+    own: Any = None
 
 
 #: infinity and -infinity of dates and timestamps, carried in Arrow as DuckDB does: date32
@@ -340,11 +357,11 @@ class SupportsSpecialValues(Protocol):
 
 @dataclass(frozen=True)
 class PrepareRequest:
-    """What a sink's ``prepare`` gets: the source's schema and description, and the source."""
+    """What a sink's ``prepare`` gets: the source's schema and description (``info.native``: what
+    a database source offers beyond Arrow). Never the source itself."""
 
     schema: pa.Schema
     info: SourceInfo
-    source: Any = None
 
 
 @dataclass(frozen=True)
@@ -451,12 +468,27 @@ class SupportsTargetChecksum(Protocol):
     def checksum(self, plan: SinkPlan) -> str: ...
 
 
+class NativeStream(Protocol):
+    """A partition in a source's wire format: ``read`` returns up to ``size`` bytes, b"" at the end,
+    and raises the source's error there if the export failed (a sink must not commit then)."""
+
+    def read(self, size: int) -> bytes: ...
+
+
+@runtime_checkable
+class SupportsNativeExport(Protocol):
+    """A source that streams a partition in its wire format (``info.native.format``), reading the
+    job's snapshot with its own credentials: a context manager yielding a :class:`NativeStream`."""
+
+    def export_native(self, part: Partition, columns: tuple[str, ...]) -> contextlib.AbstractContextManager[NativeStream]: ...
+
+
 @runtime_checkable
 class SupportsNativeWrite(Protocol):
-    """A sink with a native path it agreed on in ``prepare`` (``plan.native``): the task calls
-    ``write_native`` instead of reading Arrow batches."""
+    """A sink that imports a wire format it agreed on in ``prepare`` (``plan.native``): the task
+    streams the source's export into ``write_native`` instead of Arrow batches."""
 
-    def write_native(self, plan: SinkPlan, source: Any, part: Partition) -> WriteStats: ...
+    def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats: ...
 
 
 @runtime_checkable

@@ -5,35 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-
-@dataclass
-class CliResult:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def error_lines(self) -> list[str]:
-        return [line for line in self.err.splitlines() if line.startswith("error:")]
-
-
-def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 180) -> CliResult:
-    """Run `conveyor ARGS` as a user would, in a subprocess, with a bounded time."""
-    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
-    proc = subprocess.run(
-        [str(BIN / "conveyor"), *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
-    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+from tests.helpers import BIN, PG_PASSWORD, REPO, CliResult, pg_exec, run_cli  # noqa: F401  (fixtures use them; tests import them from tests.helpers)
 
 
 @pytest.fixture
@@ -64,7 +41,6 @@ def tpch_orders(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # --- throwaway PostgreSQL servers (source and target), started once per test session ----------
 
-PG_PASSWORD = "conveyor-test-Secret-7"
 
 
 @pytest.fixture(scope="session")
@@ -91,18 +67,6 @@ def pg_source(pg_servers):
 @pytest.fixture(scope="session")
 def pg_target(pg_servers):
     return pg_servers[1]
-
-
-def pg_exec(server, *statements: str, dbname: str = "postgres") -> list[tuple]:
-    """Run statements on a test server; returns the last one's rows (if any)."""
-    import psycopg
-
-    with psycopg.connect(server.dsn(dbname), autocommit=True) as con:
-        rows: list[tuple] = []
-        for stmt in statements:
-            cur = con.execute(stmt)
-            rows = cur.fetchall() if cur.description else []
-        return rows
 
 
 # --- an S3-compatible server on loopback (moto), with authentication -----------------------

@@ -1,7 +1,13 @@
-"""Build and run jobs in-process from plain dicts (the CLI tests cover the command itself)."""
+"""The tests' shared helpers, in one module: paths, the CLI as a subprocess, SQL on the test
+servers, a table's content checksum, and jobs built and run in-process from plain dicts."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -22,3 +28,47 @@ def job(source: dict[str, Any], sink: dict[str, Any], strategy: str = "none", st
         }
     )
     return run_job(build_job(cfg))
+
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.startswith("error:")]
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 180) -> CliResult:
+    """Run `conveyor ARGS` as a user would, in a subprocess, with a bounded time."""
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    proc = subprocess.run(
+        [str(BIN / "conveyor"), *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+PG_PASSWORD = "conveyor-test-Secret-7"
+
+
+def pg_exec(server, *statements: str, dbname: str = "postgres") -> list[tuple]:
+    """Run statements on a test server; returns the last one's rows (if any)."""
+    import psycopg
+
+    with psycopg.connect(server.dsn(dbname), autocommit=True) as con:
+        rows: list[tuple] = []
+        for stmt in statements:
+            cur = con.execute(stmt)
+            rows = cur.fetchall() if cur.description else []
+        return rows
+
+
+def checksum(server, table: str) -> tuple[int, str]:
+    """Row count and an order-independent digest of every row as PostgreSQL prints it."""
+    return tuple(pg_exec(server, f"SELECT count(*), md5(coalesce(string_agg(_r::text, '|' ORDER BY _r::text), '')) FROM {table} _r")[0])

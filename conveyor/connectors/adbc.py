@@ -16,18 +16,16 @@ from __future__ import annotations
 import contextlib
 import importlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches, rebatch
-from conveyor.connectors.sql import key_kind, where_clause
-from conveyor.core import JobOptions, KeyStats, NativePartition, Partition, PrepareRequest, SinkPlan, SourceInfo, WriteStats
+from conveyor.connectors.sql import Dialect, SqlSource, key_kind
+from conveyor.connectors.staged import StagedSink, check_mode
+from conveyor.core import JobOptions, NativePartition, Partition, PrepareRequest, SinkPlan, SourceInfo, WriteStats
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, PluginError, SchemaError, TransferError, first_line, scrub_value
 from conveyor.mapping import TargetColumn, map_columns
-
-# drivers whose placeholders are not "?"
-_PLACEHOLDERS = {"postgresql": lambda i: f"${i}"}
 
 
 @dataclass
@@ -132,7 +130,18 @@ class _Adbc:
             conn.close()
 
 
-class AdbcSource(_Adbc):
+class AdbcDialect(Dialect):
+    """Standard SQL with the driver's placeholders ("?", or "$1" for postgresql)."""
+
+    def __init__(self, driver: str) -> None:
+        self.name = f"adbc {driver}"
+        self.numbered = driver == "postgresql"
+
+    def placeholder(self, i: int) -> str:
+        return f"${i}" if self.numbered else "?"
+
+
+class AdbcSource(_Adbc, SqlSource):
     """Reads a table or query through any ADBC driver."""
 
     config_class = AdbcSourceConfig
@@ -141,6 +150,7 @@ class AdbcSource(_Adbc):
         self.config = config
         self.options = options
         self._schema: Any = None
+        self.dialect = AdbcDialect(config.driver)
 
     def _sql(self) -> str:
         if self.config.query:
@@ -203,40 +213,20 @@ class AdbcSource(_Adbc):
                               hint=f"columns are: {', '.join(self._schema.names)}")
         return self._schema.field(column).type
 
-    def key_stats(self, column: str) -> KeyStats:
-        kind = key_kind(self._column_type(column))
-        q = _qident(column)
-        lo, hi, rows, nonnull = self._run(f"SELECT min({q}), max({q}), count(*), count({q}) FROM {self._from()}")[0]
-        return KeyStats(column, kind, lo, hi, rows, rows - nonnull)
+    def _key_kind(self, column: str) -> str:
+        return key_kind(self._column_type(column))
 
-    def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]:
-        self._column_type(column)
-        if buckets <= 1:
-            return []
-        q = _qident(column)
-        rows = self._run(f"SELECT min(k) FROM (SELECT {q} AS k, ntile({int(buckets)}) OVER (ORDER BY {q}) AS b "
-                         f"FROM {self._from()} WHERE {q} IS NOT NULL) AS t GROUP BY b ORDER BY b")
-        return [r[0] for r in rows[1:]]
+    def _relation(self) -> str:
+        return self._from()
 
-    def key_values(self, column: str) -> list[Any]:
-        self._column_type(column)
-        q = _qident(column)
-        return [(r[0], int(r[1])) for r in self._run(f"SELECT {q}, count(*) FROM {self._from()} GROUP BY {q} ORDER BY {q}")]
-
-    def query_values(self, query: str) -> list[Any]:
-        return [r[0] for r in self._run(query)]
+    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self._run(sql, params)
 
     def count_rows(self, parts: list[Partition]) -> list[int] | None:
         """Each partition's row count in one scan (None for driver partitions, which cannot be counted)."""
         if any(isinstance(p, NativePartition) for p in parts):
             return None
-        placeholder = _PLACEHOLDERS.get(self.config.driver, lambda i: "?")
-        exprs, params = [], []
-        for p in parts:
-            where, ps = where_clause(p, _qident, lambda i, base=len(params): placeholder(base + i), engine=self._where())
-            exprs.append(f"count(*) FILTER (WHERE {where.removeprefix(' WHERE ') or '1 = 1'})")
-            params += ps
-        return [int(n) for n in self._run(f"SELECT {', '.join(exprs)} FROM {self._from()}", params)[0]]
+        return SqlSource.count_rows(self, parts)
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -248,8 +238,7 @@ class AdbcSource(_Adbc):
                 if isinstance(part, NativePartition):
                     reader = cur.adbc_read_partition(part.token)
                 else:
-                    placeholder = _PLACEHOLDERS.get(self.config.driver, lambda i: "?")
-                    where, params = where_clause(part, _qident, placeholder, engine=self._where())
+                    where, params = self._predicate(part)
                     cur.execute(f"SELECT * FROM {self._from()}{where}", parameters=params or None)
                     reader = cur.fetch_record_batch()
                 if self._schema is None:
@@ -266,7 +255,7 @@ class AdbcSource(_Adbc):
             conn.close()
 
 
-class AdbcSink(_Adbc):
+class AdbcSink(_Adbc, StagedSink):
     """Writes through ``adbc_ingest``; load modes beyond append need the driver to run SQL."""
 
     config_class = AdbcSinkConfig
@@ -274,6 +263,7 @@ class AdbcSink(_Adbc):
     def __init__(self, config: AdbcSinkConfig, options: JobOptions) -> None:
         self.config = config
         self.options = options
+        self.table = config.table
 
     def _name(self, table: str | None = None) -> str:
         t = _qident(table or self.config.table)
@@ -323,10 +313,7 @@ class AdbcSink(_Adbc):
         where = f"{self._where()} table {self.config.table}"
         target = self._target_columns()
         stage = f"_conveyor_stage_{self.options.run_id}"
-        if mode in ("append", "truncate") and target is None:
-            raise SchemaError(f"{where} does not exist", hint="create it first, or use load_mode=create or replace")
-        if mode == "create" and target is not None:
-            raise SchemaError(f"{where} already exists", hint="use load_mode=replace, truncate or append")
+        check_mode(mode, target is not None, where)
         if mode in ("create", "replace") or target is None:
             pairs = [(n, n) for n in schema.names]
         else:
@@ -351,7 +338,7 @@ class AdbcSink(_Adbc):
             write_table = stage
         before = self.count_rows_of(self.config.table) if mode == "append" and self.options.verify != "none" else 0
         return SinkPlan(
-            details=(("rows_before", before),),
+            rows_before=before,
             target=f"{self._where()} {self.config.table}", write_target=write_table, load_mode=mode,
             columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
         )  # batches are conformed (cast) to ``schema`` on their way in
@@ -388,16 +375,15 @@ class AdbcSink(_Adbc):
     def count_rows_of(self, table: str) -> int:
         return int(self._run(f"SELECT count(*) FROM {self._name(table)}")[0][0])
 
-    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
-        if plan.write_target == self.config.table:
-            return
-        stage, target = self._name(plan.write_target), self._name()
-        cols = ", ".join(_qident(c) for c in plan.columns)
-        if plan.load_mode == "truncate":
-            steps = [f"DELETE FROM {target}", f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {stage}", f"DROP TABLE {stage}"]
-        else:
-            steps = ([f"DROP TABLE IF EXISTS {target}"] if plan.load_mode == "replace" else []) + [
-                f"ALTER TABLE {stage} RENAME TO {_qident(self.config.table)}"]
+    # StagedSink's finalize / abort, in standard SQL through the driver
+
+    def _qualified(self, table: str | None = None) -> str:
+        return self._name(table)
+
+    def _quote(self, name: str) -> str:
+        return _qident(name)
+
+    def _in_one_transaction(self, plan: SinkPlan, steps: list[str]) -> None:
         conn = self._connect()
         cur = conn.cursor()
         try:
@@ -413,10 +399,9 @@ class AdbcSink(_Adbc):
             cur.close()
             conn.close()
 
-    def abort(self, plan: SinkPlan) -> None:
-        if plan.write_target != self.config.table:
-            with contextlib.suppress(Exception):
-                self._run(f"DROP TABLE IF EXISTS {self._name(plan.write_target)}")
+    def _drop(self, table: str) -> None:
+        with contextlib.suppress(Exception):  # best effort: the run's own error matters more
+            self._run(f"DROP TABLE IF EXISTS {self._name(table)}")
 
 
 def _secrets(kwargs: dict[str, Any]) -> list[str]:

@@ -18,8 +18,9 @@ from typing import Any
 
 from conveyor.arrowutil import CountingBatches
 from conveyor.connectors import fs as fs_util
-from conveyor.connectors.sql import key_kind, where_clause
-from conveyor.core import INFINITY, JobOptions, KeyStats, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats
+from conveyor.connectors.sql import Dialect, SqlSource, key_kind
+from conveyor.connectors.staged import StagedSink, check_mode
+from conveyor.core import INFINITY, JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats
 from conveyor.errors import ConnectError, SchemaError, TransferError
 from conveyor.mapping import TargetColumn, map_columns
 
@@ -65,10 +66,18 @@ class DuckDBSourceConfig:
             raise ValueError("set exactly one of table or query")
 
 
-class DuckDBSource:
+class DuckDBDialect(Dialect):
+    name = "duckdb"
+
+    def quantiles(self, column: str, fractions: str, relation: str) -> str | None:
+        return f"SELECT quantile_disc({column}, [{fractions}]) FROM {relation}"
+
+
+class DuckDBSource(SqlSource):
     """Rows of a DuckDB table or query, as Arrow batches; serves the keyed strategies."""
 
     config_class = DuckDBSourceConfig
+    dialect = DuckDBDialect()
 
     def __init__(self, config: DuckDBSourceConfig, options: JobOptions) -> None:
         self.config = config
@@ -139,45 +148,19 @@ class DuckDBSource:
                               hint=f"columns are: {', '.join(self._schema.names)}")
         return self._schema.field(column).type
 
-    def key_stats(self, column: str) -> KeyStats:
-        kind = key_kind(self._column_type(column))
-        q = qident(column)
-        lo, hi, rows, nonnull = self._query(f"SELECT min({q}), max({q}), count(*), count({q}) FROM ({self._base_sql()}) AS _q")[0]
-        return KeyStats(column, kind, lo, hi, rows, rows - nonnull)
+    def _key_kind(self, column: str) -> str:
+        return key_kind(self._column_type(column))
 
-    def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]:
-        self._column_type(column)
-        if buckets <= 1:
-            return []
-        fractions = ", ".join(str(i / buckets) for i in range(1, buckets))
-        row = self._query(f"SELECT quantile_disc({qident(column)}, [{fractions}]) FROM ({self._base_sql()}) AS _q")[0]
-        return list(row[0] or [])
+    def _relation(self) -> str:
+        return f"({self._base_sql()}) AS _q"
 
-    def key_values(self, column: str) -> list[Any]:
-        self._column_type(column)
-        q = qident(column)
-        return [(r[0], int(r[1])) for r in self._query(f"SELECT {q}, count(*) FROM ({self._base_sql()}) AS _q GROUP BY 1 ORDER BY 1 NULLS FIRST")]
-
-    def query_values(self, query: str) -> list[Any]:
-        return [r[0] for r in self._query(query)]
+    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self._query(sql, params)
 
     # --- reading -------------------------------------------------------------------------------
 
-    def where(self, part: Partition) -> tuple[str, list[Any]]:
-        """The partition as a WHERE clause and its parameters."""
-        return where_clause(part, qident, engine="duckdb")
-
-    def count_rows(self, parts: list[Partition]) -> list[int]:
-        """Each partition's row count, in one scan."""
-        exprs, params = [], []
-        for p in parts:
-            where, ps = self.where(p)
-            exprs.append(f"count(*) FILTER (WHERE {where.removeprefix(' WHERE ') or 'true'})")
-            params += ps
-        return [int(n) for n in self._query(f"SELECT {', '.join(exprs)} FROM ({self._base_sql()}) AS _q", params)[0]]
-
     def read(self, part: Partition) -> Iterator[Any]:
-        where, params = self.where(part)
+        where, params = self._predicate(part)
         con = self._con()
         try:
             reader = self._execute(con, self._select(where), params).to_arrow_reader(self.options.batch_size)
@@ -201,12 +184,12 @@ class DuckDBSinkConfig:
     allow_cast: list[str] = field(default_factory=list)
 
 
-class DuckDBSink:
+class DuckDBSink(StagedSink):
     """Loads a DuckDB table.
 
     append writes straight into the target, one transaction per partition. truncate,
     create and replace load a staging table first; ``finalize`` swaps it in within one
-    transaction, so a failed run leaves the target as it was.
+    transaction, so a failed run leaves the target as it was (``StagedSink``).
     """
 
     config_class = DuckDBSinkConfig
@@ -216,6 +199,7 @@ class DuckDBSink:
     def __init__(self, config: DuckDBSinkConfig, options: JobOptions) -> None:
         self.config = config
         self.options = options
+        self.table = config.table
 
     @property
     def _target(self) -> str:
@@ -245,15 +229,12 @@ class DuckDBSink:
             empty = pa.Table.from_batches([], schema=schema)
             con.register("__conveyor_empty", empty)
             stage = qualified(self.config.schema, self._stage_name())
+            check_mode(mode, bool(target_cols), where)
             if mode in ("create", "replace"):
-                if mode == "create" and target_cols:
-                    raise SchemaError(f"{where} already exists", hint="use load_mode=replace, truncate or append")
                 self._create_from_arrow(con, stage, where)
                 pairs = [(n, n) for n in schema.names]
                 write_target = self._stage_name()
             else:
-                if not target_cols:
-                    raise SchemaError(f"{where} does not exist", hint="create it first, or use load_mode=create or replace")
                 pairs = map_columns(schema.names, target_cols, self.options.map_method, where)
                 write_target = self.config.table
                 if mode == "truncate":
@@ -266,7 +247,7 @@ class DuckDBSink:
         finally:
             con.close()
         return SinkPlan(
-            details=(("rows_before", before),),
+            rows_before=before,
             target=f"{self.config.database}:{self.config.schema}.{self.config.table}",
             write_target=write_target,
             load_mode=mode,
@@ -339,21 +320,20 @@ class DuckDBSink:
         finally:
             con.close()
 
-    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
-        if plan.write_target == self.config.table:
-            return
-        stage = qualified(self.config.schema, plan.write_target)
+    # StagedSink's finalize / abort, in DuckDB's spelling
+
+    def _qualified(self, table: str | None = None) -> str:
+        return qualified(self.config.schema, table or self.config.table)
+
+    def _quote(self, name: str) -> str:
+        return qident(name)
+
+    def _in_one_transaction(self, plan: SinkPlan, steps: list[str]) -> None:
         con = _connect(self.config.database)
         try:
             con.execute("BEGIN")
-            if plan.load_mode == "truncate":
-                con.execute(f"DELETE FROM {self._target}")
-                con.execute(self._insert_sql(self._target, plan.columns, plan.columns, stage))
-                con.execute(f"DROP TABLE {stage}")
-            else:
-                if plan.load_mode == "replace":
-                    con.execute(f"DROP TABLE IF EXISTS {self._target}")
-                con.execute(f"ALTER TABLE {stage} RENAME TO {qident(self.config.table)}")
+            for step in steps:
+                con.execute(step)
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
@@ -361,11 +341,9 @@ class DuckDBSink:
         finally:
             con.close()
 
-    def abort(self, plan: SinkPlan) -> None:
-        if plan.write_target == self.config.table:
-            return
+    def _drop(self, table: str) -> None:
         con = _connect(self.config.database)
         try:
-            con.execute(f"DROP TABLE IF EXISTS {qualified(self.config.schema, plan.write_target)}")
+            con.execute(f"DROP TABLE IF EXISTS {qualified(self.config.schema, table)}")
         finally:
             con.close()

@@ -391,7 +391,7 @@ class _FileSink:
         replaced folder holds nothing else)."""
         if self.options.load_mode != "append":
             return paths
-        indexes = plan.detail("to_write")
+        indexes = plan.to_write
         if indexes is None:
             return [p for p in paths if posixpath.basename(p).startswith(f"{self.config.prefix}-{self.options.load}-")]
         # 'stem.ext', or 'stem-<i>.ext' in hive folders

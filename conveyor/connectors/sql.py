@@ -1,11 +1,12 @@
-"""Partitions as SQL WHERE clauses with bound parameters, for engines that take parameters."""
+"""SQL sources' shared parts: partitions as WHERE clauses, a dialect object, and :class:`SqlSource`,
+which answers the keyed strategies' questions and counts partitions once for every SQL engine."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.core import KeyRange, ModuloBucket, Partition, ValueSet, WholeSource
+from conveyor.core import KeyRange, KeyStats, ModuloBucket, Partition, ValueSet, WholeSource
 from conveyor.errors import PlanningError
 
 
@@ -61,3 +62,105 @@ def key_kind(arrow_type: Any) -> str:
     if t.is_date(arrow_type) or t.is_timestamp(arrow_type):
         return "temporal"
     return "other"
+
+
+# --- one SQL base for every SQL source: a dialect, and the keyed-strategy questions asked once --------
+
+
+class Dialect:
+    """How one SQL engine spells what planning and verification ask. Subclass and override what
+    differs; a source names its dialect in :attr:`SqlSource.dialect`."""
+
+    name = "sql"
+    #: values bound as parameters; False: rendered as literals by :meth:`literal` (for statements
+    #: that take no parameters, such as PostgreSQL's COPY)
+    binds = True
+
+    def quote(self, name: str) -> str:
+        """An identifier, double-quoted with embedded quotes doubled (standard SQL)."""
+        return '"' + name.replace('"', '""') + '"'
+
+    def placeholder(self, i: int) -> str:
+        """The ``i``-th (1-based) parameter's placeholder."""
+        return "?"
+
+    def literal(self, value: Any) -> str:
+        raise NotImplementedError(f"the {self.name} dialect binds parameters")
+
+    def quantiles(self, column: str, fractions: str, relation: str) -> str | None:
+        """One row, one array: the values at ``fractions`` (a comma-separated list) of ``column``;
+        None where the engine has no such aggregate (an exact NTILE is used instead)."""
+        return None
+
+    def count_where(self, cond: str) -> str:
+        return f"count(*) FILTER (WHERE {cond})"
+
+
+class SqlSource:
+    """``SupportsKeys`` and ``SupportsPartitionCounts`` written once for SQL sources (PostgreSQL,
+    DuckDB, any ADBC driver). A connector gives its :attr:`dialect` and three things:
+    :meth:`_relation` (what to select from), :meth:`_rows` (run a planning query, in the job's
+    snapshot where there is one) and :meth:`_key_kind` (a column's kind, refusing an unknown column)."""
+
+    dialect: Dialect = Dialect()
+
+    def _relation(self) -> str:
+        raise NotImplementedError
+
+    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _key_kind(self, column: str) -> str:
+        """integer | numeric | temporal | other; raises SchemaError naming the columns when unknown."""
+        raise NotImplementedError
+
+    def _sample(self) -> str:
+        """A clause after the relation that samples it for approximate quantiles ("" : every row)."""
+        return ""
+
+    def _predicate(self, part: Partition, first: int = 1) -> tuple[str, list[Any]]:
+        """The partition as ``(" WHERE ...", parameters)``, placeholders numbered from ``first``."""
+        d = self.dialect
+        render = None if d.binds else d.literal
+        return where_clause(part, d.quote, lambda i: d.placeholder(first - 1 + i), engine=d.name, render=render)
+
+    def key_stats(self, column: str) -> KeyStats:
+        kind, q = self._key_kind(column), self.dialect.quote(column)
+        lo, hi, rows, nonnull = self._rows(f"SELECT min({q}), max({q}), count(*), count({q}) FROM {self._relation()}")[0]
+        return KeyStats(column, kind, lo, hi, rows, rows - nonnull)
+
+    def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]:
+        kind, q = self._key_kind(column), self.dialect.quote(column)
+        if buckets <= 1:
+            return []
+        if not exact:
+            if kind not in ("integer", "numeric", "temporal"):
+                raise PlanningError(f"{column!r} cannot be balanced by sampling", hint="use strategy=ntile")
+            fractions = ", ".join(str(i / buckets) for i in range(1, buckets))
+            sql = self.dialect.quantiles(q, fractions, f"{self._relation()} {self._sample()}".rstrip())
+            if sql is not None:
+                return list(self._rows(sql)[0][0] or [])
+        rows = self._rows(f"SELECT min(k) FROM (SELECT {q} AS k, ntile({int(buckets)}) OVER (ORDER BY {q}) AS b "
+                          f"FROM {self._relation()} WHERE {q} IS NOT NULL) AS t GROUP BY b ORDER BY b")
+        return [r[0] for r in rows[1:]]
+
+    def key_values(self, column: str) -> list[tuple[Any, int]]:
+        self._key_kind(column)
+        q = self.dialect.quote(column)
+        rows = self._rows(f"SELECT {q}, count(*) FROM {self._relation()} GROUP BY {q} ORDER BY {q} NULLS FIRST")
+        return [(r[0], int(r[1])) for r in rows]
+
+    def query_values(self, query: str) -> list[Any]:
+        return [r[0] for r in self._rows(query)]
+
+    def count_rows(self, parts: list[Partition]) -> list[int] | None:
+        """Each partition's row count, in one scan per 200 partitions."""
+        out: list[int] = []
+        for i in range(0, len(parts), 200):
+            exprs, params = [], []
+            for p in parts[i:i + 200]:
+                where, ps = self._predicate(p, len(params) + 1)
+                exprs.append(self.dialect.count_where(where.removeprefix(" WHERE ") or "1 = 1"))
+                params += ps
+            out += [int(n) for n in self._rows(f"SELECT {', '.join(exprs)} FROM {self._relation()}", params or None)[0]]
+        return out

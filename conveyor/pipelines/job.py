@@ -125,7 +125,7 @@ def _plan(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
     path = ""
     if isinstance(spec.sink, ExplainsPath):
-        path = spec.sink.explain_path(PrepareRequest(schema=info.schema, info=info, source=spec.source))
+        path = spec.sink.explain_path(PrepareRequest(schema=info.schema, info=info))
     return JobPlan(spec=spec, info=info, partitions=partitions, degree=degree, note=planned.note, path=path)
 
 
@@ -159,7 +159,7 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
     spec = plan.spec
     report = JobReport(plan=plan)
     try:
-        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, source=source))
+        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info))
     except Exception as exc:  # nothing was prepared: nothing to abort
         report.error, report.seconds = exc, time.perf_counter() - start
         return report
@@ -175,7 +175,7 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
                 f"(per {whose}); running the other {len(plan.partitions) - len(done)}")
         todo = [p for p in plan.partitions if p.key not in done]
         # the partitions this run writes (a resumed file append counts only their files)
-        sink_plan = dataclasses.replace(sink_plan, details=(*sink_plan.details, ("to_write", tuple(p.index for p in todo))))
+        sink_plan = dataclasses.replace(sink_plan, to_write=tuple(p.index for p in todo))
         before = [TaskResult(p.key, p.index, rows=done[p.key], already_committed=True) for p in plan.partitions if p.key in done]
         for result in before:
             progress.finished(result)

@@ -68,7 +68,7 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
     if total is None:
         out.notes.append("the sink cannot count what it holds")
     else:
-        out.target_rows = total - (plan.detail("rows_before") or 0)
+        out.target_rows = total - (plan.rows_before)
         if out.target_rows != expected:
             out.mismatched.append(f"target: {out.target_rows:,} new rows, source {expected:,}")
     if mode == "checksum":

@@ -14,8 +14,18 @@ import traceback
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from conveyor.core import Progress, Task, TaskResult, cancel_requested
-from conveyor.errors import Cancelled, ConveyorError, TransferError
+from conveyor.core import (
+    Partition,
+    Progress,
+    SinkPlan,
+    SupportsNativeExport,
+    SupportsNativeWrite,
+    Task,
+    TaskResult,
+    WriteStats,
+    cancel_requested,
+)
+from conveyor.errors import Cancelled, ConveyorError, PluginError, TransferError
 
 
 def _reported(batches: Iterator[Any], key: str, progress: Progress) -> Iterator[Any]:
@@ -105,7 +115,7 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
         start = time.perf_counter()
         try:
             if task.plan.native:
-                stats = task.sink.write_native(task.plan, task.source, task.partition)
+                stats = pass_through(task.source, task.sink, task.plan, task.partition)
                 progress.advanced(key, stats.rows, stats.bytes)
             else:
                 batches = _reported(read_ahead(task.source.read(task.partition), prefetch), key, progress)
@@ -130,6 +140,15 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
                                 already_committed=stats.already_committed)
         progress.finished(result)
         return result
+
+
+def pass_through(source: Any, sink: Any, plan: SinkPlan, part: Partition) -> WriteStats:
+    """The native path both ends agreed on in prepare: the source's stream straight into the sink."""
+    if not isinstance(source, SupportsNativeExport) or not isinstance(sink, SupportsNativeWrite):
+        raise PluginError(f"the sink agreed on the native format {plan.native} with a source or sink that does not "
+                          "implement it (SupportsNativeExport / SupportsNativeWrite)")
+    with source.export_native(part, plan.source_columns) as stream:
+        return sink.write_native(plan, part, stream)
 
 
 def not_run(task: Task, why: str) -> TaskResult:

@@ -47,6 +47,7 @@ from conveyor.core import (
     sink_capabilities,
 )
 from conveyor.errors import ConveyorError
+from conveyor.runtime.task import pass_through
 
 __all__ = ["Contract", "ContractBroken", "conveyor_contract"]
 
@@ -129,7 +130,7 @@ class Contract:
         info = source.describe()
         part = WholeSource(index=0, count=1)
         with open_session(source) as shipped:
-            plan = sink.prepare(PrepareRequest(schema=info.schema, info=info, source=shipped))
+            plan = sink.prepare(PrepareRequest(schema=info.schema, info=info))
             plan = _roundtrip(plan, "the sink plan")
             before = sink.count_rows(plan) if isinstance(sink, SupportsTargetCount) else None
             expected = _rows_of(shipped, part)
@@ -162,7 +163,7 @@ class Contract:
 def _write(sink: Any, plan: Any, source: Any, part: Partition, native: bool) -> Any:
     """One partition written as a task writes it: the native path the sink agreed on, or batches."""
     if native:
-        return sink.write_native(plan, source, part)
+        return pass_through(source, sink, plan, part)
     batches = source.read(part)
     try:
         return sink.write(plan, part, batches)

@@ -120,7 +120,7 @@ def test_a_typed_adbc_target_follows_the_cast_policy(pg_target, tmp_path: Path) 
     before anything moves (the database would otherwise decide), a widening integer is loaded."""
     import pyarrow as pa
 
-    from tests.conftest import PG_PASSWORD, pg_exec
+    from tests.helpers import PG_PASSWORD, pg_exec
 
     pg_exec(pg_target, "DROP TABLE IF EXISTS adbc_cast", "CREATE TABLE adbc_cast (id bigint, d int)")
     src = tmp_path / "in.parquet"
@@ -132,3 +132,37 @@ def test_a_typed_adbc_target_follows_the_cast_policy(pg_target, tmp_path: Path) 
     pq.write_table(pa.table({"id": pa.array([1, 2], pa.int32()), "d": pa.array([7, 8], pa.int16())}), src)
     assert job({"type": "parquet", "path": str(src)}, sink, load_mode="append").rows == 2
     assert pg_exec(pg_target, "SELECT id, d FROM adbc_cast ORDER BY id") == [(1, 7), (2, 8)]
+
+
+def test_every_sql_source_answers_the_keyed_questions_alike(pg_source, tmp_path: Path) -> None:
+    """One SqlSource base answers key_stats / key_values / quantiles / count_rows for PostgreSQL,
+    DuckDB and ADBC (the three copies had drifted: ADBC listed NULL keys last on PostgreSQL)."""
+    from conveyor.connectors.adbc import AdbcSource, AdbcSourceConfig
+    from conveyor.connectors.duckdb import DuckDBSource, DuckDBSourceConfig
+    from conveyor.connectors.postgres.source import PostgresSource, PostgresSourceConfig
+    from conveyor.core import JobOptions, KeyRange, ModuloBucket, ValueSet
+    from tests.helpers import pg_exec
+
+    pg_exec(pg_source, "DROP TABLE IF EXISTS alike", "CREATE TABLE alike (k bigint, g text)",
+            "INSERT INTO alike SELECT CASE WHEN g % 50 = 0 THEN NULL ELSE g % 13 END, 'g' || (g % 3) FROM generate_series(1, 1000) g")
+    db = tmp_path / "alike.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute("CREATE TABLE alike AS SELECT CASE WHEN g % 50 = 0 THEN NULL ELSE g % 13 END::BIGINT AS k, 'g' || (g % 3) AS g "
+                    "FROM range(1, 1001) t(g)")
+    options = JobOptions()
+    sources = {
+        "postgres": PostgresSource(PostgresSourceConfig(port=pg_source.port, table="alike"), options),
+        "adbc postgresql": AdbcSource(AdbcSourceConfig(driver="postgresql", uri=pg_source.dsn(), table="alike"), options),
+        "duckdb": DuckDBSource(DuckDBSourceConfig(database=str(db), table="alike"), options),
+    }
+    parts = [KeyRange(index=0, count=3, column="k", upper=5, nulls=True), KeyRange(index=1, count=3, column="k", lower=5),
+             ModuloBucket(index=2, count=3, column="k", buckets=4, bucket=1), ValueSet(index=3, count=4, column="g", values=("g1", None))]
+    answers = {}
+    for name, source in sources.items():
+        source.describe()
+        stats = source.key_stats("k")
+        answers[name] = (stats.kind, stats.min, stats.max, stats.rows, stats.nulls, source.key_values("k"),
+                         source.key_quantiles("k", 4, exact=True), source.count_rows(parts))
+    assert answers["postgres"][5][0] == (None, 20)  # NULL keys first, counted
+    assert answers["postgres"][:5] == ("integer", 0, 12, 1000, 20)
+    assert answers["adbc postgresql"] == answers["postgres"] == answers["duckdb"]

@@ -17,7 +17,7 @@ import pytest
 from conveyor import registry
 from conveyor.core import JobOptions, KeyRange, WholeSource
 from conveyor.testing.contract import Contract, ContractBroken
-from tests.conftest import pg_exec
+from tests.helpers import pg_exec
 
 ROWS = 5000
 

@@ -16,8 +16,7 @@ import pytest
 
 from conveyor.errors import ConnectError, SchemaError
 from conveyor.testing.pgserver import free_port
-from tests.conftest import BIN
-from tests.helpers import job
+from tests.helpers import BIN, job
 
 TOKEN = "flight-test-token-1234"
 

@@ -9,8 +9,7 @@ import pyarrow as pa
 import pytest
 
 from conveyor.errors import ConfigError, ConnectError, SchemaError
-from tests.conftest import pg_exec
-from tests.helpers import job
+from tests.helpers import job, pg_exec
 
 
 def _duck_with_s3(s3) -> duckdb.DuckDBPyConnection:

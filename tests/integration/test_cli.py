@@ -7,7 +7,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def _same_rows(db: Path, table: str, parquet_glob: str) -> tuple[int, int, int]:

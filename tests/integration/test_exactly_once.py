@@ -21,8 +21,7 @@ from omegaconf import OmegaConf
 from conveyor.config import build_job
 from conveyor.errors import TransferError
 from conveyor.pipelines.job import run_job
-from tests.conftest import BIN, pg_exec
-from tests.connectors.postgres.test_strategies import checksum
+from tests.helpers import BIN, checksum, pg_exec
 
 RUNTIMES = ["local", "ray"]
 
@@ -157,7 +156,7 @@ def test_a_retried_partition_that_had_committed_is_not_written_again(ex_src, pg_
                 {"type": "postgres", "port": pg_target.port, "table": "ex_twice", "copy_path": "arrow"},
                 {"type": "none"}, {"type": "local"})
     info = spec.source.describe()
-    plan = spec.sink.prepare(PrepareRequest(schema=info.schema, info=info, source=spec.source))
+    plan = spec.sink.prepare(PrepareRequest(schema=info.schema, info=info))
     part = WholeSource(index=0, count=1)
     try:
         first = spec.sink.write(plan, part, spec.source.read(part))

@@ -8,7 +8,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, pg_exec
+from tests.helpers import REPO, pg_exec
 
 PIPELINES = sorted(p.stem for p in (REPO / "configs" / "pipeline").glob("*.yaml"))
 

@@ -14,9 +14,7 @@ import duckdb
 import pytest
 
 from conveyor.errors import VerificationError
-from tests.conftest import BIN, PG_PASSWORD, pg_exec
-from tests.connectors.postgres.test_strategies import checksum
-from tests.helpers import job
+from tests.helpers import BIN, PG_PASSWORD, checksum, job, pg_exec
 
 
 def _pg(server, table: str, **kw) -> dict:

@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.connectors.postgres.common import PgConnConfig
 from conveyor.errors import ConfigError, scrub_value
-from tests.conftest import BIN, PG_PASSWORD, pg_exec
+from tests.helpers import BIN, PG_PASSWORD, pg_exec
 
 
 def test_a_resolved_env_secret_reaches_no_file_of_the_run(pg_source, pg_target, tmp_path: Path) -> None:

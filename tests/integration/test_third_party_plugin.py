@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PLUGIN = REPO / "tests" / "plugins" / "conveyor-example"
 

@@ -15,8 +15,7 @@ from conveyor.errors import ConfigError
 from conveyor.pipelines.job import execute, run_job
 from conveyor.runtime.ray import RayRuntime, RayRuntimeConfig
 from conveyor.testing.pgserver import free_port
-from tests.conftest import pg_exec
-from tests.connectors.postgres.test_strategies import checksum
+from tests.helpers import checksum, pg_exec
 from tests.runtime import faults
 
 
@@ -157,7 +156,7 @@ def test_a_driver_killed_during_start_up_leaves_no_ray_process(tpch_orders, tmp_
     import subprocess
 
     from conveyor.runtime.reaper import descendants
-    from tests.conftest import BIN
+    from tests.helpers import BIN
 
     proc = subprocess.Popen(
         [str(BIN / "conveyor"), "run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet",

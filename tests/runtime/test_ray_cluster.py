@@ -9,8 +9,7 @@ import tempfile
 import pytest
 
 from conveyor.testing.pgserver import free_port
-from tests.conftest import BIN, pg_exec
-from tests.connectors.postgres.test_strategies import checksum
+from tests.helpers import BIN, checksum, pg_exec
 
 CLUSTER: dict[str, str] = {}
 

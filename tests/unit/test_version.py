@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 
 import conveyor
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def test_the_package_says_the_version_it_was_installed_as() -> None:

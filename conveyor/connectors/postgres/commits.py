@@ -23,10 +23,13 @@ import contextlib
 import datetime as dt
 import json
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.connectors.postgres.common import PgConnConfig, connect, ident
+from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, sqlstate, translate
+from conveyor.core import WriteStats
+from conveyor.errors import ConveyorError, TransferError
 
 MARKERS = "_conveyor_commits"
 STAGE_PREFIX = "_conveyor_stage_"
@@ -201,3 +204,78 @@ def drop_stale(con: Any, schema: str, target: str | None = None) -> list[Stage]:
         con.execute(f"DROP TABLE IF EXISTS {ident(stage.schema, stage.name)}")
         dropped.append(stage)
     return dropped
+
+
+# --- one partition's attempt: what every writer (Arrow or pass-through) does around its COPY ----
+
+
+@dataclass(frozen=True)
+class Once:
+    """What keeps a load's partitions exactly once, decided in prepare and shipped to the tasks."""
+
+    config: PgConnConfig
+    #: the target's schema, its name as markers record it (schema.table), its table, the staging table
+    schema: str
+    target: str
+    table: str
+    stage: str
+    load_id: str
+    markers: bool
+    #: the run id whose guard lock the driver holds ("" : none)
+    guard: str
+
+
+class Attempt:
+    """One attempt at one partition, in one transaction: skip it if committed before, seal it
+    (guard check + marker) just before commit, and turn a failure into the error to raise."""
+
+    def __init__(self, once: Once, key: str) -> None:
+        self.once, self.key = once, key
+        self.start = time.perf_counter()
+
+    def committed_before(self, fetch: Any) -> int | None:
+        """Rows of this partition committed under the load id by an earlier attempt or run."""
+        o = self.once
+        if not o.markers:
+            return None
+        row = fetch(marker_rows_sql(o.schema, o.load_id, o.target, self.key))
+        return None if row is None else int(row[0])
+
+    def skipped(self, rows: int) -> WriteStats:
+        return WriteStats(self.key, rows, 0, time.perf_counter() - self.start, already_committed=True)
+
+    def done(self, rows: int, nbytes: int) -> WriteStats:
+        return WriteStats(self.key, rows, nbytes, time.perf_counter() - self.start)
+
+    def seal(self, rows: int, execute: Any, fetch: Any) -> None:
+        """Just before commit: the driver must still hold the run, and the marker joins the transaction."""
+        o = self.once
+        if o.guard and not fetch(driver_alive_sql(o.guard))[0]:
+            # retriable: a target that restarted drops the driver's lock for a moment (it takes it again);
+            # a driver that is really gone stays gone, and every retry rolls back the same way
+            raise TransferError(f"partition {self.key}: the run's driver is gone: rolled back instead of committing",
+                                partition=self.key, retriable=True,
+                                hint="resume the run: committed partitions are not loaded again")
+        if o.markers:
+            execute(marker_insert_sql(o.schema, o.load_id, o.target, self.key, rows))
+
+    def failed(self, conn: Any, exc: BaseException, cause: BaseException | None = None) -> BaseException | WriteStats:
+        """Roll back; the stats of the attempt that won a race for the partition, or the error to raise
+        (the original where one is known: a source or cast error the driver only wrapped)."""
+        with contextlib.suppress(Exception):
+            conn.rollback()
+        o = self.once
+        if sqlstate(exc) == "23505" and MARKERS in str(exc):  # two attempts: the other one committed first
+            con = connect(o.config, autocommit=True)
+            try:
+                return self.skipped(committed(con, o.schema, o.load_id, o.target).get(self.key, 0))
+            finally:
+                con.close()
+        if cause is not None:
+            return cause
+        if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
+            return exc
+        err = translate(exc, o.config, f"writing {self.key} into {o.target}", self.key)
+        # the staging table is ours: the user knows the target ('relation "_conveyor_stage_..."')
+        err.message = err.message.replace(f'relation "{o.stage}"', f'relation "{o.table}" (staged)')
+        return err

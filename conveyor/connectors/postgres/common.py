@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from conveyor.connectors.sql import Dialect
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
 
 # SQLSTATE classes and codes a retry may cure: connection failures, a restarting server,
@@ -227,3 +228,22 @@ def row_hash_sql(columns: tuple[str, ...] | list[str]) -> str:
     """A 64-bit hash of a row's text (the given columns, in order), as a bigint."""
     cols = ", ".join(ident(c) for c in columns)
     return f"('x' || left(md5(ROW({cols})::text), 16))::bit(64)::bigint"
+
+
+class PgDialect(Dialect):
+    """PostgreSQL's: literals rendered (COPY takes no parameters), percentile_disc for quantiles."""
+
+    name = "postgres"
+    binds = False
+
+    def quote(self, name: str) -> str:
+        return ident(name)
+
+    def literal(self, value: Any) -> str:
+        return literal(value)
+
+    def quantiles(self, column: str, fractions: str, relation: str) -> str | None:
+        return f"SELECT percentile_disc(ARRAY[{fractions}]) WITHIN GROUP (ORDER BY {column}) FROM {relation}"
+
+
+PG_DIALECT = PgDialect()

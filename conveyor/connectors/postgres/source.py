@@ -17,15 +17,16 @@ from typing import Any
 
 from conveyor.arrowutil import rebatch
 from conveyor.casts import TEXT_OF
-from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, translate
+from conveyor.connectors.postgres import passthrough
+from conveyor.connectors.postgres.common import PG_DIALECT, PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, translate
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_columns
-from conveyor.connectors.sql import where_clause
+from conveyor.connectors.sql import SqlSource
 from conveyor.core import (
     INFINITY,
     INFINITY_DAYS,
     INFINITY_TICKS,
     JobOptions,
-    KeyStats,
+    NativeStream,
     PageRange,
     Partition,
     SourceInfo,
@@ -62,10 +63,11 @@ class PostgresSourceConfig(PgConnConfig):
             raise ValueError(f"special_values: {self.special_values!r} is not one of {', '.join(SPECIAL_VALUES)}")
 
 
-class PostgresSource:
+class PostgresSource(SqlSource):
     """Reads a PostgreSQL table or query as Arrow batches; serves every partition method."""
 
     config_class = PostgresSourceConfig
+    dialect = PG_DIALECT
 
     def __init__(self, config: PostgresSourceConfig, options: JobOptions) -> None:
         self.config = config
@@ -123,8 +125,8 @@ class PostgresSource:
         finally:
             con.close()
         schema = self._arrow_schema()
-        details = (("postgres_columns", self.columns), ("postgres_where", self.config.where()))
-        return SourceInfo(schema=schema, label=label, estimated_rows=estimate, estimated_bytes=size, details=details)
+        return SourceInfo(schema=schema, label=label, estimated_rows=estimate, estimated_bytes=size,
+                          native=passthrough.offer(self.columns))
 
     def _arrow_schema(self) -> Any:
         """The Arrow schema of the batches ``read`` yields (ADBC's, with numerics as decimals)."""
@@ -214,32 +216,18 @@ class PostgresSource:
         finally:
             con.close()  # ends the snapshot's read-only transaction
 
-    def key_stats(self, column: str) -> KeyStats:
-        col = self._column(column)
-        q = ident(column)
-        lo, hi, rows, nonnull = self._query(f"SELECT min({q}), max({q}), count(*), count({q}) FROM {self._from()}")[0]
-        return KeyStats(column, col.kind, lo, hi, rows, rows - nonnull)
+    # SqlSource's questions (key stats, quantiles, values, counts) asked in PostgreSQL's dialect
 
-    def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]:
-        col, q = self._column(column), ident(column)
-        if buckets <= 1:
-            return []
-        if exact:
-            rows = self._query(
-                f"SELECT min(k) FROM (SELECT {q} AS k, ntile({int(buckets)}) OVER (ORDER BY {q}) AS b "
-                f"FROM {self._from()} WHERE {q} IS NOT NULL) t GROUP BY b ORDER BY b"
-            )
-            return [r[0] for r in rows[1:]]
-        fractions = ", ".join(str(i / buckets) for i in range(1, buckets))
-        sample = self._sample_clause()
-        if col.kind not in ("integer", "numeric", "temporal"):
-            raise PlanningError(f"{column!r} cannot be balanced by sampling", hint="use strategy=ntile")
-        row = self._query(
-            f"SELECT percentile_disc(ARRAY[{fractions}]) WITHIN GROUP (ORDER BY {q}) FROM {self._from()} {sample}"
-        )[0]
-        return list(row[0] or [])
+    def _relation(self) -> str:
+        return self._from()
 
-    def _sample_clause(self) -> str:
+    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self._query(sql, params)
+
+    def _key_kind(self, column: str) -> str:
+        return self._column(column).kind
+
+    def _sample(self) -> str:
         """About 200,000 sampled rows for tables (TABLESAMPLE SYSTEM), all rows for queries."""
         if not self.config.table:
             return ""
@@ -249,13 +237,8 @@ class PostgresSource:
             return ""
         return f"TABLESAMPLE SYSTEM ({min(100.0, 100.0 * 200_000 / est):.6f}) REPEATABLE (42)"
 
-    def key_values(self, column: str) -> list[Any]:
-        self._column(column)
-        q = ident(column)
-        return [(r[0], int(r[1])) for r in self._query(f"SELECT {q}, count(*) FROM {self._from()} GROUP BY 1 ORDER BY 1 NULLS FIRST")]
-
-    def query_values(self, query: str) -> list[Any]:
-        return [r[0] for r in self._query(query)]
+    def _predicate(self, part: Partition, first: int = 1) -> tuple[str, list[Any]]:
+        return self.where(part), []
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -270,7 +253,7 @@ class PostgresSource:
             if part.stop is not None:
                 cond += f" AND ctid < '({part.stop},0)'::tid"
             return f" WHERE {cond}"
-        return where_clause(part, ident, engine="postgres", render=literal)[0]
+        return SqlSource._predicate(self, part)[0]
 
     def _snapshot_query(self, sql: str) -> tuple[Any, ...]:
         """One row, read in the job's snapshot (so counts agree with what the tasks read)."""
@@ -286,15 +269,6 @@ class PostgresSource:
 
     def _conds(self, parts: list[Partition]) -> list[str]:
         return [self.where(p).removeprefix(" WHERE ") or "true" for p in parts]
-
-    def count_rows(self, parts: list[Partition]) -> list[int]:
-        """Each partition's row count, in one scan of the source."""
-        out: list[int] = []
-        for i in range(0, len(parts), 200):
-            conds = self._conds(parts[i:i + 200])
-            row = self._snapshot_query(f"SELECT {', '.join(f'count(*) FILTER (WHERE {c})' for c in conds)} FROM {self._from()}")
-            out += [int(n) for n in row]
-        return out
 
     def checksums(self, parts: list[Partition], columns: tuple[str, ...]) -> list[tuple[int, int]]:
         """(rows, sum of 64-bit row hashes) per partition: rows compared as PostgreSQL prints them."""
@@ -315,6 +289,11 @@ class PostgresSource:
         if not self.snapshot_id:
             return ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
         return ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", f"SET TRANSACTION SNAPSHOT {literal(self.snapshot_id)}"]
+
+    def export_native(self, part: Partition, columns: tuple[str, ...]) -> contextlib.AbstractContextManager[NativeStream]:
+        """The partition as PostgreSQL's binary COPY stream (the pass-through), in the job's snapshot."""
+        return passthrough.export(self.config, self.select_sql(part, ", ".join(ident(c) for c in columns)),
+                                  self.begin_snapshot_sql(), part.key)
 
     def read(self, part: Partition) -> Iterator[Any]:
         sql = self.select_sql(part)

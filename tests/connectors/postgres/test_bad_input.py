@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor.testing.pgserver import free_port
-from tests.conftest import PG_PASSWORD, pg_exec
+from tests.helpers import PG_PASSWORD, pg_exec
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,7 @@ import re
 import pytest
 
 from conveyor.errors import SchemaError
-from tests.conftest import pg_exec
-from tests.helpers import job
+from tests.helpers import job, pg_exec
 
 # name -> (DDL type, two sample values as SQL literals)
 TYPES = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conveyor.connectors.postgres import common
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, close_adbc_templates
-from tests.conftest import pg_exec
+from tests.helpers import pg_exec
 
 
 def _idle_conveyor_connections(server) -> int:

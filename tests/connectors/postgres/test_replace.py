@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor.errors import SchemaError
-from tests.conftest import PG_PASSWORD, pg_exec
-from tests.helpers import job
+from tests.helpers import PG_PASSWORD, job, pg_exec
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conveyor.errors import TransferError
-from tests.conftest import pg_exec
-from tests.helpers import job
+from tests.helpers import job, pg_exec
 
 DDL = "CREATE TABLE special (id int, d date, ts timestamp, tz timestamptz, f float8, n numeric, tm time)"
 ROWS = ("(1, 'infinity', 'infinity', 'infinity', 'NaN', 'NaN', '24:00:00'), "
@@ -62,7 +61,7 @@ def test_the_arrow_path_into_postgresql_keeps_infinity(special, pg_target, mode:
         assert "special_values=null or clamp" in err.value.hint and "passthrough" in err.value.hint
         return
     report = job(_src(special, table=None, query="SELECT * FROM special WHERE id <> 3"), sink, load_mode=mode)
-    assert report.sink_plan.native is None and report.sink_plan.detail("writer") == "pgpq"
+    assert report.sink_plan.native is None and report.sink_plan.own.writer == "pgpq"
     assert _text(pg_target) == pg_exec(special, "SELECT t::text FROM special t WHERE id <> 3 ORDER BY id")
     assert _text(pg_target)[0][0].startswith("(1,infinity,infinity,infinity,")
 

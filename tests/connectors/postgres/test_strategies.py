@@ -7,14 +7,9 @@ from omegaconf import OmegaConf
 
 from conveyor.config import build_job
 from conveyor.pipelines.job import plan_job
-from tests.conftest import pg_exec
+from tests.helpers import checksum, pg_exec
 
 N = 20000
-
-
-def checksum(server, table: str) -> tuple[int, str]:
-    """Row count and an order-independent digest of every row as PostgreSQL prints it."""
-    return tuple(pg_exec(server, f"SELECT count(*), md5(coalesce(string_agg(_r::text, '|' ORDER BY _r::text), '')) FROM {table} _r")[0])
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conveyor.errors import SchemaError, TransferError
-from tests.conftest import pg_exec
-from tests.helpers import job
+from tests.helpers import job, pg_exec
 
 DDL = """
 CREATE TABLE types (
@@ -130,20 +129,20 @@ def test_both_arrow_encoders_reproduce_every_value(types_source, pg_target, tmp_
     pg_exec(pg_target, "DROP TABLE IF EXISTS types_sub", "DROP TABLE IF EXISTS types", DDL,
             f"CREATE TABLE types_sub AS SELECT {cols} FROM types WITH NO DATA")
     report = job(query, _dst(pg_target, "types_sub", copy_path="arrow", writer=writer), "none", load_mode="append")
-    assert report.sink_plan.detail("writer") == writer
+    assert report.sink_plan.own.writer == writer
     assert _rows_as_text(pg_target, "types_sub") == expected
     out = tmp_path / "sub"
     job(query, {"type": "parquet", "path": str(out)}, "none", load_mode="create")
     pg_exec(pg_target, "TRUNCATE types_sub")
     report = job({"type": "parquet", "path": str(out)}, _dst(pg_target, "types_sub", writer=writer), "files", load_mode="append")
-    assert report.sink_plan.detail("writer") == writer
+    assert report.sink_plan.own.writer == writer
     assert _rows_as_text(pg_target, "types_sub") == expected
 
 
 def test_auto_writer_falls_back_to_adbc_and_says_why(types_source, pg_target) -> None:
     pg_exec(pg_target, "DROP TABLE IF EXISTS types", DDL)
     report = job(_src(types_source), _dst(pg_target, copy_path="arrow"), "none", load_mode="append")
-    assert report.sink_plan.detail("writer") == "adbc"
+    assert report.sink_plan.own.writer == "adbc"
     # unconstrained numeric is read as exact text, which pgpq sends to PostgreSQL to parse; an interval
     # (month_day_nano) pgpq cannot encode
     assert "adbc encoder (column iv: pgpq does not encode month_day_nano_interval as interval)" in report.sink_plan.path_reason

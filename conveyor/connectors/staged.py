@@ -1,0 +1,77 @@
+"""The staging lifecycle every table sink shares (PostgreSQL, DuckDB, ADBC), written once.
+
+append writes into the target, one transaction per partition. truncate, create and replace
+write into a staging table; :meth:`StagedSink.finalize` swaps it in with one transaction
+(truncate: empty the target and copy the staged rows in; create / replace: drop the old target,
+rename the stage) and :meth:`StagedSink.abort` drops it, so a failed run leaves the target as it
+was. A connector gives its SQL spelling and how it runs statements in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from conveyor.core import SinkPlan, WriteStats
+from conveyor.errors import SchemaError
+
+
+def check_mode(mode: str, exists: bool, where: str, on: str = "") -> None:
+    """Refuse, before anything is created, a load mode the target's existence rules out."""
+    if mode in ("append", "truncate") and not exists:
+        raise SchemaError(f"{where} does not exist" + (f" on {on}" if on else ""),
+                          hint="create it first, or use load_mode=create or replace")
+    if mode == "create" and exists:
+        raise SchemaError(f"{where} already exists", hint="use load_mode=replace, truncate or append")
+
+
+def swap_steps(mode: str, target: str, stage: str, new_name: str, columns: Sequence[str], empty: str = "DELETE FROM",
+               drop_old: bool = True) -> list[str]:
+    """The statements that make a staged load the target's content, in one transaction.
+
+    ``target`` and ``stage`` are qualified names, ``new_name`` the target's bare (quoted) name the
+    stage is renamed to, ``columns`` quoted column names; ``empty`` empties the target for truncate
+    (``TRUNCATE`` where the engine has it)."""
+    if mode == "truncate":
+        cols = ", ".join(columns)
+        return [f"{empty} {target}", f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {stage}", f"DROP TABLE {stage}"]
+    drop = [f"DROP TABLE IF EXISTS {target}"] if mode == "replace" and drop_old else []
+    return [*drop, f"ALTER TABLE {stage} RENAME TO {new_name}"]
+
+
+class StagedSink:
+    """finalize / abort for a sink whose non-append loads go through a staging table.
+
+    A subclass sets ``self.table`` (the target's bare name) and implements :meth:`_qualified`,
+    :meth:`_quote`, :meth:`_in_one_transaction` and :meth:`_drop`."""
+
+    table: str
+    #: how the engine empties a table for truncate
+    empty = "DELETE FROM"
+
+    def _qualified(self, table: str | None = None) -> str:
+        raise NotImplementedError
+
+    def _quote(self, name: str) -> str:
+        raise NotImplementedError
+
+    def _in_one_transaction(self, plan: SinkPlan, steps: list[str]) -> None:
+        raise NotImplementedError
+
+    def _drop(self, table: str) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def staged(plan: SinkPlan, table: str) -> bool:
+        return plan.write_target != table
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        if not self.staged(plan, self.table):
+            return
+        steps = swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), self._quote(self.table),
+                           [self._quote(c) for c in plan.columns], self.empty)
+        self._in_one_transaction(plan, steps)
+
+    def abort(self, plan: SinkPlan) -> None:
+        if self.staged(plan, self.table):
+            self._drop(plan.write_target)
+
