@@ -433,7 +433,8 @@ def main() -> int:
     results = {"settings": vars(args), "versions": versions(), "cells": bench.cells,
                "server_settings": {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_wal_size": "2GB"}}
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    from conveyor.pipelines.bench_report import render
+    sys.path.insert(0, str(Path(__file__).parent))
+    from report import render  # benchmarks/report.py, beside this script
 
     print(render(out / "results.json"))
     return 0

@@ -23,7 +23,7 @@ commands:
   submit    send a job to a Ray cluster: conveyor submit [--address URL] [--follow] [--no-wait] overrides...
   serve     serve a source as Arrow Flight: conveyor serve [--host H] [--port P] [--token-env VAR] overrides...
   clean     list staging tables left by runs that are gone: conveyor clean [--drop] sink=... (sink.* overrides)
-  report    tables and plots from benchmark results or a multirun directory: conveyor report PATH
+  report    a table of a sweep's jobs: conveyor report <multirun dir>
 
 Exit codes: 0 ok, 1 internal error, 2 config/plugin/planning, 3 connection, 4 schema, 5 transfer,
 6 verification, 130 cancelled. A run writes report.json in its Hydra run directory (or --report PATH).
@@ -284,12 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         if command in ("run", "plan"):
             return _cmd_hydra(command, rest, verbose)
         if command == "report":
-            from conveyor.pipelines.bench_report import render
+            from conveyor.pipelines.report import multirun_markdown
 
             if len(rest) != 1:
-                _stderr("error: conveyor report takes one path (a results.json, its folder, or a multirun directory)")
+                _stderr("error: conveyor report takes one path: the directory of a `conveyor run -m` sweep")
                 return EXIT_CONFIG
-            print(render(rest[0]))
+            print(multirun_markdown(rest[0]))
             return 0
         if command == "clean":
             return _cmd_clean(rest)

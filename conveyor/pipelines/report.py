@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConfigError, ConveyorError
 from conveyor.pipelines.job import JobPlan, JobReport
 
 
@@ -137,3 +139,20 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
         if report.verification is not None:
             out["verification"] = report.verification.as_dict()
     return out
+
+
+def multirun_markdown(folder: Path | str) -> str:
+    """``conveyor report <multirun dir>``: a table of a ``conveyor run -m`` sweep's jobs, from their report.json."""
+    folder = Path(folder)
+    rows = []
+    for report in sorted(folder.glob("*/report.json"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
+        data = json.loads(report.read_text())
+        overrides_file = report.parent / ".hydra" / "overrides.yaml"
+        overrides = overrides_file.read_text().replace("\n- ", " ").strip("- \n") if overrides_file.exists() else ""
+        t = data.get("totals", {})
+        rows.append(f"| {report.parent.name} | {overrides} | {data.get('status')} | {t.get('rows', '')} | {t.get('seconds', '')} | "
+                    f"{t.get('rows_per_s', '')} | {t.get('mb_per_s', '')} |")
+    if not rows:
+        raise ConfigError(f"report: {folder} holds no <job>/report.json",
+                          hint="give the directory of a `conveyor run -m` sweep (benchmark results: python benchmarks/report.py)")
+    return "\n".join(["| job | overrides | status | rows | seconds | rows/s | MB/s |", "|---|---|---|---:|---:|---:|---:|", *rows])

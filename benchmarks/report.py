@@ -1,20 +1,19 @@
-"""``conveyor report``: tables and plots from benchmark results or a Hydra multirun directory.
+"""Tables and plots from benchmark results: ``python benchmarks/report.py results.json``.
 
-A results file (``benchmarks/bench.py``) becomes ``results.md`` (per group: best and all times,
-ratio to the group's baseline measured in the same run, CPU-seconds of client and servers, the
-ceiling they imply, verification) and PNG plots (time and speedup by degree, one line per method).
-A multirun directory (``conveyor run -m ...``) becomes a table of its jobs from their report.json.
+A results file (``benchmarks/bench.py`` writes it) becomes ``results.md`` (per group: best and
+all times, ratio to the group's baseline measured in the same run, CPU-seconds of client and
+servers, the ceiling they imply, verification) and PNG plots (time and speedup by degree, one
+line per method). Benchmark-only code: it lives beside the benchmark, not in the package.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
-
-from conveyor.errors import ConfigError
 
 
 def _baseline(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -114,30 +113,18 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     return written
 
 
-def multirun_markdown(folder: Path) -> str:
-    rows = []
-    for report in sorted(folder.glob("*/report.json"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
-        data = json.loads(report.read_text())
-        overrides_file = report.parent / ".hydra" / "overrides.yaml"
-        overrides = overrides_file.read_text().replace("\n- ", " ").strip("- \n") if overrides_file.exists() else ""
-        t = data.get("totals", {})
-        rows.append(f"| {report.parent.name} | {overrides} | {data.get('status')} | {t.get('rows', '')} | {t.get('seconds', '')} | "
-                    f"{t.get('rows_per_s', '')} | {t.get('mb_per_s', '')} |")
-    if not rows:
-        raise ConfigError(f"report: {folder} holds no <job>/report.json", hint="give a results.json or a multirun directory")
-    return "\n".join(["| job | overrides | status | rows | seconds | rows/s | MB/s |", "|---|---|---|---:|---:|---:|---:|", *rows])
-
-
 def render(path: Path | str) -> str:
+    """results.md and the plots for a results.json (or the folder holding it); the markdown."""
     path = Path(path)
-    if path.is_dir() and not (path / "results.json").exists():
-        return multirun_markdown(path)
     results_file = path / "results.json" if path.is_dir() else path
-    try:
-        results = json.loads(results_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"report: cannot read {results_file}: {exc}") from None
+    results = json.loads(results_file.read_text())
     md = results_markdown(results)
     (results_file.parent / "results.md").write_text(md)
     pngs = plots(results, results_file.parent)
     return md + ("\n\nplots: " + ", ".join(str(p) for p in pngs) if pngs else "")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python benchmarks/report.py RESULTS.json")
+    print(render(sys.argv[1]))
