@@ -1,0 +1,136 @@
+"""Planning and running: ``Strategy`` (a ``PartitionPlan``), ``Runtime``, the ``Task`` it runs and
+the ``TaskResult`` it reports, ``Progress``, and the degree resolved once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from conveyor.core.options import JobOptions
+from conveyor.core.partitions import Partition
+from conveyor.core.sinks import SinkPlan
+from conveyor.core.sources import SourceInfo
+
+if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
+
+    from conveyor.errors import ConveyorError
+
+
+@runtime_checkable
+class ChecksBeforeRun(Protocol):
+    """A runtime that refuses, before anything moves, a pair it cannot run (e.g. a single-process sink)."""
+
+    def check(self, source: Any, sink: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything a strategy may use; new settings become new fields with defaults."""
+
+    source: Any
+    info: SourceInfo
+    degree: int
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """What a strategy decided: the partitions, and a note saying how it chose them (for
+    ``conveyor plan`` and the report)."""
+
+    partitions: Sequence[Partition]
+    note: str = ""
+
+
+class Strategy(Protocol):
+    """Splits a source into partitions. Never writes SQL: connectors render partitions."""
+
+    def plan(self, request: PlanRequest) -> PartitionPlan: ...
+
+
+class Progress(Protocol):
+    """Receives what tasks do, per batch (never per row)."""
+
+    def started(self, key: str) -> None: ...
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None: ...
+
+    def finished(self, result: TaskResult) -> None: ...
+
+
+class NullProgress:
+    def started(self, key: str) -> None:
+        pass
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None:
+        pass
+
+    def finished(self, result: TaskResult) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything one partition needs; plain data, pickled to wherever it runs."""
+
+    source: Any
+    sink: Any
+    plan: SinkPlan
+    partition: Partition
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    partition: str
+    index: int
+    rows: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    attempts: int = 1
+    error: ConveyorError | None = None
+    traceback: str | None = None
+    #: stopped, or never started, because the run was cancelled or another partition failed
+    cancelled: bool = False
+    #: committed under this load id by an earlier attempt or run: nothing was written again
+    already_committed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@runtime_checkable
+class KnowsCpus(Protocol):
+    """A runtime whose tasks run on other CPUs than the driver's (a Ray cluster): how many."""
+
+    def cpus(self) -> int: ...
+
+
+def resolve_degree(runtime: Any, degree: int) -> int:
+    """The degree a job runs at, resolved once: N > 0 as given; N < 0 the runtime's CPUs / |N|
+    (the cluster's for a runtime that knows them, else this machine's)."""
+    if degree > 0:
+        return degree
+    return JobOptions.resolve_degree(degree, runtime.cpus() if isinstance(runtime, KnowsCpus) else None)
+
+
+class Runtime(Protocol):
+    """Runs tasks, ``degree`` at once, and returns one result per task in any order; a failed
+    partition cancels the ones not started (their results say ``cancelled``)."""
+
+    def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]: ...
+
+
+__all__ = [
+    "PlanRequest",
+    "PartitionPlan",
+    "Strategy",
+    "Progress",
+    "NullProgress",
+    "Task",
+    "TaskResult",
+    "KnowsCpus",
+    "resolve_degree",
+    "ChecksBeforeRun",
+    "Runtime",
+]

@@ -1,0 +1,172 @@
+"""The sink side: ``Sink`` and its lifecycle data (``PrepareRequest``, ``SinkPlan``, ``WriteStats``),
+its declared capabilities, and the optional capabilities a sink offers by having their methods."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from conveyor.core.partitions import Partition
+from conveyor.core.sources import NativeStream, SourceInfo
+
+if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
+    import pyarrow as pa
+
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    """What ``Sink.prepare`` decided on the driver; shipped to every write task.
+
+    ``target`` is the human name of where rows land, ``write_target`` the table or folder the
+    tasks write into (a staging one for truncate/replace/create), ``columns`` the target
+    column names in the order the source's columns map onto them.
+    """
+
+    target: str
+    write_target: str
+    load_mode: str
+    columns: tuple[str, ...]
+    source_columns: tuple[str, ...]
+    schema: Any = None
+    #: the native format both connectors agreed on (``NativeExport.format``, e.g. "pgcopy-binary"):
+    #: the task streams ``source.export_native`` into ``sink.write_native``; None: Arrow batches
+    native: str | None = None
+    #: why this path was taken, for ``conveyor plan`` and the report
+    path_reason: str = ""
+    #: special values this sink writes exactly (``INFINITY``): the job asks the source to pass
+    #: them on instead of refusing them (``SupportsSpecialValues``)
+    keeps: tuple[str, ...] = ()
+    #: rows the target held before an append (``verify=count`` compares what was added)
+    rows_before: int = 0
+    #: the partitions (indexes) this run writes, set by the job (a resumed run writes only the rest)
+    to_write: tuple[int, ...] | None = None
+    #: the sink's own decisions, as its own picklable dataclass (the PostgreSQL sink's writer and
+    #: casts, ...): read only by the sink that made them
+    own: Any = None
+
+
+@dataclass(frozen=True)
+class PrepareRequest:
+    """What a sink's ``prepare`` gets: the source's schema and description (``info.native``: what
+    a database source offers beyond Arrow). Never the source itself."""
+
+    schema: pa.Schema
+    info: SourceInfo
+
+
+@dataclass(frozen=True)
+class WriteStats:
+    """What one partition's write did."""
+
+    partition: str
+    rows: int
+    bytes: int
+    seconds: float
+    #: the partition had been committed under this load id before (nothing was written again)
+    already_committed: bool = False
+
+
+@dataclass(frozen=True)
+class SinkCapabilities:
+    """What a sink guarantees, declared as data (the runtimes and the job act on it).
+
+    ``transactional``: a partition is written all or nothing (one transaction, or a temporary
+    name renamed when whole), so a failed attempt leaves nothing and may be retried. A sink that
+    is not (a Flight do_put stream) is never retried: a retry could duplicate rows.
+    ``single_process``: every partition must be written from the driver's process.
+    """
+
+    transactional: bool = True
+    single_process: bool = False
+
+
+def sink_capabilities(sink: Any) -> SinkCapabilities:
+    """A sink's declared capabilities (the defaults where it declares none)."""
+    caps = getattr(type(sink), "capabilities", None)
+    return caps if isinstance(caps, SinkCapabilities) else SinkCapabilities()
+
+
+@runtime_checkable
+class SupportsCommitMarkers(Protocol):
+    """A sink that records each partition's commit in the same transaction as its rows.
+
+    ``committed`` reads them back: {partition key: rows} for the plan's load id (None where this
+    target keeps no markers, e.g. switched off by config). A write whose
+    partition is already committed under that load id writes nothing (exactly once, whatever
+    died when), and ``resume`` skips what the target says was committed.
+    """
+
+    def committed(self, plan: SinkPlan) -> dict[str, int] | None: ...
+
+
+@runtime_checkable
+class SupportsCleanup(Protocol):
+    """A sink that can list, and remove, what runs that are gone left behind (staging tables)."""
+
+    def leftovers(self, remove: bool) -> list[str]: ...
+
+
+@runtime_checkable
+class SupportsTargetCount(Protocol):
+    """A sink that counts the rows its target holds after the load (``verify=count``)."""
+
+    def count_rows(self, plan: SinkPlan) -> int | None: ...
+
+
+@runtime_checkable
+class SupportsTargetChecksum(Protocol):
+    """A sink that computes the same checksum as ``SupportsChecksums`` over what it wrote."""
+
+    def checksum(self, plan: SinkPlan) -> str: ...
+
+
+@runtime_checkable
+class SupportsNativeWrite(Protocol):
+    """A sink that imports a wire format it agreed on in ``prepare`` (``plan.native``): the task
+    streams the source's export into ``write_native`` instead of Arrow batches."""
+
+    def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats: ...
+
+
+@runtime_checkable
+class ExplainsPath(Protocol):
+    """A sink that tells ``conveyor plan`` which path a run would take, changing nothing."""
+
+    def explain_path(self, request: PrepareRequest) -> str: ...
+
+
+class Sink(Protocol):
+    """Writes Arrow record batches with a lifecycle: prepare, write per partition, finalize or abort.
+
+    Optional: ``SupportsNativeWrite``, ``SupportsTargetCount``, ``SupportsTargetChecksum``,
+    ``SupportsCommitMarkers``, ``SupportsCleanup``, ``ExplainsPath``.
+    """
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan: ...
+
+    def write(self, plan: SinkPlan, part: Partition, batches: Iterable[pa.RecordBatch]) -> WriteStats: ...
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None: ...
+
+    def abort(self, plan: SinkPlan) -> None: ...
+
+    #: what the sink guarantees; see :class:`SinkCapabilities`
+    capabilities: ClassVar[SinkCapabilities]
+
+
+__all__ = [
+    "SinkPlan",
+    "PrepareRequest",
+    "WriteStats",
+    "SinkCapabilities",
+    "sink_capabilities",
+    "SupportsCommitMarkers",
+    "SupportsCleanup",
+    "SupportsTargetCount",
+    "SupportsTargetChecksum",
+    "SupportsNativeWrite",
+    "ExplainsPath",
+    "Sink",
+]

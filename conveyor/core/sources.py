@@ -1,0 +1,202 @@
+"""The source side: what a source says about itself (``SourceInfo``, ``NativeExport``), the
+``Source`` interface, and the optional capabilities a source offers by having their methods."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from conveyor.core.partitions import NativePartition, Partition
+
+if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
+    import pyarrow as pa
+
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int | None = None
+    rows: int | None = None
+    #: rows in each row group (Parquet), when known
+    row_groups: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class NativeExport:
+    """What a database source says of itself beyond Arrow: its dialect's column types (a sink of
+    the same database creates and checks columns with them) and the wire format, if any, it can
+    stream a partition in (a sink that imports that format may take the pass-through)."""
+
+    #: the database the columns come from ("postgres")
+    dialect: str
+    #: the dialect's own column records (``PgColumn`` for postgres), in the schema's order
+    columns: tuple[Any, ...] = ()
+    #: the format ``SupportsNativeExport.export_native`` streams (e.g. "pgcopy-binary"); None: none
+    format: str | None = None
+    #: why there is no format (e.g. "psql is not installed")
+    why_not: str = ""
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What planning knows of a source: its Arrow schema, size estimates, a human label."""
+
+    schema: pa.Schema
+    label: str
+    estimated_rows: int | None = None
+    estimated_bytes: int | None = None
+    #: a database source's own column types and wire format (None: Arrow is all it speaks)
+    native: NativeExport | None = None
+
+
+@runtime_checkable
+class SupportsFileListing(Protocol):
+    """A source made of files; ``strategy=files`` needs it."""
+
+    def list_files(self) -> list[FileEntry]: ...
+
+
+@dataclass(frozen=True)
+class KeyStats:
+    """What a source knows of a distribute key: its kind, bounds and counts."""
+
+    column: str
+    #: integer | numeric | temporal | other
+    kind: str
+    min: Any = None
+    max: Any = None
+    rows: int | None = None
+    nulls: int | None = None
+
+
+@runtime_checkable
+class SupportsCtid(Protocol):
+    """A heap table read by page ranges; raises PlanningError, saying why, when it is not one."""
+
+    def ctid_pages(self) -> int: ...
+
+
+@runtime_checkable
+class SupportsNativePartitions(Protocol):
+    """A source that splits itself (ADBC execute_partitions, Flight endpoints): ``strategy=native``."""
+
+    def native_partitions(self) -> list[NativePartition]: ...
+
+
+@runtime_checkable
+class SupportsKeys(Protocol):
+    """A source that answers questions about a column (rangeid, ntile, random, datadriven)."""
+
+    def key_stats(self, column: str) -> KeyStats: ...
+
+    def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]: ...
+
+    def key_values(self, column: str) -> list[tuple[Any, int]]:
+        """Each distinct value of ``column`` (NULL first) with its row count."""
+        ...
+
+    def query_values(self, query: str) -> list[Any]: ...
+
+
+class Source(Protocol):
+    """Reads Arrow record batches. Built from its config dataclass and the job options."""
+
+    def describe(self) -> SourceInfo: ...
+
+    def read(self, part: Partition) -> Iterator[pa.RecordBatch]: ...
+
+
+#: infinity and -infinity of dates and timestamps, carried in Arrow as DuckDB does: date32
+#: +-(2**31 - 1) days, timestamp +-(2**63 - 1) (no real date or timestamp of PostgreSQL or DuckDB
+#: is that far out). A source passes them on only to a sink that keeps them.
+INFINITY = "infinity"
+
+
+INFINITY_DAYS = 2**31 - 1
+
+
+INFINITY_TICKS = 2**63 - 1
+
+
+@runtime_checkable
+class SupportsSpecialValues(Protocol):
+    """A source that refuses special values by default and can pass them on to a sink that keeps them."""
+
+    def keeping(self, kinds: tuple[str, ...]) -> Any: ...
+
+
+@runtime_checkable
+class SupportsSession(Protocol):
+    """A source that holds something for the whole job (an exported snapshot): ``session()`` is a
+    context manager yielding the source the tasks get."""
+
+    def session(self) -> Any: ...
+
+
+def open_session(source: Any) -> Any:
+    """The source's job-long session where it has one (a context manager yielding the source the
+    tasks get), else the source itself."""
+    return source.session() if isinstance(source, SupportsSession) else contextlib.nullcontext(source)
+
+
+@runtime_checkable
+class SupportsSnapshot(Protocol):
+    """A source whose partitions all read one snapshot; its id goes into the manifest."""
+
+    snapshot_id: str | None
+
+
+@runtime_checkable
+class SupportsPartitionCounts(Protocol):
+    """A source that counts the rows of its partitions (``verify=count``); None: it cannot."""
+
+    def count_rows(self, parts: list[Partition]) -> list[int] | None: ...
+
+
+@runtime_checkable
+class SupportsChecksums(Protocol):
+    """A source that sums a 64-bit hash of every row per partition (``verify=checksum``)."""
+
+    def checksums(self, parts: list[Partition], columns: tuple[str, ...]) -> list[tuple[int, int]]: ...
+
+
+class NativeStream(Protocol):
+    """A partition in a source's wire format: ``read`` returns up to ``size`` bytes, b"" at the end,
+    and raises the source's error there if the export failed (a sink must not commit then)."""
+
+    def read(self, size: int) -> bytes: ...
+
+
+@runtime_checkable
+class SupportsNativeExport(Protocol):
+    """A source that streams a partition in its wire format (``info.native.format``), reading the
+    job's snapshot with its own credentials: a context manager yielding a :class:`NativeStream`."""
+
+    def export_native(self, part: Partition, columns: tuple[str, ...]) -> contextlib.AbstractContextManager[NativeStream]: ...
+
+
+__all__ = [
+    "FileEntry",
+    "NativeExport",
+    "SourceInfo",
+    "SupportsFileListing",
+    "KeyStats",
+    "SupportsCtid",
+    "SupportsNativePartitions",
+    "SupportsKeys",
+    "Source",
+    "INFINITY",
+    "INFINITY_DAYS",
+    "INFINITY_TICKS",
+    "SupportsSpecialValues",
+    "SupportsSession",
+    "open_session",
+    "SupportsSnapshot",
+    "SupportsPartitionCounts",
+    "SupportsChecksums",
+    "NativeStream",
+    "SupportsNativeExport",
+]
