@@ -134,3 +134,21 @@ def test_unknown_flight_path(store: Store, tmp_path: Path) -> None:
     with pytest.raises((SchemaError, ConnectError)):
         job({"type": "flight", "location": f"grpc://127.0.0.1:{store.port}", "path": ["nope"]},
             {"type": "parquet", "path": str(tmp_path / "o")}, "native", load_mode="create")
+
+
+def test_the_flight_source_passes_the_connector_contract(conveyor_contract, served: str, monkeypatch) -> None:
+    """The contract kit on the Flight source: its endpoints (strategy=native) and one whole read
+    cover the served rows exactly once, everything pickles, and a ticket the server does not know
+    fails as one of Conveyor's errors. (The Flight sink is not transactional - a do_put stream
+    cannot be rolled back - so check_sink, which demands that, does not apply to it.)"""
+    from conveyor.connectors.flight import FlightConfig, FlightSource
+    from conveyor.core import NativePartition
+
+    monkeypatch.setenv("CONVEYOR_FLIGHT_TOKEN", TOKEN)
+    config = FlightConfig(**{k: v for k, v in _flight(served).items() if k != "type"})
+    source = FlightSource(config, conveyor_contract.options)
+    plans = conveyor_contract.check_source(source, {"native": {}})
+    assert len(plans["native"]) == 4
+    bogus = NativePartition(index=0, count=1, token=b"no such ticket", locations=(served,))
+    err = conveyor_contract.check_read_error(source, bogus)
+    assert "flight" in err.message.lower()
