@@ -118,7 +118,7 @@ class DuckDBSource(SqlSource):
             exclude = f" EXCLUDE ({', '.join(qident(c) for c in self.config.drop_columns)})"
         return f"SELECT *{exclude} FROM ({self._base_sql()}) AS _conveyor_q{where}"
 
-    def _query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         con = self._con()
         try:
             return self._execute(con, sql, params).fetchall()
@@ -154,8 +154,6 @@ class DuckDBSource(SqlSource):
     def _relation(self) -> str:
         return f"({self._base_sql()}) AS _q"
 
-    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        return self._query(sql, params)
 
     # --- reading -------------------------------------------------------------------------------
 

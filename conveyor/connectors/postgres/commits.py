@@ -226,14 +226,34 @@ class Once:
 
 
 class Attempt:
-    """One attempt at one partition, in one transaction: skip it if committed before, seal it
-    (guard check + marker) just before commit, and turn a failure into the error to raise."""
+    """One attempt at one partition, in one transaction (:meth:`run`): skipped if committed
+    before, sealed (guard check + marker) just before commit, a failure rolled back and turned
+    into the error to raise. Every PostgreSQL writer (ADBC, pgpq, pass-through) runs through it."""
 
     def __init__(self, once: Once, key: str) -> None:
         self.once, self.key = once, key
         self.start = time.perf_counter()
 
-    def committed_before(self, fetch: Any) -> int | None:
+    def run(self, conn: Any, execute: Any, fetch: Any, body: Any, cause: Any = None) -> WriteStats:
+        """The partition's transaction on ``conn``: ``body()`` writes it and returns (rows, bytes);
+        ``execute`` / ``fetch`` run SQL in the same transaction; ``cause()`` is an error a driver may
+        have wrapped (the source's or a cast's), raised in its stead. The caller closes ``conn``."""
+        try:
+            before = self._committed_before(fetch)
+            if before is not None:
+                conn.rollback()
+                return self._skipped(before)
+            rows, nbytes = body()
+            self._seal(rows, execute, fetch)
+            conn.commit()
+        except BaseException as exc:
+            outcome = self._failed(conn, exc, cause() if cause is not None else None)
+            if isinstance(outcome, WriteStats):
+                return outcome
+            raise outcome from None
+        return WriteStats(self.key, rows, nbytes, time.perf_counter() - self.start)
+
+    def _committed_before(self, fetch: Any) -> int | None:
         """Rows of this partition committed under the load id by an earlier attempt or run."""
         o = self.once
         if not o.markers:
@@ -241,13 +261,10 @@ class Attempt:
         row = fetch(marker_rows_sql(o.schema, o.load_id, o.target, self.key))
         return None if row is None else int(row[0])
 
-    def skipped(self, rows: int) -> WriteStats:
+    def _skipped(self, rows: int) -> WriteStats:
         return WriteStats(self.key, rows, 0, time.perf_counter() - self.start, already_committed=True)
 
-    def done(self, rows: int, nbytes: int) -> WriteStats:
-        return WriteStats(self.key, rows, nbytes, time.perf_counter() - self.start)
-
-    def seal(self, rows: int, execute: Any, fetch: Any) -> None:
+    def _seal(self, rows: int, execute: Any, fetch: Any) -> None:
         """Just before commit: the driver must still hold the run, and the marker joins the transaction."""
         o = self.once
         if o.guard and not fetch(driver_alive_sql(o.guard))[0]:
@@ -259,7 +276,7 @@ class Attempt:
         if o.markers:
             execute(marker_insert_sql(o.schema, o.load_id, o.target, self.key, rows))
 
-    def failed(self, conn: Any, exc: BaseException, cause: BaseException | None = None) -> BaseException | WriteStats:
+    def _failed(self, conn: Any, exc: BaseException, cause: BaseException | None = None) -> BaseException | WriteStats:
         """Roll back; the stats of the attempt that won a race for the partition, or the error to raise
         (the original where one is known: a source or cast error the driver only wrapped)."""
         with contextlib.suppress(Exception):
@@ -268,7 +285,7 @@ class Attempt:
         if sqlstate(exc) == "23505" and MARKERS in str(exc):  # two attempts: the other one committed first
             con = connect(o.config, autocommit=True)
             try:
-                return self.skipped(committed(con, o.schema, o.load_id, o.target).get(self.key, 0))
+                return self._skipped(committed(con, o.schema, o.load_id, o.target).get(self.key, 0))
             finally:
                 con.close()
         if cause is not None:

@@ -233,26 +233,11 @@ class PostgresSink:
         """The pass-through: the source's binary COPY stream, relayed into the target in one transaction."""
         attempt = commits.Attempt(plan.own.once, part.key)
         con = connect(self.config)
-
-        def fetch(sql: str) -> Any:
-            return con.execute(sql).fetchone()
-
         try:
-            before = attempt.committed_before(fetch)
-            if before is not None:
-                con.rollback()
-                return attempt.skipped(before)
-            rows, nbytes = passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key)
-            attempt.seal(rows, con.execute, fetch)
-            con.commit()
-        except BaseException as exc:
-            outcome = attempt.failed(con, exc)
-            if isinstance(outcome, WriteStats):
-                return outcome
-            raise outcome from None
+            return attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(),
+                               lambda: passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key))
         finally:
             con.close()
-        return attempt.done(rows, nbytes)
 
     def leftovers(self, remove: bool) -> list[str]:
         """Conveyor's staging tables in the target's schema; with ``remove``, drop those whose run is gone."""

@@ -202,7 +202,7 @@ class PostgresSource(SqlSource):
         raise SchemaError(f"postgres source: distribute_key {name!r} is not a column of {self.relation if self.config.table else 'the query'}",
                           hint=f"columns are: {', '.join(c.name for c in self.columns)}")
 
-    def _query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         """Rows of a planning query, read in the job's snapshot when one is held (so a plan sees
         exactly the rows the partitions and the verification see)."""
         con = connect(self.config, autocommit=True)
@@ -221,8 +221,6 @@ class PostgresSource(SqlSource):
     def _relation(self) -> str:
         return self._from()
 
-    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        return self._query(sql, params)
 
     def _key_kind(self, column: str) -> str:
         return self._column(column).kind
@@ -231,7 +229,7 @@ class PostgresSource(SqlSource):
         """About 200,000 sampled rows for tables (TABLESAMPLE SYSTEM), all rows for queries."""
         if not self.config.table:
             return ""
-        est = self._query("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
+        est = self._rows("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
                           [ident(self.config.schema, self.config.table or "")])[0][0]
         if not est or est <= 200_000:
             return ""

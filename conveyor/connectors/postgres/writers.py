@@ -160,29 +160,21 @@ def write_adbc(config: PgConnConfig, run_id: str, plan: SinkPlan, part: Partitio
         cur.execute(sql)
         return cur.fetchone()
 
-    try:
-        before = attempt.committed_before(fetch)
-        if before is not None:
-            conn.rollback()
-            return attempt.skipped(before)
+    def body() -> tuple[int, int]:
         if all(c is not None for c in load.casts):
             cur.adbc_ingest(plan.write_target, reader, mode="append", db_schema_name=load.once.schema)
         else:
             temp = f"_conveyor_in_{part.index}"
             cur.adbc_ingest(temp, reader, mode="create", temporary=True)
             cur.execute(insert_from_temp(plan.columns, load.target_types, _table(load, plan), temp))
-        attempt.seal(counted.rows, cur.execute, fetch)
-        conn.commit()
-    except BaseException as exc:
+        return counted.rows, counted.bytes
+
+    try:
         # the source or a cast may have failed inside the driver, which only wrapped the error
-        outcome = attempt.failed(conn, exc, counted.error)
-        if isinstance(outcome, WriteStats):
-            return outcome
-        raise outcome from None
+        return attempt.run(conn, cur.execute, fetch, body, cause=lambda: counted.error)
     finally:
         cur.close()
         conn.close()
-    return attempt.done(counted.rows, counted.bytes)
 
 
 def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
@@ -200,14 +192,7 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
     encoder = ArrowToPostgresBinaryEncoder(wire)
     con = connect(config)
 
-    def fetch(sql: str) -> Any:
-        return con.execute(sql).fetchone()
-
-    try:
-        before = attempt.committed_before(fetch)
-        if before is not None:
-            con.rollback()
-            return attempt.skipped(before)
+    def body() -> tuple[int, int]:
         cols = ", ".join(ident(c) for c in plan.columns)
         temp = f"_conveyor_in_{part.index}" if any(c is None for c in load.casts) else None
         into = _table(load, plan) if temp is None else f"pg_temp.{ident(temp)}"
@@ -223,16 +208,12 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
                 cp.write(encoder.finish())
         if temp is not None:
             con.execute(insert_from_temp(plan.columns, load.target_types, _table(load, plan), temp))
-        attempt.seal(counted.rows, con.execute, fetch)
-        con.commit()
-    except BaseException as exc:
-        outcome = attempt.failed(con, exc, counted.error)
-        if isinstance(outcome, WriteStats):
-            return outcome
-        raise outcome from None
+        return counted.rows, counted.bytes
+
+    try:
+        return attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(), body, cause=lambda: counted.error)
     finally:
         con.close()
-    return attempt.done(counted.rows, counted.bytes)
 
 
 def _table(load: PgLoad, plan: SinkPlan) -> str:
