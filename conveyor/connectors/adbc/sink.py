@@ -1,0 +1,189 @@
+"""ADBC sink: ``adbc_ingest``, one transaction per partition; staged modes swap a staging table in
+with standard SQL at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from conveyor.arrowutil import CountingBatches
+from conveyor.connectors.adbc.common import AdbcBase, AdbcSinkConfig, qident
+from conveyor.connectors.staged import StagedSink, check_mode
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, WriteStats
+from conveyor.errors import ConveyorError, SchemaError
+from conveyor.mapping import TargetColumn, map_columns
+
+
+class AdbcSink(AdbcBase, StagedSink):
+    """Writes through ``adbc_ingest``; load modes beyond append need the driver to run SQL."""
+
+    config_class = AdbcSinkConfig
+
+    def __init__(self, config: AdbcSinkConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+        self.table = config.table
+
+    def _name(self, table: str | None = None) -> str:
+        t = qident(table or self.config.table)
+        return f"{qident(self.config.db_schema)}.{t}" if self.config.db_schema else t
+
+    def _target_columns(self) -> list[TargetColumn] | None:
+        conn = self._connect()
+        try:
+            try:
+                schema = conn.adbc_get_table_schema(self.config.table, db_schema_filter=self.config.db_schema)
+            except Exception:
+                return None
+            self._target_schema = schema
+            return [TargetColumn(f.name, str(f.type), True, False) for f in schema]
+        finally:
+            conn.close()
+
+    def _ingest(self, table: str, data: Any, mode: str, partition: str | None = None) -> None:
+        conn = self._connect(partition)
+        cur = conn.cursor()
+        try:
+            cur.adbc_ingest(table, data, mode=mode, db_schema_name=self.config.db_schema)
+            conn.commit()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            raise self._translate(exc, f"ingesting into {table}", partition) from None
+        finally:
+            cur.close()
+            conn.close()
+
+    def _writable(self, schema: Any) -> Any:
+        """The schema as written: SQLite has no decimal (written as exact text) and no view types."""
+        import pyarrow as pa
+
+        from conveyor.arrowutil import without_views
+
+        schema = without_views(schema)
+        if self.config.driver != "sqlite":
+            return schema
+        return pa.schema([f.with_type(pa.string()) if pa.types.is_decimal(f.type) else f for f in schema])
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan:
+        import pyarrow as pa
+
+        mode, schema = self.options.load_mode, self._writable(request.schema)
+        where = f"{self._where()} table {self.config.table}"
+        target = self._target_columns()
+        stage = f"_conveyor_stage_{self.options.run_id}"
+        check_mode(mode, target is not None, where)
+        if mode in ("create", "replace") or target is None:
+            pairs = [(n, n) for n in schema.names]
+        else:
+            pairs = map_columns(schema.names, target, self.options.map_method, where)
+            if self.config.driver != "sqlite":  # typed columns: the cast policy applies
+                from conveyor.casts import ColumnType, check_casts
+
+                tschema = self._target_schema
+                check_casts(pairs, [ColumnType.of_field(schema.field(s)) for s, _ in pairs],
+                            [_column_type(tschema.field(t)) for _, t in pairs], where, self.config.allow_cast)
+                # the driver writes each column as its Arrow type (binary COPY for PostgreSQL): an
+                # int32 into a bigint column must be an int64 first (checked value by value)
+                to = {s: tschema.field(t).type for s, t in pairs if _castable(schema.field(s).type, tschema.field(t).type)}
+                schema = pa.schema([f.with_type(to[f.name]) if f.name in to else f for f in schema])
+        write_table = self.config.table
+        if mode != "append":
+            out_schema = pa.schema([pa.field(t, schema.field(s).type) for s, t in pairs])
+            if mode == "truncate":
+                self._sql_step(f"CREATE TABLE {self._name(stage)} AS SELECT * FROM {self._name()} WHERE 1 = 0", mode)
+            else:
+                self._ingest(stage, pa.Table.from_batches([], schema=out_schema), "create")
+            write_table = stage
+        before = self.count_rows_of(self.config.table) if mode == "append" and self.options.verify != "none" else 0
+        return SinkPlan(
+            rows_before=before,
+            target=f"{self._where()} {self.config.table}", write_target=write_table, load_mode=mode,
+            columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
+        )  # batches are conformed (cast) to ``schema`` on their way in
+
+    def _sql_step(self, sql: str, mode: str) -> None:
+        try:
+            self._run(sql, doing=f"load_mode={mode}")
+        except ConveyorError as exc:
+            raise SchemaError(f"{exc.message}", hint=f"the {self.config.driver} driver cannot do load_mode={mode}; use append") from None
+
+    def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+        import pyarrow as pa
+
+        start = time.perf_counter()
+        out_schema = pa.schema([pa.field(t, plan.schema.field(s).type) for s, t in zip(plan.source_columns, plan.columns)])
+
+        def renamed() -> Iterator[Any]:
+            for batch in CountingBatches(batches, plan.schema):
+                yield pa.RecordBatch.from_arrays([batch.column(s) for s in plan.source_columns], schema=out_schema)
+
+        counted = CountingBatches(renamed())
+        reader = pa.RecordBatchReader.from_batches(out_schema, counted)
+        try:
+            self._ingest(plan.write_target, reader, "append", part.key)
+        except ConveyorError:
+            if counted.error is not None:
+                raise counted.error from None
+            raise
+        return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
+
+    def count_rows(self, plan: SinkPlan) -> int:
+        return self.count_rows_of(plan.write_target)
+
+    def count_rows_of(self, table: str) -> int:
+        return int(self._run(f"SELECT count(*) FROM {self._name(table)}")[0][0])
+
+    # StagedSink's finalize / abort, in standard SQL through the driver
+
+    def _qualified(self, table: str | None = None) -> str:
+        return self._name(table)
+
+    def _quote(self, name: str) -> str:
+        return qident(name)
+
+    def _in_one_transaction(self, plan: SinkPlan, steps: list[str]) -> None:
+        conn = self._connect()
+        cur = conn.cursor()
+        try:
+            for step in steps:
+                cur.execute(step)
+            conn.commit()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            raise SchemaError(f"{self._where()}: finishing load_mode={plan.load_mode}: {str(exc).splitlines()[0]}",
+                              hint=f"the {self.config.driver} driver may not support it; use append") from None
+        finally:
+            cur.close()
+            conn.close()
+
+    def _drop(self, table: str) -> None:
+        with contextlib.suppress(Exception):  # best effort: the run's own error matters more
+            self._run(f"DROP TABLE IF EXISTS {self._name(table)}")
+
+
+def _column_type(field: Any) -> Any:
+    """A target column as the cast policy sees it: its Arrow type, and the database's own type name
+    where the driver says it (PostgreSQL's driver does, in the field metadata)."""
+    from conveyor.casts import ColumnType
+
+    meta = {k.decode(): v.decode() for k, v in (field.metadata or {}).items()}
+    return ColumnType(field.type, db=meta.get("POSTGRESQL:type", ""), sql=meta.get("POSTGRESQL:type", ""),
+                      typmod=int(meta.get("POSTGRESQL:typmod", "-1")))
+
+
+def _castable(src: Any, tgt: Any) -> bool:
+    """Whether Arrow itself casts ``src`` to the plain type ``tgt`` (extension types are the driver's)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if src == tgt or isinstance(tgt, pa.BaseExtensionType) or isinstance(src, pa.BaseExtensionType):
+        return False
+    try:
+        pc.cast(pa.array([], src), tgt)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True

@@ -1,0 +1,285 @@
+"""Parquet and CSV file sinks: one file per partition, written under a temporary name and
+renamed when whole; truncate/replace/create stage into a folder swapped in at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.arrowutil import CountingBatches, cast_batches, without_views
+from conveyor.connectors import fs as fs_util
+from conveyor.core import (
+    JobOptions,
+    Partition,
+    PrepareRequest,
+    SinkPlan,
+    WriteStats,
+)
+from conveyor.errors import ConfigError, ConveyorError, SchemaError
+
+
+@dataclass
+class FileSinkConfig:
+    #: the folder that receives one file per partition; any fsspec URL
+    path: str = "???"
+    #: file names are <prefix>-<partition>.<ext> (append adds the run id)
+    prefix: str = "part"
+    #: hive-style output folders by these columns: <col>=<value>/<prefix>-....<ext>
+    partition_by: list[str] = field(default_factory=list)
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ParquetSinkConfig(FileSinkConfig):
+    #: zstd | snappy | gzip | lz4 | brotli | none
+    compression: str = "zstd"
+
+
+@dataclass
+class CsvSinkConfig(FileSinkConfig):
+    delimiter: str = ","
+    header: bool = True
+
+
+class _FileSink:
+    config_class: type = FileSinkConfig
+    extension = ""
+
+    def __init__(self, config: FileSinkConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+
+    def _fs(self) -> tuple[Any, str]:
+        fs, root = fs_util.filesystem(self.config.path, self.config.storage_options)
+        return fs, root.rstrip("/")
+
+    def _existing(self, fs: Any, root: str) -> list[str]:
+        """The data files already under the folder (recursively, for hive-style output)."""
+        if not fs.exists(root):
+            return []
+        if not fs.isdir(root):
+            raise ConfigError(f"sink.path {self.config.path!r} is a file; give a folder", key="sink.path")
+        return [p for p in fs.find(root) if p.endswith(self.extension) and "/_conveyor_" not in p[len(root):]
+                and "/." not in p[len(root):]]
+
+    def _check_types(self, schema: Any) -> None:
+        """Fail before any row moves when the format cannot hold a column's type."""
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan:
+        schema = request.schema
+        missing = [c for c in self.config.partition_by if c not in schema.names]
+        if missing:
+            raise SchemaError(f"sink.partition_by: no source column {', '.join(missing)}", hint=f"columns are: {', '.join(schema.names)}")
+        self._check_types(schema)
+        mode = self.options.load_mode
+        where = f"sink.path {self.config.path!r}"
+        try:
+            fs, root = self._fs()
+            existing = self._existing(fs, root)
+            if mode == "create" and existing:
+                raise SchemaError(f"{where} already holds {len(existing)} {self.extension} file(s)", hint="use load_mode=replace or append")
+            write_to = root if mode == "append" else posixpath.join(root, f"_conveyor_staging_{self.options.run_id}")
+            fs.makedirs(write_to, exist_ok=True)
+        except ConveyorError:
+            raise
+        except Exception as exc:
+            raise fs_util.translate(exc, where) from None
+        return SinkPlan(
+            target=fs_util.display(fs, root), write_target=write_to, load_mode=mode,
+            columns=tuple(schema.names), source_columns=tuple(schema.names), schema=schema,
+        )
+
+    def _name(self, part: Partition) -> str:
+        """A partition's file name. Appended files carry the load id (the first run's id, kept by
+        ``resume``): a partition written again, by a resume or by the task of a driver that was killed,
+        replaces its own file instead of adding a second copy of its rows."""
+        return self._stem(part.index) + self.extension
+
+    def _written(self, plan: SinkPlan, paths: list[str]) -> list[str]:
+        """The files, among ``paths``, of the partitions this run writes (appended files only: a
+        replaced folder holds nothing else)."""
+        if self.options.load_mode != "append":
+            return paths
+        indexes = plan.to_write
+        if indexes is None:
+            return [p for p in paths if posixpath.basename(p).startswith(f"{self.config.prefix}-{self.options.load}-")]
+        # 'stem.ext', or 'stem-<i>.ext' in hive folders
+        stems = tuple(self._stem(i) + end for i in indexes for end in (self.extension, "-"))
+        return [p for p in paths if posixpath.basename(p).startswith(stems)]
+
+    def _stem(self, index: int) -> str:
+        load = f"-{self.options.load}" if self.options.load_mode == "append" else ""
+        return f"{self.config.prefix}{load}-{index:05d}"
+
+    def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+        import time
+
+        fs, _ = self._fs()
+        start = time.perf_counter()
+        # everything is written under a temporary name first and renamed when whole
+        tmp = posixpath.join(plan.write_target, f"_conveyor_tmp_{self.options.run_id}_{part.index:05d}")
+        try:
+            if self.config.partition_by:
+                rows, nbytes = self._write_hive(fs, tmp, batches, plan.schema, part)
+                if self.options.load_id:  # resumed: this partition's files from before are replaced, not added to
+                    for old in fs.glob(posixpath.join(plan.write_target, "**", f"{self._stem(part.index)}-*{self.extension}")):
+                        if "/_conveyor_" not in old:  # not the ones just written
+                            fs.rm(old)
+                for path in fs.find(tmp):
+                    dest = posixpath.join(plan.write_target, path[len(tmp) + 1:])
+                    fs.makedirs(posixpath.dirname(dest), exist_ok=True)  # a local folder must exist (object stores have none)
+                    fs.mv(path, dest)
+            else:
+                rows, nbytes = self._write_file(fs, tmp, batches, plan.schema)
+                fs.mv(tmp, posixpath.join(plan.write_target, self._name(part)))
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                if fs.exists(tmp):
+                    fs.rm(tmp, recursive=True)
+            if isinstance(exc, (OSError, ConnectionError)) and not isinstance(exc, ConveyorError):
+                raise fs_util.translate(exc, f"sink.path {self.config.path!r}") from None
+            raise
+        with contextlib.suppress(Exception):
+            if fs.exists(tmp):
+                fs.rm(tmp, recursive=True)
+        return WriteStats(part.key, rows, nbytes, time.perf_counter() - start)
+
+    def _write_hive(self, fs: Any, folder: str, batches: Iterable[Any], schema: Any, part: Partition) -> tuple[int, int]:
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        counted = CountingBatches(batches)
+        plain = without_views(schema)  # the dataset writer has no string_view kernels
+        keys = pa.schema([plain.field(c) for c in self.config.partition_by])
+        stem = self._stem(part.index)
+        ds.write_dataset(
+            pa.RecordBatchReader.from_batches(plain, cast_batches(counted, plain)), folder, filesystem=fs,
+            format=self._dataset_format(), file_options=self._dataset_options(),
+            partitioning=ds.partitioning(keys, flavor="hive"), basename_template=stem + "-{i}" + self.extension,
+            existing_data_behavior="overwrite_or_ignore",
+        )
+        if counted.error is not None:
+            raise counted.error
+        return counted.rows, counted.bytes
+
+    def _dataset_format(self) -> Any:
+        raise NotImplementedError
+
+    def _dataset_options(self) -> Any:
+        return None
+
+    def _writer(self, out: Any, schema: Any) -> Any:
+        raise NotImplementedError
+
+    def _write_file(self, fs: Any, path: str, batches: Iterable[Any], schema: Any) -> tuple[int, int]:
+        counted = CountingBatches(batches)
+        writer = None
+        with fs.open(path, "wb") as out:
+            try:
+                for batch in counted:
+                    if writer is None:
+                        writer = self._writer(out, batch.schema)
+                    writer.write_batch(batch)
+            finally:
+                if writer is None and schema is not None:  # an empty partition still makes a valid file
+                    writer = self._writer(out, schema)
+                if writer is not None:
+                    writer.close()
+        return counted.rows, counted.bytes
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        fs, root = self._fs()
+        if plan.write_target == root:
+            return
+        try:
+            for old in self._existing(fs, root):
+                fs.rm(old)
+            for new in fs.find(plan.write_target):
+                dest = posixpath.join(root, new[len(plan.write_target) + 1:])
+                fs.makedirs(posixpath.dirname(dest), exist_ok=True)
+                fs.mv(new, dest)
+            if fs.exists(plan.write_target):  # object stores have no folders left to remove
+                fs.rm(plan.write_target, recursive=True)
+        except Exception as exc:
+            raise fs_util.translate(exc, f"sink.path {self.config.path!r}") from None
+
+    def abort(self, plan: SinkPlan) -> None:
+        fs, root = self._fs()
+        if plan.write_target != root and fs.exists(plan.write_target):
+            fs.rm(plan.write_target, recursive=True)
+
+
+class ParquetSink(_FileSink):
+    """One Parquet file per partition (zstd by default)."""
+
+    config_class = ParquetSinkConfig
+    extension = ".parquet"
+
+    def _check_types(self, schema: Any) -> None:
+        import io
+
+        import pyarrow as pa
+
+        for column in schema:
+            try:
+                self._writer(io.BytesIO(), pa.schema([column])).close()
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError) as exc:
+                raise SchemaError(
+                    f"parquet sink: column {column.name} of type {column.type} cannot be stored in Parquet: {exc}",
+                    hint="cast the column in the source (e.g. to text in source.query), or write CSV",
+                ) from None
+
+    def _writer(self, out: Any, schema: Any) -> Any:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetWriter(out, schema, compression=self._compression())
+
+    def _compression(self) -> str | None:
+        return None if self.config.compression == "none" else self.config.compression
+
+    def _dataset_format(self) -> Any:
+        import pyarrow.dataset as ds
+
+        return ds.ParquetFileFormat()
+
+    def count_rows(self, plan: SinkPlan) -> int:
+        """Rows in the files this load wrote (their footers)."""
+        import pyarrow.parquet as pq
+
+        fs, _ = self._fs()
+        total = 0
+        for path in self._written(plan, self._existing(fs, plan.write_target)):
+            with fs.open(path, "rb") as f:
+                total += pq.ParquetFile(f).metadata.num_rows
+        return total
+
+    def _dataset_options(self) -> Any:
+        return self._dataset_format().make_write_options(compression=self._compression())
+
+
+class CsvSink(_FileSink):
+    """One CSV file per partition."""
+
+    config_class = CsvSinkConfig
+    extension = ".csv"
+
+    def _writer(self, out: Any, schema: Any) -> Any:
+        import pyarrow.csv as pacsv
+
+        return pacsv.CSVWriter(out, schema, write_options=self._csv_options())
+
+    def _csv_options(self) -> Any:
+        import pyarrow.csv as pacsv
+
+        return pacsv.WriteOptions(include_header=self.config.header, delimiter=self.config.delimiter)
+
+    def _dataset_format(self) -> Any:
+        import pyarrow.dataset as ds
+
+        return ds.CsvFileFormat()
+
+    def _dataset_options(self) -> Any:
+        return self._dataset_format().make_write_options(include_header=self.config.header, delimiter=self.config.delimiter)

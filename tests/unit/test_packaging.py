@@ -1,0 +1,15 @@
+"""The wheel ships every package of the source tree (setuptools' explicit list in pyproject.toml)."""
+
+import tomllib
+
+from tests.helpers import REPO
+
+
+def test_every_package_under_conveyor_and_configs_is_listed_for_the_wheel():
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    # a folder with modules or configs is a package to ship (conveyor.connectors is a namespace package)
+    on_disk = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "conveyor").rglob("*.py")}
+    on_disk |= {".".join(("conveyor", *p.parent.relative_to(REPO).parts)) for p in (REPO / "configs").rglob("*.*")
+                if "__pycache__" not in p.parts}
+    assert on_disk - listed == set(), "packages a wheel install would miss"
+    assert listed - on_disk == set(), "listed packages that do not exist"
