@@ -204,6 +204,9 @@ def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
 
     import hydra
 
+    from conveyor.config import register_defaults
+
+    register_defaults()
     codes: list[int] = []
     real_stderr = sys.stderr
     held = io.StringIO()  # what Hydra says before the job starts: a composition error, condensed below

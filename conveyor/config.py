@@ -32,19 +32,24 @@ class JobConfig:
     sink: Any = None
     strategy: Any = None
     runtime: Any = None
-    #: truncate | append | create | replace
+    #: truncate: empty the target and load it (through staging: a failed run keeps the old rows);
+    #: append: add the rows, each partition commits on its own; create: create the target from the
+    #: source's Arrow schema (fails if it exists); replace: load a new table from the source schema
+    #: and swap it in when every partition is done
     load_mode: str = "append"
-    #: name | position
+    #: name: match columns by name (exact, else a unique case-insensitive match); position: i-th to i-th
     map_method: str = "name"
     #: rows per Arrow record batch
     batch_size: int = 65536
-    #: N > 0 tasks at once; N < 0 = CPUs / |N|
+    #: tasks at once: N > 0 runs N; N < 0 uses CPUs / |N| (-2 = half the CPUs)
     degree: int = 1
-    #: count (default) | checksum | none: source and target compared before the load is made visible
+    #: count: source and target row counts compared before the load is made visible (per partition
+    #: where the source can count); checksum: also a content checksum computed by both databases
+    #: (PostgreSQL on both sides); none
     verify: str = "count"
-    #: a previous run's directory: re-run only its partitions that did not finish (append)
+    #: a previous run's directory: re-run only its partitions that did not finish (load_mode=append)
     resume: str | None = None
-    #: free-form values for ${vars.x} interpolation in pipeline configs (a bucket, a glob, ...)
+    #: free-form values that pipeline configs interpolate as ${vars.name} (a bucket, a glob, ...)
     vars: dict[str, Any] = field(default_factory=dict)
 
 
@@ -58,6 +63,40 @@ class JobSpec:
     runtime: Any
     options: JobOptions
     names: dict[str, str]
+
+
+#: the Hydra config group under which every plugin's dataclass defaults are registered
+DEFAULTS_GROUP = "conveyor_defaults"
+
+
+def _defaults_of(schema: type, skip: Iterable[str] = ()) -> dict[str, Any]:
+    """A config dataclass's fields and defaults as a plain dict (``???`` where a value is required)."""
+    node = OmegaConf.to_container(OmegaConf.structured(schema))
+    return {k: v for k, v in node.items() if k not in skip}
+
+
+def register_defaults() -> None:
+    """Register the config dataclasses as the defaults the YAML extends: the dataclass is the one
+    place a default is written. ``configs/config.yaml`` starts from ``conveyor_defaults/job`` and
+    ``configs/<kind>/<name>.yaml`` from ``conveyor_defaults/<kind>/<name>``, so ``--cfg job`` shows
+    every key with its value, and a pipeline can interpolate any of them. The nodes are plain
+    dicts, not structured configs: validation stays in :func:`build_job` (with its messages, and
+    the keys a pipeline sets for a sibling plugin). A plugin that does not load registers nothing;
+    the job that names it reports why."""
+    import dataclasses
+
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(group=DEFAULTS_GROUP, name="job", node=_defaults_of(JobConfig, skip=TOP_LEVEL_PLUGINS))
+    for kind in TOP_LEVEL_PLUGINS:
+        for entry in registry.available(kind):
+            try:
+                schema = getattr(registry.load(kind, entry.name), "config_class", None)
+            except Exception:  # reported when a job names the plugin
+                continue
+            if schema is not None and dataclasses.is_dataclass(schema):
+                store.store(group=f"{DEFAULTS_GROUP}/{kind}", name=entry.name, node={"type": entry.name, **_defaults_of(schema)})
 
 
 def check_choice(value: str, choices: Iterable[str], key: str) -> str:

@@ -57,6 +57,9 @@ def compose(overrides: list[str]) -> Any:
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
+    from conveyor.config import register_defaults
+
+    register_defaults()
     try:
         with initialize_config_module(config_module="conveyor.configs", version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=overrides)

@@ -79,3 +79,42 @@ def test_missing_environment_variable_is_a_config_error(monkeypatch: pytest.Monk
 @pytest.mark.parametrize(("degree", "cpus", "expected"), [(4, 2, 4), (-1, 8, 8), (-2, 8, 4), (-4, 2, 1), (1, 1, 1)])
 def test_negative_degree_is_a_fraction_of_the_cpus(degree: int, cpus: int, expected: int) -> None:
     assert JobOptions.resolve_degree(degree, cpus) == expected
+
+
+def test_defaults_are_written_once_in_the_config_dataclasses_and_composed_from_them() -> None:
+    """configs/<kind>/<name>.yaml sets no key of its own: the plugin's config dataclass is the one place a
+    default lives, and the composed config (what --cfg job prints, what pipelines interpolate) carries it."""
+    import dataclasses
+
+    import yaml
+
+    from conveyor import registry
+    from conveyor.config import TOP_LEVEL_PLUGINS, JobConfig, _defaults_of
+    from conveyor.submit import compose
+    from tests.helpers import REPO
+
+    top = yaml.safe_load((REPO / "configs" / "config.yaml").read_text())
+    assert set(top) == {"defaults", "hydra"}, "config.yaml repeats JobConfig's defaults"
+    cfg = OmegaConf.to_container(compose([]))
+    job_fields = {f.name for f in dataclasses.fields(JobConfig)} - set(TOP_LEVEL_PLUGINS)
+    assert {k: cfg[k] for k in job_fields} == _defaults_of(JobConfig, skip=TOP_LEVEL_PLUGINS)
+    checked = 0
+    for kind in TOP_LEVEL_PLUGINS:
+        for path in sorted((REPO / "configs" / kind).glob("*.yaml")):
+            name = path.stem
+            assert set(yaml.safe_load(path.read_text())) == {"defaults"}, f"{path.name} repeats defaults of its dataclass"
+            schema = registry.load(kind, name).config_class
+            node = OmegaConf.to_container(compose([f"{kind}={name}"])[kind])
+            expected = {"type": name, **_defaults_of(schema)}
+            if (kind, name) == ("runtime", "ray"):
+                expected["address"] = "auto"  # compose() builds a submitted job's config: it joins the cluster
+            assert node == expected, f"{kind}={name}"
+            checked += 1
+    assert checked >= 20
+
+
+def test_a_misspelt_key_is_still_refused_after_composing_from_the_dataclass_defaults() -> None:
+    from conveyor.submit import compose
+
+    with pytest.raises(ConfigError, match=r"sink\.tabel: unknown key"):
+        build_job(compose(["sink=postgres", "sink.table=t", "+sink.tabel=t", "source.path=x"]))
