@@ -1,39 +1,133 @@
-"""The ``conveyor`` command: run | plan | plugins.
+"""The ``conveyor`` command: run | plan | plugins | report | clean | serve | submit | new.
 
-``run`` and ``plan`` take Hydra overrides (``source.path=... degree=4``), and ``run -m``
-sweeps (``-m strategy=none,files``). Errors print as one line and a hint on stderr with the
-error's exit code; ``--verbose`` adds the traceback.
+``run`` and ``plan`` hand their arguments to Hydra (overrides ``source.path=... degree=4``, ``-m``
+sweeps, ``--cfg job``, ``--help``); the other commands are argparse subcommands. Errors print as
+one line and a hint on stderr with the error's exit code; ``--verbose`` adds the traceback.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import traceback
 from typing import Any
 
-USAGE = """\
-usage: conveyor [--verbose] [--report PATH] <command> [hydra overrides...]
-
-commands:
-  run       run a job:   conveyor run pipeline=demo degree=4
-            sweep jobs:  conveyor run -m strategy=none,files
-  plan      print the partitions and what each reads; moves nothing
-  plugins   list installed sources, sinks, strategies and runtimes
-  submit    send a job to a Ray cluster: conveyor submit [--address URL] [--follow] [--no-wait] overrides...
-  serve     serve a source as Arrow Flight: conveyor serve [--host H] [--port P] [--token-env VAR] overrides...
-  clean     list staging tables left by runs that are gone: conveyor clean [--drop] sink=... (sink.* overrides)
-  report    a table of a sweep's jobs: conveyor report <multirun dir>
-
-Exit codes: 0 ok, 1 internal error, 2 config/plugin/planning, 3 connection, 4 schema, 5 transfer,
-6 verification, 130 cancelled. A run writes report.json in its Hydra run directory (or --report PATH).
-Hydra options work after run/plan: --cfg job (print the composed config), --config-dir DIR
-(add your own configs, e.g. source/<plugin>.yaml), hydra.run.dir=..., --help.
-"""
-
 EXIT_INTERNAL = 1
 EXIT_CONFIG = 2
 
+EPILOG = """\
+run and plan take Hydra overrides (source.path=... degree=4) and Hydra's own options
+(conveyor run --help lists them; --cfg job prints the composed config; -m sweeps).
+
+exit codes: 0 ok, 1 internal error, 2 config/plugin/planning, 3 connection, 4 schema, 5 transfer,
+6 verification, 130 cancelled. A run writes report.json in its Hydra run directory (or --report PATH).
+"""
+
+#: the commands whose arguments go to Hydra as they are (listed by --help, parsed by Hydra)
+HYDRA_COMMANDS = {
+    "run": "run a job: conveyor run pipeline=demo degree=4 (-m sweeps: -m strategy=none,files)",
+    "plan": "print the partitions and what each reads; moves nothing",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with Conveyor's way of saying no: one line, a hint, exit code 2."""
+
+    def error(self, message: str) -> Any:
+        _stderr(f"error: {self.prog}: {message}")
+        _stderr(f"hint: {self.prog} --help lists the options")
+        sys.exit(EXIT_CONFIG)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of the non-Hydra commands (run and plan are listed and handed to Hydra)."""
+    from conveyor import __version__
+
+    parser = _Parser(prog="conveyor", description="Move tables between databases and files, in parallel, from YAML configs.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"conveyor {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and debug logging (anywhere on the line)")
+    parser.add_argument("--report", metavar="PATH", help="run: also write report.json to PATH (anywhere on the line)")
+    sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    for name, text in HYDRA_COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    sub.add_parser("plugins", help="list installed sources, sinks, strategies and runtimes")
+    p = sub.add_parser("report", help="a table of a sweep's jobs (and a PNG of rows/s against degree)")
+    p.add_argument("multirun_dir", help="the directory of a `conveyor run -m` sweep")
+    p = sub.add_parser("clean", help="list staging tables left by runs that are gone (--drop removes them)")
+    p.add_argument("--drop", action="store_true", help="remove the stale ones (tables in use by a running job are kept)")
+    p.add_argument("overrides", nargs="*", help="sink=... and sink.* overrides, as for run")
+    p = sub.add_parser("serve", help="serve a source as Arrow Flight, one endpoint per partition")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8815, help="port (default: %(default)s; 0 picks a free one)")
+    p.add_argument("--name", default="data", help="the flight's descriptor path (default: %(default)s)")
+    p.add_argument("--token-env", metavar="VAR", help="require `authorization: Bearer $VAR` on every call")
+    p.add_argument("overrides", nargs="*", help="source=... strategy=... degree=... overrides, as for run")
+    p = sub.add_parser("submit", help="send a job to a Ray cluster through Ray's job submission API")
+    p.add_argument("--address", help="the cluster's dashboard URL (default: $RAY_API_SERVER_ADDRESS, else http://127.0.0.1:8265)")
+    p.add_argument("--follow", action="store_true", help="print the job's log as it runs")
+    p.add_argument("--no-wait", dest="wait", action="store_false", help="return once the job is submitted")
+    p.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS", help="stop the job after this long (default: %(default)s)")
+    p.add_argument("overrides", nargs="*", help="the job's overrides, as for run")
+    p = sub.add_parser("new", help="start a package: conveyor new connector NAME")
+    p.add_argument("what", choices=["connector"], help="what to create")
+    p.add_argument("name", help="the connector's name (a Python identifier)")
+    p.add_argument("--dir", default=".", help="where to create conveyor-NAME/ (default: the current directory)")
+    return parser
+
+
+def _global_flags(args: list[str]) -> tuple[list[str], bool, str | None]:
+    """-v/--verbose and --report PATH wherever they are written (also after run's overrides)."""
+    from conveyor.errors import ConfigError
+
+    verbose, report, rest, i = False, None, [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-v", "--verbose"):
+            verbose = True
+        elif arg == "--report":
+            if i + 1 >= len(args):
+                raise ConfigError("--report needs a path", key="--report")
+            report = args[i + 1]
+            i += 1
+        elif arg.startswith("--report="):
+            report = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, verbose, report
+
+
+def parse_command(args: list[str]) -> argparse.Namespace:
+    """A non-Hydra command's arguments; options may come before, between or after the overrides."""
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(args)
+    unknown = [a for a in extra if a.startswith("-")]
+    if unknown or (extra and not hasattr(ns, "overrides")):
+        _Parser(prog=f"conveyor {ns.command}").error(f"unrecognized arguments: {' '.join(unknown or extra)}")
+    if extra:
+        ns.overrides = [*ns.overrides, *extra]
+    return ns
+
+
+def _cmd_completion(args: list[str], verbose: bool) -> int:
+    """``conveyor -sc install=bash`` prints Hydra's script, which completes ``conveyor`` by calling
+    ``conveyor -sc query=bash`` with the whole line in COMP_LINE: while the first word is typed this
+    answers the command names; after run or plan, Hydra completes the overrides."""
+    what = args[1] if len(args) > 1 else args[0].partition("=")[2]
+    if not what.startswith("query"):
+        return _cmd_hydra("run", args, verbose)
+    line = os.environ.get("COMP_LINE", "")
+    words = line.split()
+    if len(words) < 2 or (len(words) == 2 and not line.endswith(" ")):
+        prefix = words[1] if len(words) == 2 else ""
+        print(" ".join(c for c in (*HYDRA_COMMANDS, *OTHER_COMMANDS) if c.startswith(prefix)))
+        return 0
+    if words[1] not in HYDRA_COMMANDS:
+        return 0
+    os.environ["COMP_LINE"] = line.replace(f" {words[1]}", "", 1)  # Hydra strips the program's name, not the command's
+    return _cmd_hydra(words[1], args, verbose)
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
@@ -62,14 +156,13 @@ def report_error(exc: BaseException, verbose: bool) -> int:
     return EXIT_INTERNAL
 
 
-def _cmd_clean(args: list[str]) -> int:
+def _cmd_clean(overrides: list[str], drop: bool) -> int:
     """List a sink's leftovers (staging tables of runs that are gone); ``--drop`` removes them."""
     from conveyor.config import build_job
     from conveyor.core import SupportsCleanup
     from conveyor.submit import compose
 
-    drop = "--drop" in args
-    spec = build_job(compose([a for a in args if a != "--drop"]), kinds=("sink",))
+    spec = build_job(compose(overrides), kinds=("sink",))
     if not isinstance(spec.sink, SupportsCleanup):
         print(f"sink {spec.names['sink']}: keeps no staging objects to clean")
         return 0
@@ -204,7 +297,7 @@ def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
 
     import hydra
 
-    from conveyor.config import register_defaults
+    from conveyor.config import register_defaults, with_plugin_configs
 
     register_defaults()
     codes: list[int] = []
@@ -219,11 +312,11 @@ def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
     flags, overrides = _hydra_flags(overrides)
     if mode == "plan":  # planning writes nothing: no run directory, no log file
         overrides = ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none", "hydra/hydra_logging=none", *overrides]
-    overrides = [*flags, *overrides]  # Hydra's parser takes its flags before the overrides, not among them
+    overrides = [*flags, *with_plugin_configs(overrides)]  # Hydra's parser takes its flags before the overrides, not among them
     if verbose:
         os.environ["HYDRA_FULL_ERROR"] = "1"
     saved = sys.argv
-    sys.argv = [f"conveyor {mode}", *overrides]
+    sys.argv = ["conveyor", *overrides]  # the program completion registers
     if not verbose:
         sys.stderr = held
     try:
@@ -265,55 +358,61 @@ def _hydra_error(text: str) -> None:
     _stderr(f"hint: {hint}")
 
 
+OTHER_COMMANDS = ("plugins", "report", "clean", "serve", "submit", "new")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    verbose = any(a in ("--verbose", "-v") for a in args)
-    args = [a for a in args if a not in ("--verbose", "-v")]
-    REPORT_PATH.clear()
-    if "--report" in args:
-        i = args.index("--report")
-        if i + 1 >= len(args):
-            _stderr("error: --report needs a path")
-            return EXIT_CONFIG
-        REPORT_PATH.append(args[i + 1])
-        del args[i:i + 2]
-    if not args or args[0] in ("-h", "--help", "help"):
-        print(USAGE, end="")
-        return 0 if args else EXIT_CONFIG
-    command, rest = args[0], args[1:]
     try:
-        if command == "plugins":
-            return _cmd_plugins()
-        if command in ("run", "plan"):
-            return _cmd_hydra(command, rest, verbose)
-        if command == "report":
-            from conveyor.pipelines.report import multirun_markdown
-
-            if len(rest) != 1:
-                _stderr("error: conveyor report takes one path: the directory of a `conveyor run -m` sweep")
-                return EXIT_CONFIG
-            print(multirun_markdown(rest[0]))
-            return 0
-        if command == "clean":
-            return _cmd_clean(rest)
-        if command == "serve":
-            from conveyor import serve
-
-            _quiet_libraries()
-            return serve.serve(serve.parse(rest))
-        if command == "submit":
-            from conveyor import submit
-
-            _quiet_libraries()
-            return submit.submit(submit.parse(rest))
+        args, verbose, report = _global_flags(args)
+    except Exception as exc:
+        return report_error(exc, False)
+    REPORT_PATH[:] = [report] if report else []
+    first = args[0] if args else ""
+    if first and not first.startswith("-") and first not in HYDRA_COMMANDS and first not in OTHER_COMMANDS:
+        _stderr(f"error: unknown command {first!r}")
+        _stderr(f"hint: commands are {', '.join((*HYDRA_COMMANDS, *OTHER_COMMANDS))} (conveyor --help)")
+        return EXIT_CONFIG
+    try:
+        if first in ("-sc", "--shell-completion") or first.startswith("--shell-completion="):
+            return _cmd_completion(args, verbose)
+        if first in HYDRA_COMMANDS:
+            return _cmd_hydra(first, args[1:], verbose)
+        if not args:
+            build_parser().print_help(sys.stderr)
+            return EXIT_CONFIG
+        ns = parse_command(args)
+        return _dispatch(ns)
     except KeyboardInterrupt:
         _stderr("error: cancelled (Ctrl-C)")
         return 130
     except Exception as exc:
         return report_error(exc, verbose)
-    _stderr(f"error: unknown command {command!r}")
-    _stderr("hint: commands are run, plan, plugins, submit, serve, report (conveyor --help)")
-    return EXIT_CONFIG
+
+
+def _dispatch(ns: argparse.Namespace) -> int:
+    if ns.command == "plugins":
+        return _cmd_plugins()
+    if ns.command == "report":
+        from conveyor.pipelines.report import multirun_markdown
+
+        print(multirun_markdown(ns.multirun_dir))
+        return 0
+    if ns.command == "clean":
+        return _cmd_clean(ns.overrides, ns.drop)
+    if ns.command == "new":
+        from conveyor.scaffold import new_connector
+
+        print(new_connector(ns.name, ns.dir))
+        return 0
+    _quiet_libraries()
+    if ns.command == "serve":
+        from conveyor import serve
+
+        return serve.serve(serve.ServeArgs(overrides=ns.overrides, host=ns.host, port=ns.port, name=ns.name, token_env=ns.token_env))
+    from conveyor import submit
+
+    return submit.submit(submit.SubmitArgs(overrides=ns.overrides, address=ns.address, wait=ns.wait, follow=ns.follow, timeout=ns.timeout))
 
 
 if __name__ == "__main__":  # pragma: no cover

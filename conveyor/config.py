@@ -87,6 +87,8 @@ def register_defaults() -> None:
 
     from hydra.core.config_store import ConfigStore
 
+    if not OmegaConf.has_resolver("conveyor_groups"):
+        OmegaConf.register_new_resolver("conveyor_groups", _groups_help)
     store = ConfigStore.instance()
     store.store(group=DEFAULTS_GROUP, name="job", node=_defaults_of(JobConfig, skip=TOP_LEVEL_PLUGINS))
     for kind in TOP_LEVEL_PLUGINS:
@@ -97,6 +99,25 @@ def register_defaults() -> None:
                 continue
             if schema is not None and dataclasses.is_dataclass(schema):
                 store.store(group=f"{DEFAULTS_GROUP}/{kind}", name=entry.name, node={"type": entry.name, **_defaults_of(schema)})
+
+
+def with_plugin_configs(overrides: list[str]) -> list[str]:
+    """``overrides`` with Hydra's search path extended by every installed plugin's config package
+    (see :func:`conveyor.registry.config_packages`); a user's own ``hydra.searchpath`` wins."""
+    packages = registry.config_packages()
+    if not packages or any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
+        return overrides
+    return [f"hydra.searchpath=[{','.join('pkg://' + p for p in packages)}]", *overrides]
+
+
+def _groups_help() -> str:
+    """The config groups a user chooses from, for ``conveyor run --help``."""
+    from importlib.resources import files
+
+    lines = [f"{kind}: {', '.join(entry.name for entry in registry.available(kind))}" for kind in TOP_LEVEL_PLUGINS]
+    pipelines = sorted(p.name.removesuffix(".yaml") for p in files("conveyor.configs").joinpath("pipeline").iterdir()
+                       if p.name.endswith(".yaml"))
+    return "\n".join([f"pipeline: {', '.join(pipelines)}", *lines])
 
 
 def check_choice(value: str, choices: Iterable[str], key: str) -> str:

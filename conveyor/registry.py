@@ -1,9 +1,10 @@
 """Plugins by name, through entry points.
 
 Four groups: ``conveyor.sources``, ``conveyor.sinks``, ``conveyor.strategies`` and
-``conveyor.runtimes``. The built-ins register through the same entry points as third-party
-packages. Listing names imports nothing; only the plugin a config asks for is loaded. The
-registry is the allowlist: a config can name a plugin, never an arbitrary import path.
+``conveyor.runtimes``; and ``conveyor.configs`` for a plugin package's Hydra configs. The
+built-ins register through the same entry points as third-party packages. Listing names
+imports nothing; only the plugin a config asks for is loaded. The registry is the allowlist:
+a config can name a plugin, never an arbitrary import path.
 """
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ def _entries(kind: str) -> dict[str, list[EntryPoint]]:
         if all(other.value != ep.value for other in found[ep.name]):
             found[ep.name].append(ep)
     return found
+
+
+#: the entry point group through which a plugin package names its Hydra config package
+CONFIGS_GROUP = "conveyor.configs"
+
+
+def config_packages() -> list[str]:
+    """The config packages installed plugins declare (``[project.entry-points."conveyor.configs"]
+    example = "conveyor_example.configs"``): Conveyor adds each to Hydra's search path, so the
+    plugin's ``source/<name>.yaml`` is found without ``--config-dir``."""
+    found: list[str] = []
+    for ep in entry_points(group=CONFIGS_GROUP):
+        if ep.value not in found and ep.value.replace(".", "").replace("_", "").isalnum():
+            found.append(ep.value)
+    return sorted(found)
 
 
 def available(kind: str) -> list[PluginEntry]:

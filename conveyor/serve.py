@@ -26,32 +26,6 @@ class ServeArgs:
     token_env: str | None = None
 
 
-def parse(args: list[str]) -> ServeArgs:
-    out = ServeArgs(overrides=[])
-    it = iter(args)
-    for arg in it:
-        key, eq, value = arg.partition("=")
-        if key in ("--host", "--port", "--name", "--token-env"):
-            value = value if eq else next(it, "")
-            if not value:
-                raise ConfigError(f"conveyor serve: {key} needs a value")
-            if key == "--port":
-                if not value.isdigit():
-                    raise ConfigError(f"conveyor serve: --port {value!r} is not a number")
-                out.port = int(value)
-            elif key == "--host":
-                out.host = value
-            elif key == "--name":
-                out.name = value
-            else:
-                out.token_env = value
-        elif arg.startswith("--"):
-            raise ConfigError(f"conveyor serve: unknown option {arg}", hint="options: --host, --port, --name, --token-env VAR")
-        else:
-            out.overrides.append(arg)
-    return out
-
-
 def _token_middleware(token: str) -> Any:
     import pyarrow.flight as fl
 

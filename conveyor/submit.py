@@ -29,27 +29,6 @@ class SubmitArgs:
     timeout: float = 3600.0
 
 
-def parse(args: list[str]) -> SubmitArgs:
-    out = SubmitArgs()
-    it = iter(args)
-    for arg in it:
-        if arg == "--address":
-            out.address = next(it, None)
-        elif arg.startswith("--address="):
-            out.address = arg.split("=", 1)[1]
-        elif arg == "--no-wait":
-            out.wait = False
-        elif arg == "--follow":
-            out.follow = True
-        elif arg.startswith("--timeout="):
-            out.timeout = float(arg.split("=", 1)[1])
-        elif arg.startswith("--"):
-            raise ConfigError(f"conveyor submit: unknown option {arg}", hint="options: --address URL, --follow, --no-wait, --timeout=S")
-        else:
-            out.overrides.append(arg)
-    return out
-
-
 def compose(overrides: list[str]) -> Any:
     """The composed config (Hydra's compose API), interpolations left unresolved."""
     from hydra import compose as hydra_compose
@@ -57,12 +36,12 @@ def compose(overrides: list[str]) -> Any:
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    from conveyor.config import register_defaults
+    from conveyor.config import register_defaults, with_plugin_configs
 
     register_defaults()
     try:
         with initialize_config_module(config_module="conveyor.configs", version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
+            cfg = hydra_compose(config_name="config", overrides=with_plugin_configs(overrides))
     except HydraException as exc:
         raise ConfigError(str(exc).splitlines()[0], hint="check the overrides (conveyor run --cfg job shows the config)") from None
     OmegaConf.set_struct(cfg, False)

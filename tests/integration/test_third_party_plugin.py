@@ -31,9 +31,9 @@ def test_plugins_lists_the_third_party_source(installed_plugin: Path, cli) -> No
     assert "conveyor_example:SequenceSource" in line and "[conveyor-example]" in line
 
 
-def test_a_job_runs_with_the_third_party_source(installed_plugin: Path, cli, tmp_path: Path) -> None:
-    confdir = installed_plugin / "conveyor_example" / "configs"
-    res = cli("run", "--config-dir", str(confdir), "source=sequence", "source.stop=250000", "strategy=none",
+def test_a_job_runs_with_the_third_party_source_by_name(installed_plugin: Path, cli, tmp_path: Path) -> None:
+    """No --config-dir: the package's `conveyor.configs` entry point puts its YAML on Hydra's search path."""
+    res = cli("run", "source=sequence", "source.stop=250000", "strategy=none",
               "sink=parquet", f"sink.path={tmp_path}/out", "load_mode=create", "batch_size=50000")
     assert res.code == 0, res.err
     table = pq.read_table(tmp_path / "out")
@@ -41,6 +41,10 @@ def test_a_job_runs_with_the_third_party_source(installed_plugin: Path, cli, tmp
     n = table.column("n").to_pylist()
     assert sorted(n) == list(range(250000))
     assert table.column("square").to_pylist()[:4] == [v * v for v in n[:4]]
+    # its defaults come from its dataclass, and `conveyor run --help` lists it
+    shown = cli("run", "source=sequence", "--cfg", "job")
+    assert shown.code == 0 and "  start: 0\n  stop: 1000" in shown.out
+    assert "sequence" in next(line for line in cli("run", "--help").out.splitlines() if line.startswith("source:"))
 
 
 def test_the_plugins_own_contract_tests_pass(installed_plugin: Path) -> None:
@@ -49,3 +53,26 @@ def test_the_plugins_own_contract_tests_pass(installed_plugin: Path) -> None:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "2 passed" in proc.stdout
+
+
+def test_conveyor_new_connector_makes_a_package_that_installs_tests_and_runs(cli, tmp_path: Path) -> None:
+    """The template: entry points, config YAML extending the dataclass, contract tests; installed, it runs by name."""
+    made = cli("new", "connector", "scaffolded", "--dir", str(tmp_path))
+    assert made.code == 0, made.err
+    package = tmp_path / "conveyor-scaffolded"
+    pip = [sys.executable, "-m", "pip"]
+    proc = subprocess.run([*pip, "install", "--quiet", "--no-deps", "--no-build-isolation", str(package)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    try:
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=package,
+                               capture_output=True, text=True, timeout=300)
+        assert tests.returncode == 0 and "2 passed" in tests.stdout, tests.stdout[-3000:]
+        res = cli("run", "source=scaffolded", "source.rows=70000", "strategy=none", "sink=parquet", f"sink.path={tmp_path}/out",
+                  "load_mode=create", "runtime=local", "batch_size=30000")
+        assert res.code == 0, res.err
+        assert sorted(pq.read_table(tmp_path / "out").column("id").to_pylist()) == list(range(70000))
+        again = cli("new", "connector", "scaffolded", "--dir", str(tmp_path))
+        assert again.code == 2 and "already exists" in again.err
+    finally:
+        subprocess.run([*pip, "uninstall", "--quiet", "-y", "conveyor-scaffolded"], capture_output=True, timeout=120)
