@@ -13,3 +13,15 @@ def test_every_package_under_conveyor_and_configs_is_listed_for_the_wheel():
                 if "__pycache__" not in p.parts}
     assert on_disk - listed == set(), "packages a wheel install would miss"
     assert listed - on_disk == set(), "listed packages that do not exist"
+
+
+def test_duckdb_is_pinned_only_where_the_extension_needs_it_and_every_suggested_extra_exists():
+    import re
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not any(dep.startswith("duckdb==") for dep in project["dependencies"]), "the core pins duckdb"
+    bench = project["optional-dependencies"]["bench"]
+    assert "duckdb==1.5.5" in bench and "duckdb-extension-postgres==1.5.5" in bench
+    suggested = set(re.findall(r'"(\w+)"', (REPO / "conveyor" / "connectors" / "fs.py").read_text().split("_EXTRA =")[1].split("}")[0]))
+    extras = set(project["optional-dependencies"])
+    assert {"s3", "gcs", "azure"} <= suggested and suggested & {"s3", "gcs", "azure"} <= extras
