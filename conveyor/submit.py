@@ -2,7 +2,8 @@
 
 The config is composed and validated here (a wrong key fails before anything is sent), then
 shipped, unresolved (``${oc.env:...}`` stays a reference, so no secret travels), as the job's
-working directory; on the cluster the job runs ``conveyor run`` with ``runtime.address=auto``.
+working directory; on the cluster the job runs ``conveyor run``, whose Ray runtime joins the
+cluster through the ``RAY_ADDRESS`` Ray sets for a job's driver.
 """
 
 from __future__ import annotations
@@ -45,8 +46,6 @@ def compose(overrides: list[str]) -> Any:
     except HydraException as exc:
         raise ConfigError(str(exc).splitlines()[0], hint="check the overrides (conveyor run --cfg job shows the config)") from None
     OmegaConf.set_struct(cfg, False)
-    if cfg.runtime.get("type") == "ray":
-        cfg.runtime.address = "auto"  # on the cluster, join it
     return cfg
 
 

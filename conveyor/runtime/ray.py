@@ -1,8 +1,9 @@
 """The Ray runtime: one Ray task per partition, on local cores or across a Ray cluster.
 
-``address``: ``local`` starts a Ray instance for the job (sized to this machine) and stops it
-afterwards; ``auto`` joins the running cluster (Ray's own RAY_ADDRESS convention); or a
-``ray://host:port`` / ``host:port`` address. At most ``degree`` tasks run at once; a negative
+``address``: unset (the default) follows Ray's convention: the cluster named by ``RAY_ADDRESS``
+when it is set (as it is for a driver started by ``ray job submit``), else a Ray instance started
+for the job (sized to this machine) and stopped afterwards; ``local`` always starts that private
+instance; ``auto`` joins the running cluster; or a ``ray://host:port`` / ``host:port`` address. At most ``degree`` tasks run at once; a negative
 degree is a fraction of the cluster's CPUs.
 
 Failures: a task whose worker process dies is retried by Ray (``max_retries``); a retriable
@@ -23,7 +24,7 @@ from typing import Any
 
 from conveyor.core import JobOptions, NullProgress, Progress, Task, TaskResult, cancel_requested, sink_capabilities
 from conveyor.errors import ConfigError, ConnectError, TransferError, first_line
-from conveyor.log import warn
+from conveyor.log import say, warn
 from conveyor.runtime.reaper import Reaper
 from conveyor.runtime.task import not_run, retries_allowed, run_task
 
@@ -33,8 +34,9 @@ _STOP_SECONDS = 10.0
 
 @dataclass
 class RayRuntimeConfig:
-    #: local (start one for the job) | auto (the running cluster) | ray://host:port | host:port
-    address: str = "local"
+    #: null: $RAY_ADDRESS when set (e.g. inside `ray job submit`), else a private instance for the job;
+    #: local (always the private instance) | auto (the running cluster) | ray://host:port | host:port
+    address: str | None = None
     #: how often a partition is tried again after a retriable error or a dead worker
     max_retries: int = 2
     #: CPUs Ray reserves for each task
@@ -143,7 +145,7 @@ class RayRuntime:
             raise ConfigError("runtime=ray needs the ray package", key="runtime", hint="pip install 'conveyor[ray]', or use runtime=local") from None
         if ray.is_initialized():
             return ray, False
-        address = self.config.address
+        address = self._address()
         kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
         if address == "local":
             kwargs.update(address="local", include_dashboard=False, num_cpus=os.cpu_count() or 1,
@@ -162,7 +164,15 @@ class RayRuntime:
             what = "could not start a local Ray instance" if address == "local" else f"ray cluster {address}"
             raise ConnectError(f"{what}: {type(exc).__name__}: {first}",
                                hint="is the cluster running? (ray status); runtime=local needs no Ray at all") from None
+        if address != "local":  # where the job runs is worth a line when it is not this machine's own instance
+            say(f"ray: joined the cluster at {address} ({int(ray.cluster_resources().get('CPU', 1))} CPUs)")
         return ray, True
+
+    def _address(self) -> str:
+        """Where to run: the configured address, else $RAY_ADDRESS (Ray's convention), else local."""
+        if self.config.address:
+            return self.config.address
+        return os.environ.get("RAY_ADDRESS", "").strip() or "local"
 
     def _check_reachable(self, address: str) -> None:
         """Fail within ``connect_timeout`` on an address nothing listens on (ray.init waits far longer)."""
@@ -190,7 +200,7 @@ class RayRuntime:
     def cpus(self) -> int:
         """The CPUs tasks run on: this machine's for a private instance (started later, by ``run``),
         else the cluster's (connecting now; ``run`` keeps using the connection)."""
-        if self.config.address == "local":
+        if self._address() == "local":
             return os.cpu_count() or 1
         ray, started = self._init()
         self._connected_here = self._connected_here or started

@@ -84,3 +84,21 @@ def test_forwarded_secrets_reach_the_workers_and_no_log(cluster: str, cli, pg_so
             except OSError:
                 continue
     assert not leaked, leaked
+
+
+def test_ray_job_submit_runs_on_the_cluster_with_no_runtime_keys(cluster: str, pg_source, pg_target, tmp_path) -> None:
+    """Ray's own `ray job submit -- conveyor run ...`: the driver Ray starts has RAY_ADDRESS, and the
+    default runtime joins that cluster (on main it started a private instance inside the job)."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS rjs_src", "CREATE TABLE rjs_src AS SELECT g AS id, md5(g::text) AS h FROM generate_series(1, 20000) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS rjs_dst")
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token"}
+    proc = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", cluster, "--", "conveyor", "run", "pipeline=pg_to_pg",
+                           f"source.port={pg_source.port}", "source.table=rjs_src", f"sink.port={pg_target.port}", "sink.table=rjs_dst",
+                           "load_mode=create", "degree=2", "strategy.partitions=4", f"hydra.run.dir={tmp_path}/run"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    # Ray's job supervisor names the head by this machine's address, not necessarily 127.0.0.1: the port is the cluster's
+    port = CLUSTER["gcs"].rsplit(":", 1)[1]
+    joined = [line for line in proc.stdout.splitlines() if line.startswith("ray: joined the cluster at ")]
+    assert joined and joined[0].endswith(f":{port} (2 CPUs)"), proc.stdout[-4000:]
+    assert checksum(pg_target, "rjs_dst") == checksum(pg_source, "rjs_src")
