@@ -91,18 +91,26 @@ def submit(args: SubmitArgs, echo: Any = print) -> int:
 
 
 def _wait(client: Any, job_id: str, args: SubmitArgs, echo: Any) -> str:
+    """The job's final status, within ``args.timeout`` (then the job is stopped). ``--follow``
+    prints the log as it grows through the job client's own tailing (a websocket), not by
+    downloading the whole log again and again."""
     deadline = time.monotonic() + args.timeout
-    shown = 0
+    if args.follow:
+        import asyncio
+
+        async def tail() -> None:
+            async for chunk in client.tail_job_logs(job_id):
+                echo(chunk.rstrip("\n"))
+
+        try:
+            asyncio.run(asyncio.wait_for(tail(), timeout=args.timeout))
+        except (asyncio.TimeoutError, TimeoutError):
+            pass  # the status loop below stops the job
     while True:
         status = str(client.get_job_status(job_id)).split(".")[-1]
-        if args.follow:
-            logs = client.get_job_logs(job_id)
-            if len(logs) > shown:
-                echo(logs[shown:].rstrip())
-                shown = len(logs)
         if status in _FINAL:
             return status
         if time.monotonic() > deadline:
             client.stop_job(job_id)
             raise TransferError(f"ray job {job_id}: still running after {args.timeout:.0f}s; stopped")
-        time.sleep(1.0)
+        time.sleep(0.5)

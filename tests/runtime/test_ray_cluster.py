@@ -47,10 +47,12 @@ def test_submit_a_job_and_every_row_arrives(cluster: str, cli, pg_source, pg_tar
 
 
 def test_a_failing_job_reports_its_error(cluster: str, cli, pg_source, pg_target) -> None:
-    res = cli("submit", "--address", cluster, "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=no_such_table",
+    """With --follow the log is tailed (the job client's websocket): each line printed once."""
+    res = cli("submit", "--follow", "--address", cluster, "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=no_such_table",
               f"sink.port={pg_target.port}", "sink.table=x", "runtime=ray", timeout=600)
     assert res.code == 5, res.out + res.err
     assert "failed" in res.err and "table public.no_such_table does not exist" in res.err
+    assert res.out.count("error: postgres source: table public.no_such_table does not exist") == 1, res.out
 
 
 def test_a_wrong_key_fails_before_anything_is_sent(cli) -> None:
