@@ -265,16 +265,27 @@ def test_a_second_ctrl_c_quits_at_once_without_a_traceback(ex_src, pg_target, tm
 
 
 def test_ctrl_c_during_plan_is_one_line(ex_src, tmp_path: Path) -> None:
-    """`conveyor plan` of a slow plan (ntile over a large key) interrupted: exit 130, no traceback."""
+    """`conveyor plan` of a slow plan (ntile over a large key) interrupted: exit 130, no traceback.
+    The interrupt goes once the planning query runs on the server (a fixed sleep raced an idle machine's plan)."""
     proc = subprocess.Popen([str(BIN / "conveyor"), "plan", "pipeline=pg_to_pg", f"source.port={ex_src.port}",
-                             "source.table=null", "source.query='SELECT g AS id FROM generate_series(1, 30000000) g'", "sink.table=x",
+                             "source.table=null", "source.query='SELECT g AS id FROM generate_series(1, 100000000) g'", "sink.table=x",
                              "strategy=ntile", "strategy.distribute_key=id", "strategy.partitions=4"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "Traceback" not in err, err
-    assert "cancelled" in err
+    running = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%ntile%100000000%' AND state = 'active' AND pid <> pg_backend_pid()"
+    deadline = time.monotonic() + 60
+    try:
+        while proc.poll() is None and time.monotonic() < deadline and not pg_exec(ex_src, running)[0][0]:
+            time.sleep(0.1)
+        assert proc.poll() is None, "the plan ended before its query was seen running"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Traceback" not in err, err
+        assert "cancelled" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pg_exec(ex_src, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%generate_series(1, 100000000)%' "
+                        "AND pid <> pg_backend_pid()")
 
 
 # --- leftovers of killed runs -------------------------------------------------------------------------
