@@ -18,7 +18,7 @@ from typing import Any
 
 from conveyor.arrowutil import CountingBatches
 from conveyor.connectors import fs as fs_util
-from conveyor.connectors.sql import Dialect, SqlSource, key_kind
+from conveyor.connectors.sql import Dialect, SqlSource
 from conveyor.connectors.staged import StagedSink, check_mode
 from conveyor.core import INFINITY, JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats
 from conveyor.errors import ConnectError, SchemaError, TransferError
@@ -140,20 +140,8 @@ class DuckDBSource(SqlSource):
 
     # --- capabilities for the keyed strategies -------------------------------------------------
 
-    def _column_type(self, column: str) -> Any:
-        if self._schema is None:
-            self.describe()
-        if column not in self._schema.names:
-            raise SchemaError(f"duckdb source: distribute_key {column!r} is not a column of the source",
-                              hint=f"columns are: {', '.join(self._schema.names)}")
-        return self._schema.field(column).type
-
-    def _key_kind(self, column: str) -> str:
-        return key_kind(self._column_type(column))
-
     def _relation(self) -> str:
         return f"({self._base_sql()}) AS _q"
-
 
     # --- reading -------------------------------------------------------------------------------
 

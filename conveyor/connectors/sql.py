@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor.core import KeyRange, KeyStats, ModuloBucket, Partition, ValueSet, WholeSource
-from conveyor.errors import PlanningError
+from conveyor.errors import PlanningError, SchemaError
 
 
 def where_clause(part: Partition, ident: Callable[[str], str], placeholder: Callable[[int], str] = lambda i: "?",
@@ -100,7 +100,8 @@ class SqlSource:
     """``SupportsKeys`` and ``SupportsPartitionCounts`` written once for SQL sources (PostgreSQL,
     DuckDB, any ADBC driver). A connector gives its :attr:`dialect` and three things:
     :meth:`_relation` (what to select from), :meth:`_rows` (run a planning query, in the job's
-    snapshot where there is one) and :meth:`_key_kind` (a column's kind, refusing an unknown column)."""
+    snapshot where there is one) and, where its Arrow schema does not say it, :meth:`_key_kind`
+    (a column's kind, refusing an unknown column)."""
 
     dialect: Dialect = Dialect()
 
@@ -110,9 +111,18 @@ class SqlSource:
     def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         raise NotImplementedError
 
+    #: the source's Arrow schema once :meth:`describe` has run (read by the default :meth:`_key_kind`)
+    _schema: Any = None
+
     def _key_kind(self, column: str) -> str:
-        """integer | numeric | temporal | other; raises SchemaError naming the columns when unknown."""
-        raise NotImplementedError
+        """integer | numeric | temporal | other; raises SchemaError naming the columns when unknown.
+        By default from the Arrow type in the schema the source describes."""
+        if self._schema is None:
+            self.describe()  # type: ignore[attr-defined]  # every source describes itself (core.Source)
+        if column not in self._schema.names:
+            raise SchemaError(f"{self.dialect.name} source: distribute_key {column!r} is not a column of the source",
+                              hint=f"columns are: {', '.join(self._schema.names)}")
+        return key_kind(self._schema.field(column).type)
 
     def _sample(self) -> str:
         """A clause after the relation that samples it for approximate quantiles ("" : every row)."""

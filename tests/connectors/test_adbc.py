@@ -166,3 +166,22 @@ def test_every_sql_source_answers_the_keyed_questions_alike(pg_source, tmp_path:
     assert answers["postgres"][5][0] == (None, 20)  # NULL keys first, counted
     assert answers["postgres"][:5] == ("integer", 0, 12, 1000, 20)
     assert answers["adbc postgresql"] == answers["postgres"] == answers["duckdb"]
+
+
+def test_an_unknown_distribute_key_is_refused_by_name_in_every_sql_source(sqlite_db: Path, tmp_path: Path) -> None:
+    """The shared SqlSource._key_kind (DuckDB and ADBC read the kind from their Arrow schema)."""
+    from conveyor.connectors.adbc import AdbcSource, AdbcSourceConfig
+    from conveyor.connectors.duckdb import DuckDBSource, DuckDBSourceConfig
+    from conveyor.core import JobOptions
+
+    options = JobOptions()
+    duck = tmp_path / "k.duckdb"
+    with duckdb.connect(str(duck)) as con:
+        con.execute("CREATE TABLE items AS SELECT range AS id FROM range(10)")
+    sources = {"adbc sqlite": AdbcSource(AdbcSourceConfig(driver="sqlite", uri=str(sqlite_db), table="items"), options),
+               "duckdb": DuckDBSource(DuckDBSourceConfig(database=str(duck), table="items"), options)}
+    for name, source in sources.items():
+        with pytest.raises(SchemaError, match=rf"^{name} source: distribute_key 'nope' is not a column of the source") as err:
+            source.key_stats("nope")
+        assert err.value.hint.startswith("columns are: id")
+        assert source.key_stats("id").kind == "integer"

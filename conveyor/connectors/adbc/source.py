@@ -9,9 +9,9 @@ from typing import Any
 
 from conveyor.arrowutil import CountingBatches, rebatch
 from conveyor.connectors.adbc.common import AdbcBase, AdbcDialect, AdbcSourceConfig, qident
-from conveyor.connectors.sql import SqlSource, key_kind
+from conveyor.connectors.sql import SqlSource
 from conveyor.core import JobOptions, NativePartition, Partition, SourceInfo
-from conveyor.errors import ConveyorError, SchemaError
+from conveyor.errors import ConveyorError
 
 
 class AdbcSource(AdbcBase, SqlSource):
@@ -77,17 +77,6 @@ class AdbcSource(AdbcBase, SqlSource):
             conn.close()
         n = len(descriptors)
         return [NativePartition(index=i, count=n, token=bytes(d), label=f"driver partition {i + 1} of {n}") for i, d in enumerate(descriptors)]
-
-    def _column_type(self, column: str) -> Any:
-        if self._schema is None:
-            self.describe()
-        if column not in self._schema.names:
-            raise SchemaError(f"{self._where()} source: distribute_key {column!r} is not a column",
-                              hint=f"columns are: {', '.join(self._schema.names)}")
-        return self._schema.field(column).type
-
-    def _key_kind(self, column: str) -> str:
-        return key_kind(self._column_type(column))
 
     def _relation(self) -> str:
         return self._from()
