@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in HYDRA_COMMANDS.items():
         sub.add_parser(name, help=text, add_help=False)
     sub.add_parser("plugins", help="list installed sources, sinks, strategies and runtimes")
-    p = sub.add_parser("report", help="a table of a sweep's jobs (and a PNG of rows/s against degree)")
+    p = sub.add_parser("report", help="a table of a sweep's jobs")
     p.add_argument("multirun_dir", help="the directory of a `conveyor run -m` sweep")
     p = sub.add_parser("clean", help="list staging tables left by runs that are gone (--drop removes them)")
     p.add_argument("--drop", action="store_true", help="remove the stale ones (tables in use by a running job are kept)")
