@@ -297,9 +297,8 @@ def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
 
     import hydra
 
-    from conveyor.config import register_defaults, with_plugin_configs
+    from conveyor.config import hydra_overrides
 
-    register_defaults()
     codes: list[int] = []
     real_stderr = sys.stderr
     held = io.StringIO()  # what Hydra says before the job starts: a composition error, condensed below
@@ -312,7 +311,7 @@ def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
     flags, overrides = _hydra_flags(overrides)
     if mode == "plan":  # planning writes nothing: no run directory, no log file
         overrides = ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none", "hydra/hydra_logging=none", *overrides]
-    overrides = [*flags, *with_plugin_configs(overrides)]  # Hydra's parser takes its flags before the overrides, not among them
+    overrides = [*flags, *hydra_overrides(overrides)]  # Hydra's parser takes its flags before the overrides, not among them
     if verbose:
         os.environ["HYDRA_FULL_ERROR"] = "1"
     saved = sys.argv

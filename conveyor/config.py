@@ -7,6 +7,7 @@ here with its full key path (``source.pathh``), never later inside a worker.
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from collections.abc import Iterable
@@ -75,6 +76,7 @@ def _defaults_of(schema: type, skip: Iterable[str] = ()) -> dict[str, Any]:
     return {k: v for k, v in node.items() if k not in skip}
 
 
+@functools.cache
 def register_defaults() -> None:
     """Register the config dataclasses as the defaults the YAML extends: the dataclass is the one
     place a default is written. ``configs/config.yaml`` starts from ``conveyor_defaults/job`` and
@@ -82,7 +84,7 @@ def register_defaults() -> None:
     every key with its value, and a pipeline can interpolate any of them. The nodes are plain
     dicts, not structured configs: validation stays in :func:`build_job` (with its messages, and
     the keys a pipeline sets for a sibling plugin). A plugin that does not load registers nothing;
-    the job that names it reports why."""
+    the job that names it reports why. Once per process: the installed plugins do not change under it."""
     import dataclasses
 
     from hydra.core.config_store import ConfigStore
@@ -101,9 +103,12 @@ def register_defaults() -> None:
                 store.store(group=f"{DEFAULTS_GROUP}/{kind}", name=entry.name, node={"type": entry.name, **_defaults_of(schema)})
 
 
-def with_plugin_configs(overrides: list[str]) -> list[str]:
-    """``overrides`` with Hydra's search path extended by every installed plugin's config package
-    (see :func:`conveyor.registry.config_packages`); a user's own ``hydra.searchpath`` wins."""
+def hydra_overrides(overrides: list[str]) -> list[str]:
+    """What composing Conveyor's config needs first, for ``hydra.main`` and the compose API alike:
+    the dataclass defaults registered (:func:`register_defaults`), and ``overrides`` with Hydra's
+    search path extended by every installed plugin's config package (see
+    :func:`conveyor.registry.config_packages`); a user's own ``hydra.searchpath`` wins."""
+    register_defaults()
     packages = registry.config_packages()
     if not packages or any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
         return overrides

@@ -37,12 +37,11 @@ def compose(overrides: list[str]) -> Any:
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    from conveyor.config import register_defaults, with_plugin_configs
+    from conveyor.config import hydra_overrides
 
-    register_defaults()
     try:
         with initialize_config_module(config_module="conveyor.configs", version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=with_plugin_configs(overrides))
+            cfg = hydra_compose(config_name="config", overrides=hydra_overrides(overrides))
     except HydraException as exc:
         raise ConfigError(str(exc).splitlines()[0], hint="check the overrides (conveyor run --cfg job shows the config)") from None
     OmegaConf.set_struct(cfg, False)
