@@ -367,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         return report_error(exc, False)
     REPORT_PATH[:] = [report] if report else []
+    from conveyor.log import set_level
+
+    set_level(verbose)
     first = args[0] if args else ""
     if first and not first.startswith("-") and first not in HYDRA_COMMANDS and first not in OTHER_COMMANDS:
         _stderr(f"error: unknown command {first!r}")

@@ -93,6 +93,9 @@ class TaskResult:
     cancelled: bool = False
     #: committed under this load id by an earlier attempt or run: nothing was written again
     already_committed: bool = False
+    #: where the task ran and what it retried ("attempt 1 failed: ...; retried after 0.5 s"): the
+    #: worker's own account, carried back so the driver's log has it whatever process ran the task
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -37,7 +37,7 @@ from conveyor.core import (
     resolve_degree,
 )
 from conveyor.errors import Cancelled, ConveyorError, PlanningError
-from conveyor.log import say
+from conveyor.log import note, say, warn
 from conveyor.pipelines.verify import Verification, check_mode, raise_if_failed, verify
 from conveyor.runtime.task import first_failure
 
@@ -126,6 +126,9 @@ def _plan(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
     path = ""
     if isinstance(spec.sink, ExplainsPath):
         path = spec.sink.explain_path(PrepareRequest(schema=info.schema, info=info))
+    note(f"plan: {info.label}: {len(partitions)} partition(s), strategy={spec.names['strategy']}, degree={degree}, "
+         f"runtime={spec.names['runtime']}, sink={spec.names['sink']}, load_mode={spec.options.load_mode}"
+         + (f"; {planned.note}" if planned.note else ""))
     return JobPlan(spec=spec, info=info, partitions=partitions, degree=degree, note=planned.note, path=path)
 
 
@@ -164,6 +167,8 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         report.error, report.seconds = exc, time.perf_counter() - start
         return report
     report.target, report.sink_plan = sink_plan.target, sink_plan
+    if sink_plan.path_reason:
+        note(f"path: {sink_plan.path_reason}")
     if sink_plan.keeps and isinstance(source, SupportsSpecialValues):
         source = source.keeping(sink_plan.keeps)  # e.g. infinity passed on, not refused
     try:
@@ -180,7 +185,9 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         for result in before:
             progress.finished(result)
         tasks = [Task(source, spec.sink, sink_plan, part) for part in todo]
-        report.results = sorted(before + spec.runtime.run(tasks, plan.degree, progress), key=lambda r: r.index)
+        report.results = _reconciled(sorted(before + spec.runtime.run(tasks, plan.degree, progress), key=lambda r: r.index),
+                                     spec.sink, sink_plan)
+        _log_results(report.results)
         if cancel_requested():
             raise _cancelled(report)
         failed = first_failure(report.results)
@@ -203,6 +210,40 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         return report
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _reconciled(results: list[TaskResult], sink: Any, sink_plan: SinkPlan) -> list[TaskResult]:
+    """The results as the target has them. A task stopped after its commit (its worker killed when
+    another partition failed, or on Ctrl-C, between COMMIT and returning) reports no rows, yet its
+    rows are in the target: where the sink keeps commit markers (written in the partition's own
+    transaction), they decide, so the run's message, report and manifest say what really stayed."""
+    if all(r.ok for r in results) or not isinstance(sink, SupportsCommitMarkers):
+        return results
+    try:
+        marked = sink.committed(sink_plan)
+    except Exception as exc:  # the partition's own error matters more; say the count may be short
+        warn(f"could not read the target's commit markers to confirm what the stopped partitions left: {exc}")
+        return results
+    if not marked:
+        return results
+    return [dataclasses.replace(r, rows=marked[r.partition], error=None, cancelled=False, traceback=None,
+                                notes=(*r.notes, "its worker was stopped after the commit: the target's commit marker has it"))
+            if not r.ok and r.partition in marked else r for r in results]
+
+
+def _log_results(results: list[TaskResult]) -> None:
+    """Each partition's outcome, with the task's own notes (where it ran, what it retried) and a
+    failed one's traceback: the run's log has them whichever process ran the task."""
+    for r in results:
+        if r.already_committed:
+            outcome = f"committed before ({r.rows:,} rows)"
+        elif r.ok:
+            outcome = f"{r.rows:,} rows in {r.seconds:.2f} s"
+        else:
+            outcome = ("cancelled: " if r.cancelled else "failed: ") + str(r.error)
+        note(f"partition {r.partition}: {outcome}, attempts {r.attempts}" + "".join(f"; {n}" for n in r.notes))
+        if r.traceback:
+            note(f"partition {r.partition}: the task's traceback:\n{r.traceback.rstrip()}")
 
 
 def _already_done(plan: JobPlan, sink: Any, sink_plan: SinkPlan) -> dict[str, int]:

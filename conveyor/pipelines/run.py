@@ -19,7 +19,7 @@ from typing import Any
 
 from conveyor.core import NullProgress, Progress, SupportsSnapshot, reset_cancel
 from conveyor.errors import Cancelled, ConveyorError, JobFailed
-from conveyor.log import say
+from conveyor.log import note, say
 from conveyor.pipelines.job import RESUME_HINT, JobPlan, JobReport, execute, opened
 from conveyor.pipelines.manifest import Manifest, Previous, load_for_resume
 from conveyor.pipelines.report import report_dict
@@ -55,6 +55,7 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
     from conveyor.config import build_job
 
     config = _plain(cfg)
+    _note_start(place)
     plan: JobPlan | None = None
     report: JobReport | None = None
     try:
@@ -74,6 +75,16 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
         raise JobFailed(exc, report) from exc
     _write_report(place, report, plan, config, None)
     return report
+
+
+def _note_start(place: RunPlace) -> None:
+    import os
+    import socket
+
+    from conveyor import __version__
+
+    note(f"conveyor {__version__}: driver pid {os.getpid()} on {socket.gethostname()}"
+         + (f", run directory {place.run_dir}" if place.run_dir is not None else ""))
 
 
 def _plain(cfg: Any) -> Any:

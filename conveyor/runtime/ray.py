@@ -16,6 +16,7 @@ roll back) and fails the job.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -60,6 +61,32 @@ def _remote_run(task: Task, max_retries: int, prefetch: int, collector: Any, env
 
     with mock.patch.dict(os.environ, env or {}):
         return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries, prefetch=prefetch)
+
+
+class _OwnInstanceAuthNote(logging.Filter):
+    """Drops Ray's WARNING that it chose token authentication by default for a new local instance.
+
+    On Conveyor's own instance (``address=local``) that choice is the one we want (the instance
+    listens on this machine's address): the line only said, on every run, that nothing was wrong.
+    Joining a cluster, and every other message of Ray's, pass untouched; RAY_AUTH_MODE=disabled
+    still opts out, as Ray documents."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+@contextlib.contextmanager
+def _quiet_token_note(address: str) -> Any:
+    if address != "local":
+        yield
+        return
+    log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    note = _OwnInstanceAuthNote()
+    log.addFilter(note)
+    try:
+        yield
+    finally:
+        log.removeFilter(note)
 
 
 class _RemoteProgress:
@@ -137,8 +164,6 @@ class RayRuntime:
 
     def _init(self) -> tuple[Any, bool]:
         """(ray, whether this call started it)."""
-        import logging
-
         try:
             import ray
         except ModuleNotFoundError:
@@ -155,7 +180,8 @@ class RayRuntime:
             self._check_reachable(address)
             kwargs["address"] = address
         try:
-            ray.init(**kwargs)
+            with _quiet_token_note(address):
+                ray.init(**kwargs)
         except BaseException as exc:
             self._end_reaper(reap=True)
             if not isinstance(exc, Exception):

@@ -25,7 +25,8 @@ from conveyor.core import (
     WriteStats,
     cancel_requested,
 )
-from conveyor.errors import Cancelled, ConveyorError, PluginError, TransferError
+from conveyor.errors import Cancelled, ConveyorError, PluginError, TransferError, first_line
+from conveyor.log import note
 
 
 def _reported(batches: Iterator[Any], key: str, progress: Progress) -> Iterator[Any]:
@@ -109,6 +110,7 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
     key = task.partition.key
     max_retries = retries_allowed(task.sink, max_retries)
     progress.started(key)
+    notes = [f"ran on {_where()}"]
     attempt = 0
     while True:
         attempt += 1
@@ -125,21 +127,33 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
             retriable = isinstance(err, TransferError) and err.retriable and not cancel_requested()
             if isinstance(exc, Cancelled) or cancel_requested():
                 result = TaskResult(key, task.partition.index, seconds=time.perf_counter() - start, attempts=attempt,
-                                    error=err, cancelled=True)
+                                    error=err, cancelled=True, notes=(*notes, f"attempt {attempt}: cancelled"))
                 progress.finished(result)
                 return result
             if retriable and attempt <= max_retries:
-                time.sleep(min(backoff * 2 ** (attempt - 1), 30.0))
+                wait = min(backoff * 2 ** (attempt - 1), 30.0)
+                notes.append(f"attempt {attempt} failed (retriable): {first_line(err)}; retrying in {wait:g} s")
+                note(f"partition {key}: {notes[-1]}")
+                time.sleep(wait)
                 continue
+            notes.append(f"attempt {attempt} failed ({'retries used up' if retriable else 'fatal'}): {first_line(err)}")
             result = TaskResult(
                 key, task.partition.index, seconds=time.perf_counter() - start, attempts=attempt,
-                error=err, traceback=traceback.format_exc(),
+                error=err, traceback=traceback.format_exc(), notes=tuple(notes),
             )
         else:
             result = TaskResult(key, task.partition.index, stats.rows, stats.bytes, stats.seconds, attempt,
-                                already_committed=stats.already_committed)
+                                already_committed=stats.already_committed, notes=tuple(notes))
         progress.finished(result)
         return result
+
+
+def _where() -> str:
+    """This process, as the driver's log names it: host and pid."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()} pid {os.getpid()}"
 
 
 def pass_through(source: Any, sink: Any, plan: SinkPlan, part: Partition) -> WriteStats:
