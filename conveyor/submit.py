@@ -4,11 +4,21 @@ The config is composed and validated here (a wrong key fails before anything is 
 shipped, unresolved (``${oc.env:...}`` stays a reference, so no secret travels), as the job's
 working directory; on the cluster the job runs ``conveyor run``, whose Ray runtime joins the
 cluster through the ``RAY_ADDRESS`` Ray sets for a job's driver.
+
+Secrets: the variables named in ``runtime.forward_env`` are set here, where the user runs
+``conveyor submit``, not on the cluster where the job's driver runs. Ray's job API has no private
+channel for them (a runtime_env's ``env_vars`` are shown in the job's info and the dashboard, and
+its agent logs them), so they travel as one entry of Ray's internal key-value store (in the GCS's
+memory, where Ray keeps uploaded packages: no file, no job info, no log), under a random name
+that the job's runtime_env does carry; the driver reads the entry, deletes it, sets the variables
+in its own environment and forwards them to the workers as ``runtime.forward_env`` says.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,6 +28,8 @@ from typing import Any
 from conveyor.errors import ConfigError, ConnectError, TransferError
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+#: names, in the job's environment, the internal-KV entry holding the forwarded variables
+FORWARDED_ENV = "CONVEYOR_FORWARDED_ENV"
 _FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
@@ -69,11 +81,13 @@ def submit(args: SubmitArgs, echo: Any = print) -> int:
             first = "the cluster requires token authentication"
             hint = "set RAY_AUTH_MODE=token (the token is in ~/.ray/auth_token, or RAY_AUTH_TOKEN)"
         raise ConnectError(f"ray job server {address}: {first}", hint=hint) from None
+    env_vars = _send_env(client, address, _forwarded(cfg), echo)
     with tempfile.TemporaryDirectory(prefix="conveyor-submit-") as folder:
-        Path(folder, "job.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=False))
+        # the composed job, and the run's logging as `conveyor run` has it (the job's log file; no doubled lines)
+        Path(folder, "job.yaml").write_text(_JOB_DEFAULTS + OmegaConf.to_yaml(cfg, resolve=False))
         job_id = client.submit_job(
             entrypoint="conveyor run --config-dir . --config-name job hydra.run.dir=.",
-            runtime_env={"working_dir": folder},
+            runtime_env={"working_dir": folder, **({"env_vars": env_vars} if env_vars else {})},
         )
     echo(f"submitted job {job_id} to {address}")
     if not args.wait:
@@ -87,6 +101,59 @@ def submit(args: SubmitArgs, echo: Any = print) -> int:
         raise TransferError(f"ray job {job_id} {status.lower()}" + (f": {last[-1][7:]}" if last else ""),
                             hint=f"ray job logs {job_id} --address {address}")
     return 0
+
+
+_JOB_DEFAULTS = "defaults:\n  - override hydra/job_logging: conveyor\n  - _self_\n"
+
+
+def _forwarded(cfg: Any) -> list[str]:
+    runtime = cfg.get("runtime") or {}
+    return [str(name) for name in (runtime.get("forward_env") or [])]
+
+
+def _send_env(client: Any, address: str, names: list[str], echo: Any) -> dict[str, str]:
+    """Put the forwarded variables' values in Ray's internal KV through the dashboard's package
+    upload (the one write the job API offers that stays out of the job's info); the job's
+    env_vars get only the entry's random name."""
+    values = {name: os.environ[name] for name in names if name in os.environ}
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        echo(f"warning: runtime.forward_env: {', '.join(missing)} not set here: the job's driver must find them on the cluster")
+    if not values:
+        return {}
+    name = f"_ray_pkg_conveyor_env_{secrets.token_hex(16)}.zip"
+    try:
+        response = client._do_request("PUT", f"/api/packages/gcs/{name}", data=json.dumps(values).encode())
+    except Exception as exc:  # the job client's transport: a refused or dropped connection
+        raise ConnectError(f"ray job server {address}: could not hand over runtime.forward_env: {type(exc).__name__}",
+                           hint="is the cluster's dashboard up?") from None
+    if response.status_code != 200:
+        raise ConnectError(f"ray job server {address}: could not hand over runtime.forward_env (HTTP {response.status_code})",
+                           hint="set the variables on the cluster instead, or use the connector's password_file")
+    return {FORWARDED_ENV: f"gcs://{name}"}
+
+
+def receive_env() -> list[str]:
+    """On the job's driver: take the variables ``conveyor submit`` forwarded (Ray's internal KV,
+    deleted once read) into this process's environment; their names (none outside such a job)."""
+    uri = os.environ.pop(FORWARDED_ENV, "")
+    if not uri:
+        return []
+    import logging
+
+    import ray
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get
+
+    if not ray.is_initialized():  # the job's cluster (RAY_ADDRESS), which the Ray runtime joins anyway
+        ray.init(logging_level=logging.WARNING, log_to_driver=False)
+    data = _internal_kv_get(uri)
+    _internal_kv_del(uri)
+    if data is None:
+        raise ConfigError("runtime.forward_env: the values conveyor submit handed over are gone (read by another driver?)",
+                          key="runtime.forward_env", hint="submit the job again")
+    values = json.loads(data)
+    os.environ.update(values)
+    return sorted(values)
 
 
 def _wait(client: Any, job_id: str, args: SubmitArgs, echo: Any) -> str:

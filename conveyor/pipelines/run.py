@@ -54,8 +54,13 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
     raise :class:`JobFailed` carrying it after the sink was aborted. report.json is written either way."""
     from conveyor.config import build_job
 
+    from conveyor.submit import receive_env
+
     config = _plain(cfg)
     _note_start(place)
+    forwarded = receive_env()  # a job sent by conveyor submit: runtime.forward_env's values, from the submitter
+    if forwarded:
+        note(f"runtime.forward_env: {', '.join(forwarded)} handed over by conveyor submit")
     plan: JobPlan | None = None
     report: JobReport | None = None
     try:

@@ -157,3 +157,18 @@ def test_write_errors_name_the_target_and_the_column(pg_source, pg_target, write
         with pytest.raises(TransferError, match=r"numeric field overflow \(column n, line \d+ of the partition's COPY\)"):
             job({"type": "postgres", "port": pg_source.port, "query": "SELECT id, s, n::numeric(12,2) AS n FROM wm_src WHERE s IS NOT NULL"},
                 {**dst, "table": "wm_small"}, load_mode="append")
+
+
+def test_a_missing_password_says_which_host_and_process_looked_for_it(pg_source, cli) -> None:
+    """The process that connects may not be the user's shell (a Ray worker, a submitted job's
+    driver): the hint names the host and process that found $PGPASSWORD unset, not "check the
+    password in $PGPASSWORD" (on main it said so while the user's own shell had it set)."""
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
+    res = subprocess.run([str(BIN / "conveyor"), "plan", "source=postgres", f"source.port={pg_source.port}", "source.table=x",
+                          "strategy=none", "sink=parquet", "sink.path=/nonexistent-unused"], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 3, res.stderr
+    assert "no password supplied" in res.stderr
+    assert f"hint: $PGPASSWORD is not set on {socket.gethostname()} (pid " in res.stderr, res.stderr
+    assert "runtime.forward_env" in res.stderr and "password_file" in res.stderr

@@ -104,3 +104,41 @@ def test_ray_job_submit_runs_on_the_cluster_with_no_runtime_keys(cluster: str, p
     joined = [line for line in proc.stdout.splitlines() if line.startswith("ray: joined the cluster at ")]
     assert joined and joined[0].endswith(f":{port} (2 CPUs)"), proc.stdout[-4000:]
     assert checksum(pg_target, "rjs_dst") == checksum(pg_source, "rjs_src")
+
+
+def test_submit_hands_forwarded_secrets_to_the_cluster_and_no_job_info_log_or_file(cluster: str, cli, pg_source, pg_target, tmp_path) -> None:
+    """`conveyor submit ... runtime.forward_env=[VAR]` with VAR set only where the user submits: the
+    job's driver runs on the cluster and still connects (on main: fe_sendauth: no password supplied,
+    with a hint pointing at the submitter's variable). The value is in no job info (Ray's runtime_env
+    shows env_vars there), no job log and no file under the cluster's temp dir; the hand-over entry
+    in Ray's internal KV is gone once the driver read it."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from ray.job_submission import JobSubmissionClient
+
+    secret = "sub-Secret-91d3aa"
+    pg_exec(pg_target, "DROP TABLE IF EXISTS subsec_dst", "CREATE TABLE subsec_dst (id int, h text)", "DROP ROLE IF EXISTS subsec_user",
+            f"CREATE ROLE subsec_user LOGIN PASSWORD '{secret}'", "GRANT ALL ON subsec_dst TO subsec_user",
+            "GRANT CREATE ON SCHEMA public TO subsec_user", "GRANT ALL ON ALL TABLES IN SCHEMA public TO subsec_user")
+    pg_exec(pg_source, "DROP TABLE IF EXISTS subsec_src", "CREATE TABLE subsec_src AS SELECT g AS id, md5(g::text) AS h FROM generate_series(1, 8000) g")
+    res = cli("submit", "--address", cluster, "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=subsec_src",
+              f"sink.port={pg_target.port}", "sink.table=subsec_dst", "sink.user=subsec_user", "sink.password_env=CONVEYOR_SUB_SECRET",
+              "load_mode=append", "runtime=ray", "runtime.forward_env=[CONVEYOR_SUB_SECRET]", "degree=2", "strategy.partitions=2",
+              env={"CONVEYOR_SUB_SECRET": secret}, timeout=600)
+    assert res.code == 0, res.out + res.err
+    assert checksum(pg_target, "subsec_dst") == checksum(pg_source, "subsec_src")
+    assert secret not in res.out + res.err
+    job_id = res.out.split("submitted job ", 1)[1].split()[0]
+    client = JobSubmissionClient(cluster)
+    info = client.get_job_info(job_id)
+    shown = json.dumps([dataclasses.asdict(j) if dataclasses.is_dataclass(j) else j.model_dump() for j in client.list_jobs()], default=str)
+    assert "CONVEYOR_FORWARDED_ENV" in shown  # the job info shows the runtime_env: the entry's name, not the value
+    assert secret not in shown and secret not in client.get_job_logs(job_id)
+    handed = (info.runtime_env or {}).get("env_vars", {}).get("CONVEYOR_FORWARDED_ENV", "")
+    assert handed.startswith("gcs://"), info.runtime_env
+    assert not client._package_exists(handed)  # read once by the driver, then deleted
+    leaked = [str(p) for p in [*Path(CLUSTER["temp"]).rglob("*"), *tmp_path.rglob("*")]
+              if p.is_file() and not p.is_symlink() and p.stat().st_size < 200_000_000 and secret.encode() in p.read_bytes()]
+    assert not leaked, leaked

@@ -64,6 +64,20 @@ class PgConnConfig:
                               key="password_env", hint=f"export {self.password_env}=..., or use password_file")
         return value
 
+    def password_hint(self) -> str:
+        """Where this process looked for the password: the hint of an authentication error. The
+        process may not be the user's (a Ray worker, or the driver of a submitted job), so it says
+        which host it ran on rather than pointing at a variable the user's own shell has."""
+        import socket
+
+        here = f"{socket.gethostname()} (pid {os.getpid()}), where this connection opened"
+        if self.password_file:
+            return f"check the user, and the password in {self.password_file} as read on {here}"
+        if self.password_env and self.password_env in os.environ:
+            return f"check the user, and the password in ${self.password_env} as set on {here}"
+        return (f"${self.password_env or 'PGPASSWORD'} is not set on {here}: set it there, list it in runtime.forward_env "
+                "(Ray; conveyor submit hands it over), use password_file, or a ~/.pgpass there")
+
     def where(self) -> str:
         return f"postgresql://{self.user}@{self.host}:{self.port}/{self.dbname}"
 
@@ -141,7 +155,7 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
     where = f"postgres {conf.host}:{conf.port}/{conf.dbname}"
     text = f"{where}: {doing}: {msg}"
     if state.startswith("28") or "password authentication failed" in msg or "no password supplied" in msg:
-        return ConnectError(text, hint=f"check the user and the password in ${conf.password_env}")
+        return ConnectError(text, hint=conf.password_hint())
     if state == "42601":
         return ConfigError(text, hint="check the SQL of the query")
     if state.startswith(("42P01", "3F000", "42703", "42704")):

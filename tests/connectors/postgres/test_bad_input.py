@@ -27,7 +27,7 @@ def _args(src, dst, *extra: str) -> list[str]:
 
 
 CASES = [
-    ("wrong password", ["source.password_env=CONVEYOR_WRONG_PW"], 3, ["password authentication failed", "hint: check the user and the password in $CONVEYOR_WRONG_PW"]),
+    ("wrong password", ["source.password_env=CONVEYOR_WRONG_PW"], 3, ["password authentication failed", "hint: check the user, and the password in $CONVEYOR_WRONG_PW as set on "]),
     ("unreachable port", ["source.port={free}"], 3, ["cannot connect", "hint: is the server running and reachable at 127.0.0.1:"]),
     ("missing table", ["source.table=nope"], 4, ["error: postgres source: table public.nope does not exist"]),
     ("missing target", ["sink.table=nope"], 4, ["error: postgres table public.nope does not exist", "load_mode=create"]),
