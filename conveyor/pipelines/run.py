@@ -53,7 +53,6 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
     """Run the job ``cfg`` describes (resuming ``cfg.resume`` when set); return its report, or
     raise :class:`JobFailed` carrying it after the sink was aborted. report.json is written either way."""
     from conveyor.config import build_job
-
     from conveyor.submit import receive_env
 
     config = _plain(cfg)
