@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true", help="print the job's log as it runs")
     p.add_argument("--no-wait", dest="wait", action="store_false", help="return once the job is submitted")
     p.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS", help="stop the job after this long (default: %(default)s)")
+    p.add_argument("--run-dir", metavar="DIR", help="where the run's report.json and manifest.json come back to "
+                   "(default: outputs/submitted/<job id>; resume=DIR submits a resume of that run)")
     p.add_argument("overrides", nargs="*", help="the job's overrides, as for run")
     p = sub.add_parser("new", help="start a package: conveyor new connector NAME")
     p.add_argument("what", choices=["connector"], help="what to create")
@@ -248,6 +250,7 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
 
     from conveyor.pipelines.report import plan_table, summary_table
     from conveyor.pipelines.run import RunPlace, plan_run, run
+    from conveyor.submit import emit_run_files
 
     _quiet_libraries()
     console = _console()
@@ -257,7 +260,10 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
             return 0
         _install_signals()
         place = RunPlace(run_dir=_hydra_dir(), report_path=Path(REPORT_PATH[0]) if REPORT_PATH else None)
-        report = run(cfg, place, progress=lambda plan: _progress(console, plan))
+        try:
+            report = run(cfg, place, progress=lambda plan: _progress(console, plan))
+        finally:
+            emit_run_files(place.run_dir)  # a job sent by conveyor submit: its files go back with the log
         console.print(summary_table(report))
         return 0
     except Exception as exc:  # the CLI's boundary: one line, an exit code
@@ -414,7 +420,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
         return serve.serve(serve.ServeArgs(overrides=ns.overrides, host=ns.host, port=ns.port, name=ns.name, token_env=ns.token_env))
     from conveyor import submit
 
-    return submit.submit(submit.SubmitArgs(overrides=ns.overrides, address=ns.address, wait=ns.wait, follow=ns.follow, timeout=ns.timeout))
+    return submit.submit(submit.SubmitArgs(overrides=ns.overrides, address=ns.address, wait=ns.wait, follow=ns.follow, timeout=ns.timeout,
+                                           run_dir=ns.run_dir))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -40,6 +40,8 @@ class SubmitArgs:
     wait: bool = True
     follow: bool = False
     timeout: float = 3600.0
+    #: where the run's report.json and manifest.json come back to (default outputs/submitted/<job id>)
+    run_dir: str | None = None
 
 
 def compose(overrides: list[str]) -> Any:
@@ -68,26 +70,15 @@ def submit(args: SubmitArgs, echo: Any = print) -> int:
     cfg = compose(args.overrides)
     build_job(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))  # validate before sending
     address = args.address or os.environ.get("RAY_API_SERVER_ADDRESS") or DEFAULT_ADDRESS
-    try:
-        from ray.job_submission import JobSubmissionClient
-    except ModuleNotFoundError:
-        raise ConfigError("conveyor submit needs ray", hint="pip install 'conveyor[ray]'") from None
-    try:
-        client = JobSubmissionClient(address)
-    except Exception as exc:  # ray raises ConnectionError / RuntimeError
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        hint = "is the cluster's dashboard up? (ray start --head --dashboard-host 127.0.0.1)"
-        if "token" in first.lower():
-            first = "the cluster requires token authentication"
-            hint = "set RAY_AUTH_MODE=token (the token is in ~/.ray/auth_token, or RAY_AUTH_TOKEN)"
-        raise ConnectError(f"ray job server {address}: {first}", hint=hint) from None
-    env_vars = _send_env(client, address, _forwarded(cfg), echo)
+    client = _client(address)
+    env_vars = {EMIT_ENV: "1", **_send_env(client, address, _forwarded(cfg), echo)}
     with tempfile.TemporaryDirectory(prefix="conveyor-submit-") as folder:
+        _ship_resume(cfg, Path(folder))
         # the composed job, and the run's logging as `conveyor run` has it (the job's log file; no doubled lines)
         Path(folder, "job.yaml").write_text(_JOB_DEFAULTS + OmegaConf.to_yaml(cfg, resolve=False))
         job_id = client.submit_job(
             entrypoint="conveyor run --config-dir . --config-name job hydra.run.dir=.",
-            runtime_env={"working_dir": folder, **({"env_vars": env_vars} if env_vars else {})},
+            runtime_env={"working_dir": folder, "env_vars": env_vars},
         )
     echo(f"submitted job {job_id} to {address}")
     if not args.wait:
@@ -95,12 +86,87 @@ def submit(args: SubmitArgs, echo: Any = print) -> int:
     status = _wait(client, job_id, args, echo)
     logs = client.get_job_logs(job_id)
     if not args.follow:
-        echo(logs.rstrip())
+        echo("\n".join(line for line in logs.rstrip().splitlines() if not line.startswith(RUN_FILES_MARK)))
+    run_dir = _bring_back(logs, Path(args.run_dir or f"outputs/submitted/{job_id}"), echo)
     if status != "SUCCEEDED":
         last = [line for line in logs.splitlines() if line.startswith("error:")]
-        raise TransferError(f"ray job {job_id} {status.lower()}" + (f": {last[-1][7:]}" if last else ""),
-                            hint=f"ray job logs {job_id} --address {address}")
+        hint = f"ray job logs {job_id} --address {address}"
+        if run_dir is not None and any(line.startswith("hint:") and "resume=" in line for line in logs.splitlines()):
+            hint = f"submit it again with resume={run_dir} to load only the partitions that did not commit; {hint}"
+        raise TransferError(f"ray job {job_id} {status.lower()}" + (f": {last[-1][7:]}" if last else ""), hint=hint)
     return 0
+
+
+def _client(address: str) -> Any:
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ModuleNotFoundError:
+        raise ConfigError("conveyor submit needs ray", hint="pip install 'conveyor[ray]'") from None
+    try:
+        return JobSubmissionClient(address)
+    except Exception as exc:  # ray raises ConnectionError / RuntimeError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = "is the cluster's dashboard up? (ray start --head --dashboard-host 127.0.0.1)"
+        if "token" in first.lower():
+            first = "the cluster requires token authentication"
+            hint = "set RAY_AUTH_MODE=token (the token is in ~/.ray/auth_token, or RAY_AUTH_TOKEN)"
+        raise ConnectError(f"ray job server {address}: {first}", hint=hint) from None
+
+
+# --- the run's files: report.json and manifest.json come back from the cluster ---------------------
+
+#: set for a submitted job's driver: print the run's files into the job's log when it ends
+EMIT_ENV = "CONVEYOR_EMIT_RUN_FILES"
+#: the job-log line that carries them (gzip + base64 JSON: {file name: text}); never printed here
+RUN_FILES_MARK = "conveyor-run-files: "
+_RUN_FILES = ("report.json", "manifest.json", "partitions.jsonl")
+
+
+def emit_run_files(run_dir: Path | None) -> None:
+    """On a submitted job's driver, once the run ended: its files as one line of the job's log
+    (the one channel back that Ray's job API has), for ``conveyor submit`` to write locally.
+    They hold the config unresolved (``${oc.env:...}`` stays a reference): no secret."""
+    if not os.environ.get(EMIT_ENV) or run_dir is None:
+        return
+    import base64
+    import gzip
+
+    files = {name: (run_dir / name).read_text() for name in _RUN_FILES if (run_dir / name).is_file()}
+    if files:
+        blob = base64.b64encode(gzip.compress(json.dumps(files).encode())).decode()
+        print(RUN_FILES_MARK + blob, flush=True)
+
+
+def _bring_back(logs: str, run_dir: Path, echo: Any) -> Path | None:
+    """Write the files a submitted run printed into ``run_dir`` (here); None when it printed none."""
+    import base64
+    import gzip
+
+    lines = [line for line in logs.splitlines() if line.startswith(RUN_FILES_MARK)]
+    if not lines:
+        return None
+    files = json.loads(gzip.decompress(base64.b64decode(lines[-1][len(RUN_FILES_MARK):])))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        if name in _RUN_FILES:
+            (run_dir / name).write_text(text)
+    echo(f"report: {run_dir / 'report.json'} (brought back from the cluster)")
+    return run_dir
+
+
+def _ship_resume(cfg: Any, folder: Path) -> None:
+    """``resume=DIR`` naming a run directory here (one brought back by submit): its manifest goes
+    with the job, and the job resumes from that copy on the cluster."""
+    resume = cfg.get("resume")
+    if not resume or not Path(str(resume), "manifest.json").is_file():
+        return  # unset, or a directory on the cluster: the driver reads it there
+    import shutil
+
+    (folder / "resume").mkdir()
+    for name in _RUN_FILES[1:]:
+        if Path(str(resume), name).is_file():
+            shutil.copy(Path(str(resume), name), folder / "resume" / name)
+    cfg.resume = "resume"
 
 
 _JOB_DEFAULTS = "defaults:\n  - override hydra/job_logging: conveyor\n  - _self_\n"
@@ -166,7 +232,9 @@ def _wait(client: Any, job_id: str, args: SubmitArgs, echo: Any) -> str:
 
         async def tail() -> None:
             async for chunk in client.tail_job_logs(job_id):
-                echo(chunk.rstrip("\n"))
+                shown = [line for line in chunk.rstrip("\n").splitlines() if not line.startswith(RUN_FILES_MARK)]
+                if shown:
+                    echo("\n".join(shown))
 
         try:
             asyncio.run(asyncio.wait_for(tail(), timeout=args.timeout))

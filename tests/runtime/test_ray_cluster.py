@@ -142,3 +142,31 @@ def test_submit_hands_forwarded_secrets_to_the_cluster_and_no_job_info_log_or_fi
     leaked = [str(p) for p in [*Path(CLUSTER["temp"]).rglob("*"), *tmp_path.rglob("*")]
               if p.is_file() and not p.is_symlink() and p.stat().st_size < 200_000_000 and secret.encode() in p.read_bytes()]
     assert not leaked, leaked
+
+
+def test_a_failed_submitted_append_comes_back_and_resumes_from_here(cluster: str, cli, pg_source, pg_target, tmp_path) -> None:
+    """The run's report.json and manifest.json come back with `conveyor submit` (on main they stayed
+    in the job's working directory on the cluster, and the resume hint named that directory); the
+    failed append is resumed from this machine with resume=<that directory>: every row once."""
+    import json
+
+    pg_exec(pg_source, "DROP TABLE IF EXISTS back_src", "CREATE TABLE back_src AS SELECT g AS id, md5(g::text) AS h FROM generate_series(1, 20000) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS back_dst", "CREATE TABLE back_dst (id int CONSTRAINT small CHECK (id <= 15000), h text)")
+    job = ["pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=back_src", f"sink.port={pg_target.port}", "sink.table=back_dst",
+           "load_mode=append", "runtime=ray", "degree=1", "strategy=rangeid", "strategy.distribute_key=id", "strategy.partitions=4"]
+    first = cli("submit", "--address", cluster, *job, timeout=600)
+    assert first.code == 5, first.out + first.err
+    job_id = first.out.split("submitted job ", 1)[1].split()[0]
+    back = tmp_path / "outputs" / "submitted" / job_id
+    report = json.loads((back / "report.json").read_text())
+    assert report["status"] == "failed" and (back / "manifest.json").is_file()
+    assert f"report: outputs/submitted/{job_id}/report.json (brought back from the cluster)" in first.out
+    assert f"submit it again with resume=outputs/submitted/{job_id}" in first.err, first.err
+    assert "conveyor-run-files:" not in first.out + first.err  # the carrier line is not shown
+    committed = pg_exec(pg_target, "SELECT count(*) FROM back_dst")[0][0]
+    assert committed < 20000
+    pg_exec(pg_target, "ALTER TABLE back_dst DROP CONSTRAINT small")
+    again = cli("submit", "--address", cluster, *job, f"resume=outputs/submitted/{job_id}", timeout=600)
+    assert again.code == 0, again.out + again.err
+    assert "resume: " in again.out and "partitions finished in resume" in again.out
+    assert checksum(pg_target, "back_dst") == checksum(pg_source, "back_src")
