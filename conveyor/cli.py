@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in HYDRA_COMMANDS.items():
         sub.add_parser(name, help=text, add_help=False)
     sub.add_parser("plugins", help="list installed sources, sinks, strategies and runtimes")
-    p = sub.add_parser("report", help="a table of a sweep's jobs")
+    p = sub.add_parser("report", help="a table of a sweep's jobs, and a plot of rows/s against degree (report.png)")
     p.add_argument("multirun_dir", help="the directory of a `conveyor run -m` sweep")
+    p.add_argument("--png", metavar="PATH", help="where the plot goes (default: <multirun dir>/report.png; none: no plot)")
     p = sub.add_parser("clean", help="list staging tables left by runs that are gone (--drop removes them)")
     p.add_argument("--drop", action="store_true", help="remove the stale ones (tables in use by a running job are kept)")
     p.add_argument("overrides", nargs="*", help="sink=... and sink.* overrides, as for run")
@@ -402,9 +403,13 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if ns.command == "plugins":
         return _cmd_plugins()
     if ns.command == "report":
-        from conveyor.pipelines.report import multirun_markdown
+        from pathlib import Path
+
+        from conveyor.pipelines.report import multirun_markdown, multirun_plot
 
         print(multirun_markdown(ns.multirun_dir))
+        if ns.png != "none":
+            print(f"plot: {multirun_plot(ns.multirun_dir, ns.png or Path(ns.multirun_dir) / 'report.png')}")
         return 0
     if ns.command == "clean":
         return _cmd_clean(ns.overrides, ns.drop)

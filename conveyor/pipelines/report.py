@@ -141,18 +141,68 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
     return out
 
 
-def multirun_markdown(folder: Path | str) -> str:
-    """``conveyor report <multirun dir>``: a table of a ``conveyor run -m`` sweep's jobs, from their report.json."""
-    folder = Path(folder)
-    rows = []
+def _sweep(folder: Path) -> list[tuple[str, str, dict[str, Any]]]:
+    """(job, its overrides, its report) for every job of a ``conveyor run -m`` sweep, in job order."""
+    jobs = []
     for report in sorted(folder.glob("*/report.json"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
-        data = json.loads(report.read_text())
         overrides_file = report.parent / ".hydra" / "overrides.yaml"
         overrides = overrides_file.read_text().replace("\n- ", " ").strip("- \n") if overrides_file.exists() else ""
-        t = data.get("totals", {})
-        rows.append(f"| {report.parent.name} | {overrides} | {data.get('status')} | {t.get('rows', '')} | {t.get('seconds', '')} | "
-                    f"{t.get('rows_per_s', '')} | {t.get('mb_per_s', '')} |")
-    if not rows:
+        jobs.append((report.parent.name, overrides, json.loads(report.read_text())))
+    if not jobs:
         raise ConfigError(f"report: {folder} holds no <job>/report.json",
                           hint="give the directory of a `conveyor run -m` sweep (benchmark results: python benchmarks/report.py)")
+    return jobs
+
+
+def multirun_markdown(folder: Path | str) -> str:
+    """``conveyor report <multirun dir>``: a table of a ``conveyor run -m`` sweep's jobs, from their report.json."""
+    rows = []
+    for job, overrides, data in _sweep(Path(folder)):
+        t = data.get("totals", {})
+        rows.append(f"| {job} | {overrides} | {data.get('status')} | {t.get('rows', '')} | {t.get('seconds', '')} | "
+                    f"{t.get('rows_per_s', '')} | {t.get('mb_per_s', '')} |")
     return "\n".join(["| job | overrides | status | rows | seconds | rows/s | MB/s |", "|---|---|---|---:|---:|---:|---:|", *rows])
+
+
+def multirun_plot(folder: Path | str, out: Path | str) -> Path:
+    """The picture of a degree sweep: rows/s against the degree the job ran at, one line per
+    combination of the other overrides (e.g. per strategy); failed jobs are left out."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise ConfigError("report: the plot needs matplotlib", hint="pip install 'conveyor[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    jobs = _sweep(Path(folder))
+    # a line per value of the overrides the sweep varies (other than degree): e.g. strategy=none
+    seen: dict[str, set[str]] = {}
+    for _, overrides, _data in jobs:
+        for o in overrides.split():
+            seen.setdefault(o.split("=", 1)[0], set()).add(o)
+    varied = {k for k, values in seen.items() if len(values) > 1 and not k.endswith("degree")}
+    series: dict[str, list[tuple[int, float]]] = {}
+    for _, overrides, data in jobs:
+        rate, degree = data.get("totals", {}).get("rows_per_s"), data.get("options", {}).get("degree")
+        if data.get("status") != "succeeded" or rate is None or degree is None:
+            continue
+        label = " ".join(o for o in overrides.split() if o.split("=", 1)[0] in varied) or "rows/s"
+        series.setdefault(label, []).append((int(degree), float(rate)))
+    if not series:
+        raise ConfigError(f"report: no job of {folder} succeeded: nothing to plot")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in sorted(series.items()):
+        points.sort()
+        ax.plot([d for d, _ in points], [r for _, r in points], marker="o", label=label)
+    ax.set_xticks(sorted({d for points in series.values() for d, _ in points}))
+    ax.set_xlabel("degree (tasks at once)")
+    ax.set_ylabel("rows/s (whole job)")
+    ax.set_title(f"conveyor run -m: {Path(folder).name}")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

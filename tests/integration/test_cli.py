@@ -68,6 +68,28 @@ def test_multirun_runs_one_job_per_value(cli, tpch_orders: Path, tmp_path: Path)
     assert "strategy=none" in lines[0] and "strategy=files" in lines[1]
 
 
+def test_report_plots_rows_per_second_against_degree_per_strategy(cli, tpch_orders: Path, tmp_path: Path) -> None:
+    """The picture users want from a degree sweep: `conveyor report` writes report.png with one line
+    per strategy (on main it wrote no picture)."""
+    from PIL import Image
+
+    res = cli("run", "-m", "pipeline=demo", "strategy=none,files", "degree=1,2", f"source.path={tpch_orders}",
+              f"sink.database={tmp_path}/p.duckdb", "runtime=local", timeout=300)
+    assert res.code == 0, res.err
+    table = cli("report", str(tmp_path / "hydra-multirun"))
+    assert table.code == 0, table.err
+    png = tmp_path / "hydra-multirun" / "report.png"
+    assert f"plot: {png}" in table.out
+    with Image.open(png) as img:
+        assert img.format == "PNG" and img.size[0] >= 600 and len(set(img.convert("RGB").get_flattened_data())) > 50  # drawn, not blank
+    from conveyor.pipelines.report import _sweep
+
+    degrees = sorted((data["options"]["degree"], "strategy=none" in o) for _, o, data in _sweep(tmp_path / "hydra-multirun"))
+    assert degrees == [(1, False), (1, True), (2, False), (2, True)]
+    # no matplotlib-free surprise: --png none prints the table only
+    assert "plot:" not in cli("report", str(tmp_path / "hydra-multirun"), "--png", "none").out
+
+
 def test_benchmark_report_renders_results_outside_the_package(tmp_path: Path) -> None:
     """Benchmark-only code lives in benchmarks/ (not in the installed package): its report script
     renders results.json into results.md."""
