@@ -16,6 +16,10 @@ BENCH_ARGS ?= --tables orders --degrees 1,2,4 --repeat 3
 .PHONY: demo test bench install clean
 
 $(BIN)/python:
+	@$(PYTHON) -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
+	  echo "error: $(PYTHON) with venv and ensurepip (Python >= 3.10) is needed to make .venv" >&2; \
+	  echo "hint: on Debian/Ubuntu: apt-get install python3 python3-venv (and make); or PYTHON=/path/to/python3.11 make ..." >&2; \
+	  exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 

@@ -68,7 +68,8 @@ def submit(args: SubmitArgs, echo: Any = print) -> int:
     from conveyor.config import build_job
 
     cfg = compose(args.overrides)
-    build_job(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))  # validate before sending
+    spec = build_job(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))  # validate before sending
+    _pin_environment_keys(cfg, spec)
     address = args.address or os.environ.get("RAY_API_SERVER_ADDRESS") or DEFAULT_ADDRESS
     client = _client(address)
     env_vars = {EMIT_ENV: "1", **_send_env(client, address, _forwarded(cfg), echo)}
@@ -95,6 +96,18 @@ def submit(args: SubmitArgs, echo: Any = print) -> int:
             hint = f"submit it again with resume={run_dir} to load only the partitions that did not commit; {hint}"
         raise TransferError(f"ray job {job_id} {status.lower()}" + (f": {last[-1][7:]}" if last else ""), hint=hint)
     return 0
+
+
+def _pin_environment_keys(cfg: Any, spec: Any) -> None:
+    """Keys a plugin takes from the environment when unset (PostgreSQL's host and port from $PGHOST,
+    $PGPORT, as psql does) are resolved here, where the user runs submit, and written into the job:
+    the job's driver on the cluster has another environment. Secrets never are (they travel only
+    through runtime.forward_env)."""
+    for kind in ("source", "sink"):
+        conf = getattr(spec, kind).config
+        for key in getattr(type(conf), "ENVIRONMENT_KEYS", ()):
+            if cfg[kind].get(key) is None:
+                cfg[kind][key] = getattr(conf, key)
 
 
 def _client(address: str) -> Any:

@@ -126,9 +126,9 @@ def _plan(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
     path = ""
     if isinstance(spec.sink, ExplainsPath):
         path = spec.sink.explain_path(PrepareRequest(schema=info.schema, info=info))
+    chosen = ", ".join(f"{kind}={spec.names[kind]}" for kind in ("runtime", "sink") if kind in spec.names)  # serve has neither
     note(f"plan: {info.label}: {len(partitions)} partition(s), strategy={spec.names['strategy']}, degree={degree}, "
-         f"runtime={spec.names['runtime']}, sink={spec.names['sink']}, load_mode={spec.options.load_mode}"
-         + (f"; {planned.note}" if planned.note else ""))
+         f"{chosen}, load_mode={spec.options.load_mode}" + (f"; {planned.note}" if planned.note else ""))
     return JobPlan(spec=spec, info=info, partitions=partitions, degree=degree, note=planned.note, path=path)
 
 

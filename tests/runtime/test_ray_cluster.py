@@ -170,3 +170,20 @@ def test_a_failed_submitted_append_comes_back_and_resumes_from_here(cluster: str
     assert again.code == 0, again.out + again.err
     assert "resume: " in again.out and "partitions finished in resume" in again.out
     assert checksum(pg_target, "back_dst") == checksum(pg_source, "back_src")
+
+
+def test_the_readme_cluster_commands_run_as_written(cluster: str, pg_source, tpch_orders, tmp_path) -> None:
+    """The README's `conveyor submit` / `ray job submit` block, against this cluster and server (its
+    `export` lines stand for the user's addresses: the test sets those variables to its own)."""
+    from tests.integration.test_readme import bash_blocks, run_block, sandbox
+
+    block = next(b for b in bash_blocks() if "conveyor submit" in b)
+    box = sandbox(tmp_path, tpch_orders)
+    env = {"PGHOST": "127.0.0.1", "PGPORT": str(pg_source.port), "RAY_API_SERVER_ADDRESS": cluster, "RAY_AUTH_MODE": "token"}
+    pg_exec(pg_source, "DROP TABLE IF EXISTS orders_copy", "DROP TABLE IF EXISTS orders_copy2")
+    load = run_block("conveyor run pipeline=parquet_to_postgres source.path='demo-data/orders/*.parquet' sink.table=orders "
+                     "load_mode=replace runtime=local", box, env)
+    assert load.returncode == 0, load.stderr
+    proc = run_block(block, box, env, timeout=900)
+    assert proc.returncode == 0, f"{block}\n--- stdout:\n{proc.stdout[-3000:]}\n--- stderr:\n{proc.stderr[-3000:]}"
+    assert checksum(pg_source, "orders_copy") == checksum(pg_source, "orders") == checksum(pg_source, "orders_copy2")

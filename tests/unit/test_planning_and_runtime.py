@@ -121,6 +121,9 @@ def test_retriable_errors_are_retried_without_duplicates() -> None:
     assert all(r.ok for r in results)
     assert [r.attempts for r in results] == [1, 2, 1, 2]
     assert sorted(CollectingSink.store["retry"]) == sorted(i for i in range(4) for _ in range(3))
+    # each retry is in the task's own account (which the driver writes into the run's log)
+    assert [len([n for n in r.notes if "failed (retriable): connection dropped; retrying in" in n]) for r in results] == [0, 1, 0, 1]
+    assert all(r.notes[0].startswith("ran on ") for r in results)
 
 
 def test_fatal_errors_are_not_retried_and_stop_new_tasks() -> None:

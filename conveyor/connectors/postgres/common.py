@@ -14,7 +14,7 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 from conveyor.connectors.sql import Dialect
@@ -30,12 +30,25 @@ _RETRIABLE_MESSAGES = ("server closed the connection", "terminating connection",
                        "the database system is shutting down", "the database system is starting up", "connection reset")
 
 
+#: unset connection keys take libpq's variables, as psql does, where the config is built (the driver)
+_LIBPQ_ENV = {"host": ("PGHOST", "127.0.0.1"), "port": ("PGPORT", "5432"), "user": ("PGUSER", "postgres"),
+              "dbname": ("PGDATABASE", "postgres")}
+
+
 @dataclass
 class PgConnConfig:
-    host: str = "127.0.0.1"
-    port: int = 5432
-    user: str = "postgres"
-    dbname: str = "postgres"
+    #: keys an unset value of which is taken from the environment where the config is built:
+    #: ``conveyor submit`` builds it where the user runs it and sends these values with the job
+    ENVIRONMENT_KEYS: ClassVar[tuple[str, ...]] = tuple(_LIBPQ_ENV)
+
+    #: null (the default): $PGHOST, else 127.0.0.1 (libpq's variables, as psql reads them)
+    host: str | None = None
+    #: null: $PGPORT, else 5432
+    port: int | None = None
+    #: null: $PGUSER, else postgres
+    user: str | None = None
+    #: null: $PGDATABASE, else postgres
+    dbname: str | None = None
     #: the environment variable holding the password (read where the connection opens)
     password_env: str = "PGPASSWORD"
     #: or a file holding it (first line), read where the connection opens
@@ -43,6 +56,17 @@ class PgConnConfig:
     connect_timeout: int = 10
     #: extra libpq settings, e.g. {sslmode: require}
     options: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        """Unset connection keys from libpq's variables, once, on the driver (workers get the values)."""
+        for key, (var, default) in _LIBPQ_ENV.items():
+            if getattr(self, key) in (None, ""):
+                value = os.environ.get(var) or default
+                if key == "port":
+                    if not value.isdigit():
+                        raise ValueError(f"port: ${var}={value!r} is not a port number")
+                    value = int(value)
+                setattr(self, key, value)
 
     def password(self) -> str | None:
         if self.password_file:

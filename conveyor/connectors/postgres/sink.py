@@ -76,6 +76,7 @@ class PostgresSinkConfig(PgConnConfig):
     allow_cast: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.copy_path not in COPY_PATHS:
             raise ValueError(f"copy_path: {self.copy_path!r} is not one of {', '.join(COPY_PATHS)}")
         if self.writer not in WRITERS:

@@ -57,6 +57,7 @@ class PostgresSourceConfig(PgConnConfig):
     special_values: str = "error"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if bool(self.table) == bool(self.query):
             raise ValueError("set exactly one of table or query")
         if self.special_values not in SPECIAL_VALUES:
