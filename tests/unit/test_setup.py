@@ -1,5 +1,5 @@
 """Set-up on a fresh machine: the Makefile says what to install when Python's venv is missing, and
-scripts/ensure-postgres.sh installs what the PostgreSQL tests need (server and psql) when absent."""
+scripts/ensure-postgres.sh installs what the PostgreSQL tests need (server, psql, pg_partman) when absent."""
 
 from __future__ import annotations
 
@@ -32,23 +32,26 @@ def _stub_path(tmp_path: Path, installs: bool) -> dict[str, str]:
     install path runs in CI on a fresh machine, where `make test` calls this script first."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("id", "head", "mkdir", "touch", "chmod"):
+    for tool in ("id", "head", "mkdir", "touch", "chmod", "sed", "sort"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
     pg = tmp_path / "pg" / "15" / "bin"
-    made = f"mkdir -p {pg} && touch {pg}/initdb && printf '#!/bin/sh\\n' > {bin_dir}/psql && chmod +x {bin_dir}/psql" if installs else ":"
+    share = tmp_path / "share"
+    made = (f"mkdir -p {pg} {share}/15/extension && touch {pg}/initdb && printf '#!/bin/sh\\n' > {bin_dir}/psql && chmod +x {bin_dir}/psql"
+            f" && if [ \"$4\" = postgresql-15-partman ]; then touch {share}/15/extension/pg_partman.control; fi") if installs else ":"
     apt = bin_dir / "apt-get"
     apt.write_text(f"#!/bin/bash\necho \"$@\" >> {tmp_path}/apt.log\nif [ \"$1\" = install ]; then {made}; fi\n")
     apt.chmod(0o755)
-    return {"PATH": str(bin_dir), "PG_BIN_GLOB": str(tmp_path / "pg" / "*" / "bin"), "HOME": os.environ.get("HOME", "/root")}
+    return {"PATH": str(bin_dir), "PG_BIN_GLOB": str(tmp_path / "pg" / "*" / "bin"), "PG_SHARE_DIR": str(share),
+            "HOME": os.environ.get("HOME", "/root")}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the script uses sudo when not root")
-def test_ensure_postgres_installs_the_server_and_psql_when_missing(tmp_path: Path) -> None:
+def test_ensure_postgres_installs_the_server_psql_and_partman_when_missing(tmp_path: Path) -> None:
     proc = subprocess.run(["/bin/bash", str(REPO / "scripts" / "ensure-postgres.sh")], env=_stub_path(tmp_path, installs=True),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     log = (tmp_path / "apt.log").read_text().splitlines()
-    assert log == ["update -qq", "install -y -qq postgresql postgresql-client"], log
+    assert log == ["update -qq", "install -y -qq postgresql postgresql-client", "install -y -qq postgresql-15-partman"], log
     assert "PostgreSQL ready:" in proc.stderr
 
 

@@ -180,6 +180,11 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
     text = f"{where}: {doing}: {msg}"
     if state.startswith("28") or "password authentication failed" in msg or "no password supplied" in msg:
         return ConnectError(text, hint=conf.password_hint())
+    if "no partition of relation" in msg:  # a row outside every partition's bounds, and no DEFAULT partition
+        return TransferError(text, partition=partition, retriable=False,  # PostgreSQL's detail names the key's value: left out
+                             hint="add a partition that covers these keys, or a DEFAULT partition; with pg_partman, "
+                                  "partman.run_maintenance() makes the partitions its premake setting asks for, and "
+                                  "a default partition takes the rest")
     if state == "42601":
         return ConfigError(text, hint="check the SQL of the query")
     if state.startswith(("42P01", "3F000", "42703", "42704")):

@@ -44,7 +44,7 @@ from conveyor.core import (
     SinkPlan,
     WriteStats,
 )
-from conveyor.errors import ConveyorError, SchemaError
+from conveyor.errors import ConfigError, ConveyorError, SchemaError
 from conveyor.log import warn
 from conveyor.mapping import map_columns
 
@@ -58,6 +58,9 @@ class PostgresSinkConfig(PgConnConfig):
     table: str = "???"
     #: create / replace make the new table UNLOGGED (faster, not crash-safe, not replicated)
     unlogged: bool = False
+    #: create / replace: the new table's access method (e.g. columnar); null: the server's default
+    #: for create, the target's own for replace
+    access_method: str | None = None
     #: auto: pass a PostgreSQL source's binary COPY stream through untouched when the column
     #: types are identical, else Arrow; arrow: always decode to Arrow; passthrough: require it
     copy_path: str = "auto"
@@ -123,6 +126,7 @@ class PostgresSink:
                 warn(f"removed a staging table left by a run that is gone: {stale.describe()}")
             target = self._inspect(con)
             check_mode(mode, target.exists, where, self.config.where())
+            chosen_am = self._access_method(con, mode)
             if mode == "replace" and target.relkind == "p":
                 raise SchemaError(f"{where} is partitioned: replace would lose its partitions", hint="use load_mode=truncate")
             source_cols = passthrough.source_columns(request.info.native)
@@ -130,7 +134,7 @@ class PostgresSink:
             if mode in ("create", "replace") and not target.exists:
                 ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}" for f in schema)
                 unlogged = "UNLOGGED " if self.config.unlogged else ""
-                con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} ({ddl})")
+                con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} ({ddl}){chosen_am}")
                 commits.label_stage(con, self.config.schema, self.options.run_id, self.name)
                 pairs = [(n, n) for n in schema.names]
                 write_table, stage_created = self._stage(), True
@@ -139,7 +143,7 @@ class PostgresSink:
                 if mode in ("truncate", "replace"):
                     like = "INCLUDING DEFAULTS" if mode == "truncate" else "INCLUDING ALL"
                     unlogged = "UNLOGGED " if mode == "truncate" or self.config.unlogged else ""
-                    using = targets.access_method(con, target) if mode == "replace" else ""
+                    using = (chosen_am or targets.access_method(con, target)) if mode == "replace" else ""
                     con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} (LIKE {self._qualified()} {like}){using}")
                     commits.label_stage(con, self.config.schema, self.options.run_id, self.name)
                     write_table, stage_created = self._stage(), True
@@ -161,6 +165,20 @@ class PostgresSink:
         finally:
             con.close()
         return plan
+
+    def _access_method(self, con: Any, mode: str) -> str:
+        """' USING <am>' for ``sink.access_method`` (checked to exist here), '' when unset."""
+        am = self.config.access_method
+        if not am:
+            return ""
+        if mode not in ("create", "replace"):
+            raise ConfigError(f"sink.access_method={am}: applies to load_mode=create or replace (load_mode={mode} keeps the target's own)",
+                              key="sink.access_method")
+        if con.execute("SELECT 1 FROM pg_am WHERE amname = %s AND amtype = 't'", [am]).fetchone() is None:
+            found = [r[0] for r in con.execute("SELECT amname FROM pg_am WHERE amtype = 't' ORDER BY 1").fetchall()]
+            raise SchemaError(f"{self.config.where()}: table access method {am!r} does not exist (there: {', '.join(found)})",
+                              hint="install its extension first (Citus: CREATE EXTENSION citus_columnar), or leave sink.access_method unset")
+        return f" USING {ident(am)}"
 
     def _plan(self, request: PrepareRequest, pairs: list[tuple[str, str]], write_table: str, con: Any) -> SinkPlan:
         target_cols = {c.name: c for c in read_columns(con, f"SELECT * FROM {self._qualified(write_table)} LIMIT 0")}
@@ -304,6 +322,7 @@ class PostgresSink:
                     targets.rename_stage_indexes(con, target, plan.write_target)
                 self._forget_markers(con, plan)  # a staged load is visible whole: its markers served their purpose
             con.commit()
+            self._say_default_partitions(con, target)
             if self.config.analyze:
                 con.execute(f"ANALYZE {self._qualified()}")
                 con.commit()
@@ -314,6 +333,16 @@ class PostgresSink:
         finally:
             con.close()
             commits.release_guard(self.options.run_id)
+
+    def _say_default_partitions(self, con: Any, target: Target) -> None:
+        """Rows that no partition's bounds cover went to a DEFAULT partition, as the server routes
+        them: loaded, but worth a line (pg_partman moves them once it has made their partitions)."""
+        if con.execute("SELECT relkind FROM pg_class WHERE oid = %s::regclass", [target.qualified]).fetchone()[0] != "p":
+            return
+        for name, n in targets.default_partition_rows(con, target):
+            warn(f"{name}, the default partition of {self.name}, holds {n:,} rows that no other partition covers "
+                 "(pg_partman: CALL partman.partition_data_proc(...) makes their partitions and moves them there)")
+        con.commit()
 
     def _forget_markers(self, con: Any, plan: SinkPlan) -> None:
         once: commits.Once = plan.own.once

@@ -107,6 +107,17 @@ def access_method(con: Any, target: Target) -> str:
     return f" USING {ident(row[0])}" if row and row[0] != "heap" else ""
 
 
+def default_partition_rows(con: Any, target: Target) -> list[tuple[str, int]]:
+    """(partition, rows) of each DEFAULT partition under a partitioned target that holds rows:
+    rows no other partition's bounds cover (pg_partman's parent_default, for one)."""
+    found = con.execute(
+        "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) FROM pg_partition_tree(%s::regclass) t "
+        "JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relispartition AND pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT' AND c.relkind = 'r'", [target.qualified]).fetchall()
+    counts = [(name, con.execute(f"SELECT count(*) FROM {name}").fetchone()[0]) for (name,) in found]
+    return [(name, n) for name, n in counts if n]
+
+
 def keep_identity(con: Any, target: Target, stage: str) -> None:
     """Replace: the new table takes the old one's owner, privileges and comment (LIKE copies
     columns, defaults, constraints, indexes and column comments, not these)."""
