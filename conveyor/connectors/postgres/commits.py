@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, sqlstate, translate
-from conveyor.core import WriteStats
-from conveyor.errors import ConveyorError, TransferError
+from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, sqlstate, translate
+from conveyor.core import WriteStats, cancel_requested
+from conveyor.errors import Cancelled, ConveyorError, TransferError
 
 MARKERS = "_conveyor_commits"
 STAGE_PREFIX = "_conveyor_stage_"
@@ -195,6 +195,11 @@ def _active(con: Any, run_id: str) -> bool:
     return not got
 
 
+def stream_slot_sql(target: str, slot: int) -> str:
+    """Try to take stream slot ``slot`` of ``target`` for this transaction (sink.max_streams)."""
+    return f"SELECT pg_try_advisory_xact_lock(hashtext({literal('conveyor-stream:' + target)}), {int(slot)})"
+
+
 def drop_stale(con: Any, schema: str, target: str | None = None) -> list[Stage]:
     """Drop the stale staging tables (of one target, or all in the schema); returns what was dropped."""
     dropped = []
@@ -223,6 +228,8 @@ class Once:
     markers: bool
     #: the run id whose guard lock the driver holds ("" : none)
     guard: str
+    #: at most this many partitions write into the target at once, whatever the degree (0: no cap)
+    max_streams: int = 0
 
 
 class Attempt:
@@ -243,6 +250,7 @@ class Attempt:
             if before is not None:
                 conn.rollback()
                 return self._skipped(before)
+            self._take_stream(fetch)
             rows, nbytes = body()
             self._seal(rows, execute, fetch)
             conn.commit()
@@ -260,6 +268,23 @@ class Attempt:
             return None
         row = fetch(marker_rows_sql(o.schema, o.load_id, o.target, self.key))
         return None if row is None else int(row[0])
+
+    def _take_stream(self, fetch: Any) -> None:
+        """Wait for one of the target's ``max_streams`` slots: a transaction-level advisory lock
+        (released by commit or rollback, and by the server when a killed worker's connection ends),
+        so every process writing into the target counts, whatever the runtime or degree."""
+        o = self.once
+        if o.max_streams <= 0:
+            return
+        wait = 0.02
+        while True:
+            for slot in range(o.max_streams):
+                if fetch(stream_slot_sql(o.target, slot))[0]:
+                    return
+            if cancel_requested():
+                raise Cancelled(f"partition {self.key}: cancelled while waiting for a stream into {o.target}")
+            time.sleep(wait)
+            wait = min(wait * 2, 0.5)
 
     def _skipped(self, rows: int) -> WriteStats:
         return WriteStats(self.key, rows, 0, time.perf_counter() - self.start, already_committed=True)

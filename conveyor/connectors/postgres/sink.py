@@ -58,6 +58,13 @@ class PostgresSinkConfig(PgConnConfig):
     table: str = "???"
     #: create / replace make the new table UNLOGGED (faster, not crash-safe, not replicated)
     unlogged: bool = False
+    #: at most this many partitions write into the target at once, across every worker (0: as many
+    #: as the degree runs): a target stops scaling past its lock contention knee (relation extension,
+    #: free-space map) while the source can still take more readers
+    max_streams: int = 0
+    #: truncate: drop the target's indexes that back no constraint before the final insert and build
+    #: them again after it, in the same transaction (a failure leaves table and indexes as they were)
+    rebuild_indexes: bool = False
     #: create / replace: the new table's access method (e.g. columnar); null: the server's default
     #: for create, the target's own for replace
     access_method: str | None = None
@@ -127,6 +134,10 @@ class PostgresSink:
             target = self._inspect(con)
             check_mode(mode, target.exists, where, self.config.where())
             chosen_am = self._access_method(con, mode)
+            if self.config.rebuild_indexes and mode != "truncate":
+                raise ConfigError(f"sink.rebuild_indexes: applies to load_mode=truncate (one transaction drops, loads and rebuilds); "
+                                  f"load_mode={mode} commits partitions apart, so a failed run would leave the target without them",
+                                  key="sink.rebuild_indexes")
             if mode == "replace" and target.relkind == "p":
                 raise SchemaError(f"{where} is partitioned: replace would lose its partitions", hint="use load_mode=truncate")
             source_cols = passthrough.source_columns(request.info.native)
@@ -186,7 +197,7 @@ class PostgresSink:
         forced = self._check_casts(request, pairs, tcols)
         native, reason = passthrough.negotiate(request.info.native, pairs, tcols, self.config.copy_path)
         once = commits.Once(self.config, self.config.schema, self.name, self.config.table, self._stage(), self.options.load,
-                            self.config.commit_markers, self.options.run_id)
+                            self.config.commit_markers, self.options.run_id, self.config.max_streams)
         load = PgLoad(once, target_types=tuple(c.type_sql for c in tcols))
         if native is None:
             casts, writer, why, pgpq_types = writers.plan_arrow(self.config, self.config.writer, self.options.run_id, request.schema,
@@ -315,8 +326,12 @@ class PostgresSink:
                     "SELECT to_regclass(%s) IS NOT NULL", [self._qualified()]).fetchone()[0]
                 if replacing:  # the new table takes the old one's owner, grants and comment
                     targets.keep_identity(con, target, plan.write_target)
-                for step in swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), ident(self.config.table),
-                                       [ident(c) for c in plan.columns], empty="TRUNCATE"):
+                steps = swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), ident(self.config.table),
+                                   [ident(c) for c in plan.columns], empty="TRUNCATE")
+                if plan.load_mode == "truncate" and self.config.rebuild_indexes:
+                    drop, build = targets.loose_indexes(con, target)
+                    steps = [steps[0], *drop, steps[1], *build, *steps[2:]]  # empty, drop, insert, build, drop stage
+                for step in steps:
                     con.execute(step)
                 if plan.load_mode != "truncate":
                     targets.rename_stage_indexes(con, target, plan.write_target)

@@ -118,6 +118,18 @@ def default_partition_rows(con: Any, target: Target) -> list[tuple[str, int]]:
     return [(name, n) for name, n in counts if n]
 
 
+def loose_indexes(con: Any, target: Target) -> tuple[list[str], list[str]]:
+    """(DROP statements, CREATE statements) for the target's own indexes that back no constraint
+    (primary keys, unique and exclusion constraints stay: they are the table's rules, and foreign
+    keys may need them). Run in the load's transaction, a failure restores them with the rows."""
+    rows = con.execute(
+        "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname), pg_get_indexdef(i.indexrelid) "
+        "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE i.indrelid = %s::regclass AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid) "
+        "ORDER BY c.relname", [target.qualified]).fetchall()
+    return [f"DROP INDEX {name}" for name, _ in rows], [ddl for _, ddl in rows]
+
+
 def keep_identity(con: Any, target: Target, stage: str) -> None:
     """Replace: the new table takes the old one's owner, privileges and comment (LIKE copies
     columns, defaults, constraints, indexes and column comments, not these)."""

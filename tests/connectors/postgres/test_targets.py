@@ -95,7 +95,7 @@ def test_a_pg_partman_parent_loads_every_row_and_says_where_uncovered_rows_went(
         load_mode="append", degree=2)
     _same(pg_source, pg_target, "tg_future", "tg_partman")
     in_default = pg_exec(pg_target, "SELECT count(*) FROM public.tg_partman_default")[0][0]
-    assert in_default == pg_exec(pg_source, "SELECT count(*) FROM tg_future WHERE ts >= %s" % f"'{covered_until}'")[0][0] > 0
+    assert in_default == pg_exec(pg_source, f"SELECT count(*) FROM tg_future WHERE ts >= '{covered_until}'")[0][0] > 0
     err = capsys.readouterr().err
     assert f"public.tg_partman_default, the default partition of public.tg_partman, holds {in_default:,} rows" in err
     # partman's own way to empty its default: make the missing partitions and move the rows there
@@ -135,3 +135,87 @@ def test_a_non_heap_source_refuses_ctid_and_auto_falls_back(pg_source, pg_target
     report = job(_src(pg_source, "tg_col_src"), _dst(pg_target, "tg_col_dst"), "auto", {"distribute_key": "id"}, load_mode="truncate", degree=2)
     assert "rangeid" in report.plan.note and len(report.plan.partitions) > 1
     _same(pg_source, pg_target, "tg_col_src", "tg_col_dst")
+
+
+def _most_streams_while(server, table: str, run) -> int:
+    """The most COPYs into ``table`` seen at once on ``server`` (pg_stat_activity, polled) while ``run()`` runs."""
+    import threading
+    import time
+
+    seen, done = [0], threading.Event()
+
+    def poll() -> None:
+        deadline = time.monotonic() + 300
+        while not done.is_set() and time.monotonic() < deadline:
+            n = pg_exec(server, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor' "
+                                f"AND query ILIKE '%COPY%{table}%' AND state = 'active'")[0][0]
+            seen[0] = max(seen[0], n)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    try:
+        run()
+    finally:
+        done.set()
+        watcher.join(10)
+    return seen[0]
+
+
+@pytest.fixture(scope="module")
+def eight_files(tmp_path_factory) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("eight")
+    for i in range(8):
+        pq.write_table(pa.table({"n": pa.array(range(i * 1500, (i + 1) * 1500), pa.int64())}), folder / f"f{i}.parquet")
+    return folder
+
+
+@pytest.mark.parametrize("cap", [0, 1, 2])
+def test_max_streams_caps_the_writers_into_one_target(pg_target, eight_files, cap) -> None:
+    """8 files at degree 4 into a table whose row trigger sleeps (each COPY lasts about a second, so
+    they overlap): with sink.max_streams=N never more than N COPYs run at once; without, more do."""
+    pg_exec(pg_target, "DROP TABLE IF EXISTS tg_capped", "CREATE TABLE tg_capped (n bigint)",
+            "CREATE OR REPLACE FUNCTION tg_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.0005); RETURN NEW; END $$",
+            "CREATE TRIGGER tg_slow BEFORE INSERT ON tg_capped FOR EACH ROW EXECUTE FUNCTION tg_slow()")
+    most = _most_streams_while(pg_target, "tg_capped", lambda: job({"type": "parquet", "path": str(eight_files)},
+                                                                   _dst(pg_target, "tg_capped", max_streams=cap), "files",
+                                                                   load_mode="append", degree=4))
+    assert pg_exec(pg_target, "SELECT count(*), count(DISTINCT n) FROM tg_capped")[0] == (12000, 12000)
+    if cap:
+        assert 1 <= most <= cap, most
+    else:
+        assert most > 2, most  # the watcher does see overlapping COPYs when nothing caps them
+
+
+def _indexes(server, table: str) -> list[str]:
+    return sorted(r[0] for r in pg_exec(server, f"SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = '{table}'::regclass"))
+
+
+def test_the_index_rebuild_recipe_leaves_the_target_exactly_as_before_plus_the_rows(events, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS tg_idx", "DROP ROLE IF EXISTS tg_reader", "CREATE ROLE tg_reader",
+            "CREATE UNLOGGED TABLE tg_idx (id int PRIMARY KEY, ts timestamp, region text, h text)",
+            "CREATE INDEX tg_idx_ts ON tg_idx (ts)", "CREATE UNIQUE INDEX tg_idx_h ON tg_idx (h)",
+            "CREATE INDEX tg_idx_region_lower ON tg_idx (lower(region)) WHERE region <> 'eu'",
+            "GRANT SELECT ON tg_idx TO tg_reader", "INSERT INTO tg_idx VALUES (-1, now(), 'old', 'old row')")
+    indexes = _indexes(pg_target, "tg_idx")
+    assert len(indexes) == 4
+    job(_src(events), _dst(pg_target, "tg_idx", rebuild_indexes=True), "rangeid", {"distribute_key": "id", "partitions": 4},
+        load_mode="truncate", degree=2)
+    _same(events, pg_target, "tg_events", "tg_idx")
+    assert _indexes(pg_target, "tg_idx") == indexes
+    assert pg_exec(pg_target, "SELECT relpersistence FROM pg_class WHERE relname = 'tg_idx'") == [("u",)]
+    assert pg_exec(pg_target, "SELECT has_table_privilege('tg_reader', 'tg_idx', 'SELECT')") == [(True,)]
+    assert pg_exec(pg_target, "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                              "WHERE i.indrelid = 'tg_idx'::regclass AND NOT i.indisvalid") == [(0,)]
+    # a rebuild that fails (the unique index meets a duplicate) rolls back the whole swap: old rows, old indexes
+    pg_exec(events, "DROP TABLE IF EXISTS tg_dup", "CREATE TABLE tg_dup AS SELECT id, ts, region, CASE WHEN id IN (5, 6) THEN 'same' "
+                    "ELSE h END AS h FROM tg_events")
+    before = checksum(pg_target, "tg_idx")
+    with pytest.raises(TransferError, match="tg_idx_h"):
+        job(_src(events, "tg_dup"), _dst(pg_target, "tg_idx", rebuild_indexes=True), load_mode="truncate")
+    assert checksum(pg_target, "tg_idx") == before and _indexes(pg_target, "tg_idx") == indexes
+    with pytest.raises(ConfigError, match="applies to load_mode=truncate"):
+        job(_src(events), _dst(pg_target, "tg_idx", rebuild_indexes=True), load_mode="append")
