@@ -117,6 +117,14 @@ def resolve_degree(runtime: Any, degree: int) -> int:
     return JobOptions.resolve_degree(degree, runtime.cpus() if isinstance(runtime, KnowsCpus) else None)
 
 
+@runtime_checkable
+class ReportsStartup(Protocol):
+    """A runtime that spends time getting ready before any task runs (Ray starting or joining an
+    instance): the seconds it spent in this job, reported apart from the transfer's."""
+
+    def startup_seconds(self) -> float: ...
+
+
 class Runtime(Protocol):
     """Runs tasks, ``degree`` at once, and returns one result per task in any order; a failed
     partition cancels the ones not started (their results say ``cancelled``)."""
@@ -133,6 +141,7 @@ __all__ = [
     "Task",
     "TaskResult",
     "KnowsCpus",
+    "ReportsStartup",
     "resolve_degree",
     "ChecksBeforeRun",
     "Runtime",

@@ -25,6 +25,7 @@ from conveyor.core import (
     PlanRequest,
     PrepareRequest,
     Progress,
+    ReportsStartup,
     SinkPlan,
     SourceInfo,
     SupportsCommitMarkers,
@@ -72,6 +73,13 @@ class JobReport:
     verification: Verification | None = None
     #: partitions a resumed run found committed by the run it resumes (not run again)
     committed_before: set[str] = field(default_factory=set)
+    #: of ``seconds``, what the runtime spent getting ready (Ray starting or joining an instance)
+    startup_seconds: float = 0.0
+
+    @property
+    def transfer_seconds(self) -> float:
+        """The run's seconds without the runtime's start-up: what rows/s is measured against."""
+        return max(self.seconds - self.startup_seconds, 0.0)
 
     @property
     def rows(self) -> int:
@@ -203,13 +211,21 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         spec.sink.finalize(sink_plan, stats)
     except BaseException as exc:
         _abort(spec.sink, sink_plan)
-        report.seconds = time.perf_counter() - start
+        _stop_clock(report, start)
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not a failed run but a leaving process
             raise
         report.error = exc
         return report
-    report.seconds = time.perf_counter() - start
+    _stop_clock(report, start)
     return report
+
+
+def _stop_clock(report: JobReport, start: float) -> None:
+    """The run's seconds, and of them the runtime's start-up (reported apart, not in rows/s)."""
+    report.seconds = time.perf_counter() - start
+    runtime = report.plan.spec.runtime
+    if isinstance(runtime, ReportsStartup):
+        report.startup_seconds = min(runtime.startup_seconds(), report.seconds)
 
 
 def _reconciled(results: list[TaskResult], sink: Any, sink_plan: SinkPlan) -> list[TaskResult]:

@@ -30,6 +30,8 @@ def summary_table(report: JobReport) -> Any:
     )
     if report.sink_plan is not None and report.sink_plan.path_reason:
         title += f"\npath: {report.sink_plan.path_reason}"
+    if report.startup_seconds >= 0.01:
+        title += f"\n{spec.names['runtime']} start-up: {report.startup_seconds:.2f} s (not in the totals' seconds and rows/s)"
     table = Table(title=title, title_justify="left")
     for col, justify in (("partition", "left"), ("reads", "left"), ("rows", "right"), ("MB", "right"),
                          ("seconds", "right"), ("rows/s", "right"), ("attempts", "right")):
@@ -48,7 +50,7 @@ def summary_table(report: JobReport) -> Any:
         table.caption_justify = "left"
     table.add_section()
     table.add_row("total", f"{len(report.results)} partitions", f"{report.rows:,}", f"{report.bytes / 1e6:,.1f}",
-                  f"{report.seconds:.2f}", _rate(report.rows, report.seconds), "", style="bold")
+                  f"{report.transfer_seconds:.2f}", _rate(report.rows, report.transfer_seconds), "", style="bold")
     return table
 
 
@@ -132,10 +134,11 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
              "error": str(r.error) if r.error else None, "committed_before": r.partition in report.committed_before}
             for r in report.results
         ]
-        secs = report.seconds or 0.0
+        secs = report.transfer_seconds
         out["totals"] = {"partitions": len(report.plan.partitions), "rows": report.rows, "bytes": report.bytes,
                          "seconds": round(secs, 4), "rows_per_s": round(report.rows / secs) if secs else None,
-                         "mb_per_s": round(report.bytes / 1e6 / secs, 2) if secs else None}
+                         "mb_per_s": round(report.bytes / 1e6 / secs, 2) if secs else None,
+                         "runtime_startup_seconds": round(report.startup_seconds, 4), "wall_seconds": round(report.seconds, 4)}
         if report.verification is not None:
             out["verification"] = report.verification.as_dict()
     return out

@@ -157,6 +157,8 @@ class RayRuntime:
         self.config = config
         self.options = options
         self._reaper: Reaper | None = None
+        #: seconds spent starting or joining Ray in this job (reported apart from the transfer)
+        self._startup = 0.0
         #: cpus() connected to the cluster: run() disconnects when done
         self._connected_here = False
 
@@ -170,6 +172,16 @@ class RayRuntime:
             raise ConfigError("runtime=ray needs the ray package", key="runtime", hint="pip install 'conveyor[ray]', or use runtime=local") from None
         if ray.is_initialized():
             return ray, False
+        started_at = time.perf_counter()
+        try:
+            return self._start(ray)
+        finally:
+            self._startup += time.perf_counter() - started_at
+
+    def startup_seconds(self) -> float:
+        return self._startup
+
+    def _start(self, ray: Any) -> tuple[Any, bool]:
         address = self._address()
         kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
         if address == "local":

@@ -206,3 +206,21 @@ def test_the_wheel_ships_the_config_tree(tmp_path: Path) -> None:
                  "conveyor/configs/sink/duckdb.yaml", "conveyor/configs/strategy/files.yaml", "conveyor/configs/runtime/local.yaml",
                  "conveyor/py.typed"):
         assert name in names, name
+
+
+@pytest.mark.parametrize("runtime", ["local", "ray"])
+def test_the_runtimes_start_up_is_reported_apart_from_the_transfer(cli, tpch_orders: Path, tmp_path: Path, runtime: str) -> None:
+    """Ray's start-up (seconds here) was counted in the summary's seconds and rows/s without saying
+    so: it is now a line of its own and a field of report.json, and rows/s is over the transfer."""
+    import json
+
+    res = cli("run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", f"sink.path={tmp_path}/out", "load_mode=create",
+              f"runtime={runtime}", timeout=300)
+    assert res.code == 0, res.err
+    totals = json.loads((tmp_path / "hydra-run" / "report.json").read_text())["totals"]
+    assert abs(totals["seconds"] + totals["runtime_startup_seconds"] - totals["wall_seconds"]) < 0.01
+    assert abs(totals["rows_per_s"] - 15000 / totals["seconds"]) / totals["rows_per_s"] < 0.01  # seconds are rounded in the report
+    if runtime == "ray":
+        assert totals["runtime_startup_seconds"] > 0.5 and "ray start-up: " in res.out
+    else:
+        assert totals["runtime_startup_seconds"] == 0 and "start-up" not in res.out
