@@ -1,9 +1,10 @@
 """The Ray runtime: one Ray task per partition, on local cores or across a Ray cluster.
 
 ``address``: unset (the default) follows Ray's convention: the cluster named by ``RAY_ADDRESS``
-when it is set (as it is for a driver started by ``ray job submit``), else a Ray instance started
-for the job (sized to this machine) and stopped afterwards; ``local`` always starts that private
-instance; ``auto`` joins the running cluster; or a ``ray://host:port`` / ``host:port`` address. At most ``degree`` tasks run at once; a negative
+when it is set (as it is for a driver started by ``ray job submit``), else the instance ``ray start``
+runs on this machine, else a Ray instance started for the job (sized to this machine) and stopped
+afterwards; ``local`` always starts that private instance; ``auto`` joins the running cluster; or
+a ``ray://host:port`` / ``host:port`` address. At most ``degree`` tasks run at once; a negative
 degree is a fraction of the cluster's CPUs.
 
 Failures: a task whose worker process dies is retried by Ray (``max_retries``); a retriable
@@ -35,7 +36,8 @@ _STOP_SECONDS = 10.0
 
 @dataclass
 class RayRuntimeConfig:
-    #: null: $RAY_ADDRESS when set (e.g. inside `ray job submit`), else a private instance for the job;
+    #: null: $RAY_ADDRESS when set (e.g. inside `ray job submit`), else the instance `ray start` runs on
+    #: this machine, else a private instance for the job;
     #: local (always the private instance) | auto (the running cluster) | ray://host:port | host:port
     address: str | None = None
     #: how often a partition is tried again after a retriable error or a dead worker
@@ -61,6 +63,33 @@ def _remote_run(task: Task, max_retries: int, prefetch: int, collector: Any, env
 
     with mock.patch.dict(os.environ, env or {}):
         return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries, prefetch=prefetch)
+
+
+def _running_here() -> str | None:
+    """The address of a Ray instance `ray start` runs on this machine (the file Ray keeps for
+    ``ray.init()`` to find it), reached on 127.0.0.1, if something answers there; a stale file
+    (an instance gone without `ray stop`) is ignored."""
+    import socket
+
+    try:
+        from ray._common.utils import get_ray_address_file
+    except ImportError:  # another Ray: no discovery, as before
+        return None
+    from pathlib import Path
+
+    try:
+        address = Path(get_ray_address_file(None)).read_text().strip()
+    except OSError:
+        return None
+    port = address.rpartition(":")[2]
+    if not port.isdigit():
+        return None
+    # the file names this machine by the address Ray picked for it: reach the instance on loopback
+    try:
+        socket.create_connection(("127.0.0.1", int(port)), timeout=0.5).close()
+    except OSError:
+        return None
+    return f"127.0.0.1:{port}"
 
 
 class _OwnInstanceAuthNote(logging.Filter):
@@ -207,10 +236,12 @@ class RayRuntime:
         return ray, True
 
     def _address(self) -> str:
-        """Where to run: the configured address, else $RAY_ADDRESS (Ray's convention), else local."""
+        """Where to run, as ``ray.init()`` decides: the configured address, else $RAY_ADDRESS, else
+        the instance ``ray start`` runs on this machine (joined in well under a second, where starting
+        one costs seconds), else ``local`` (a private instance)."""
         if self.config.address:
             return self.config.address
-        return os.environ.get("RAY_ADDRESS", "").strip() or "local"
+        return os.environ.get("RAY_ADDRESS", "").strip() or _running_here() or "local"
 
     def _check_reachable(self, address: str) -> None:
         """Fail within ``connect_timeout`` on an address nothing listens on (ray.init waits far longer)."""

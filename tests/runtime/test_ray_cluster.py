@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 
 import pytest
 
@@ -18,13 +17,13 @@ CLUSTER: dict[str, str] = {}
 def cluster(pg_servers):
     """A two-node Ray cluster on 127.0.0.1 (one CPU each); stopped after the module."""
     port, dashboard = free_port(), free_port()
-    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    temp = "/tmp/ray"  # Ray's default: `ray start` leaves its address there for ray.init() (and Conveyor) to find
     # Ray's token authentication is on for `ray start` clusters; every process of the test uses it
     env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
     common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
     ray = str(BIN / "ray")
     subprocess.run([ray, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-                    "--include-dashboard=true", f"--temp-dir={temp}", *common], env=env, check=True, capture_output=True, timeout=180)
+                    "--include-dashboard=true", *common], env=env, check=True, capture_output=True, timeout=180)
     try:
         subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", *common], env=env, check=True, capture_output=True, timeout=180)
         os.environ["RAY_AUTH_MODE"] = "token"  # for `conveyor submit` run by the tests
@@ -187,3 +186,20 @@ def test_the_readme_cluster_commands_run_as_written(cluster: str, pg_source, tpc
     proc = run_block(block, box, env, timeout=900)
     assert proc.returncode == 0, f"{block}\n--- stdout:\n{proc.stdout[-3000:]}\n--- stderr:\n{proc.stderr[-3000:]}"
     assert checksum(pg_source, "orders_copy") == checksum(pg_source, "orders") == checksum(pg_source, "orders_copy2")
+
+
+def test_a_run_with_no_address_joins_the_instance_ray_start_runs_here(cluster: str, cli, tpch_orders, tmp_path) -> None:
+    """Ray's convention for ray.init(): with no address, the instance `ray start` runs on this machine
+    (joined in a moment) rather than a private one started for the job (seconds); runtime.address=local
+    still starts the private one."""
+    import pyarrow.dataset as ds
+
+    port = CLUSTER["gcs"].rsplit(":", 1)[1]
+    res = cli("run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", f"sink.path={tmp_path}/joined", "load_mode=create",
+              "runtime=ray", timeout=300)
+    assert res.code == 0, res.err
+    assert f"ray: joined the cluster at 127.0.0.1:{port} (2 CPUs)" in res.err, res.err
+    assert ds.dataset(tmp_path / "joined").count_rows() == 15000
+    own = cli("run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", f"sink.path={tmp_path}/own", "load_mode=create",
+              "runtime=ray", "runtime.address=local", timeout=300)
+    assert own.code == 0 and "joined the cluster" not in own.err, own.err
