@@ -36,7 +36,8 @@ class JobConfig:
     #: truncate: empty the target and load it (through staging: a failed run keeps the old rows);
     #: append: add the rows, each partition commits on its own; create: create the target from the
     #: source's Arrow schema (fails if it exists); replace: load a new table from the source schema
-    #: and swap it in when every partition is done
+    #: and swap it in when every partition is done; merge (sinks that upsert by key: PostgreSQL):
+    #: stage every partition, then update matched rows and insert new ones in one transaction
     load_mode: str = "append"
     #: name: match columns by name (exact, else a unique case-insensitive match); position: i-th to i-th
     map_method: str = "name"

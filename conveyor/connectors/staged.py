@@ -17,7 +17,7 @@ from conveyor.errors import SchemaError
 
 def check_mode(mode: str, exists: bool, where: str, on: str = "") -> None:
     """Refuse, before anything is created, a load mode the target's existence rules out."""
-    if mode in ("append", "truncate") and not exists:
+    if mode in ("append", "truncate", "merge") and not exists:
         raise SchemaError(f"{where} does not exist" + (f" on {on}" if on else ""),
                           hint="create it first, or use load_mode=create or replace")
     if mode == "create" and exists:

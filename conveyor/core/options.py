@@ -13,13 +13,13 @@ if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
     pass
 
 
-LoadMode = Literal["truncate", "append", "create", "replace"]
+LoadMode = Literal["truncate", "append", "create", "replace", "merge"]
 
 
 MapMethod = Literal["name", "position"]
 
 
-LOAD_MODES: tuple[str, ...] = ("truncate", "append", "create", "replace")
+LOAD_MODES: tuple[str, ...] = ("truncate", "append", "create", "replace", "merge")
 
 
 MAP_METHODS: tuple[str, ...] = ("name", "position")

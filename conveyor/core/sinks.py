@@ -76,10 +76,13 @@ class SinkCapabilities:
     name renamed when whole), so a failed attempt leaves nothing and may be retried. A sink that
     is not (a Flight do_put stream) is never retried: a retry could duplicate rows.
     ``single_process``: every partition must be written from the driver's process.
+    ``load_modes``: what ``load_mode`` may be (``merge`` only where the sink upserts by key).
     """
 
     transactional: bool = True
     single_process: bool = False
+    #: the load modes it implements; the job refuses any other before anything connects
+    load_modes: tuple[str, ...] = ("truncate", "append", "create", "replace")
 
 
 def sink_capabilities(sink: Any) -> SinkCapabilities:

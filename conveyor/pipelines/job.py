@@ -36,8 +36,9 @@ from conveyor.core import (
     cancel_requested,
     open_session,
     resolve_degree,
+    sink_capabilities,
 )
-from conveyor.errors import Cancelled, ConveyorError, PlanningError
+from conveyor.errors import Cancelled, ConfigError, ConveyorError, PlanningError
 from conveyor.log import note, say, warn
 from conveyor.pipelines.verify import Verification, check_mode, raise_if_failed, verify
 from conveyor.runtime.task import first_failure
@@ -120,6 +121,10 @@ def plan_job(spec: JobSpec) -> JobPlan:
 
 
 def _check(spec: JobSpec) -> None:
+    modes = sink_capabilities(spec.sink).load_modes
+    if spec.options.load_mode not in modes:
+        raise ConfigError(f"load_mode={spec.options.load_mode}: sink {spec.names['sink']} does not do it", key="load_mode",
+                          hint=f"its load modes: {', '.join(modes)}")
     if isinstance(spec.runtime, ChecksBeforeRun):
         spec.runtime.check(spec.source, spec.sink)
     check_mode(spec.options.verify, spec.source, spec.sink)

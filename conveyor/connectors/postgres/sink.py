@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.casts import ColumnType, check_casts
-from conveyor.connectors.postgres import commits, passthrough, writers
+from conveyor.connectors.postgres import commits, merging, passthrough, writers
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.target import Target
@@ -65,6 +65,14 @@ class PostgresSinkConfig(PgConnConfig):
     #: truncate: drop the target's indexes that back no constraint before the final insert and build
     #: them again after it, in the same transaction (a failure leaves table and indexes as they were)
     rebuild_indexes: bool = False
+    #: merge: the columns that identify a row (null: the target's primary key)
+    merge_keys: list[str] | None = None
+    #: merge: the columns a matched row takes from the source (null: every mapped column but the keys)
+    merge_update: list[str] | None = None
+    #: merge: what happens to target rows the source no longer has: none | hard (deleted) | soft
+    #: (merge_soft_delete_column set to true)
+    merge_delete: str = "none"
+    merge_soft_delete_column: str | None = None
     #: create / replace: the new table's access method (e.g. columnar); null: the server's default
     #: for create, the target's own for replace
     access_method: str | None = None
@@ -91,11 +99,15 @@ class PostgresSinkConfig(PgConnConfig):
             raise ValueError(f"copy_path: {self.copy_path!r} is not one of {', '.join(COPY_PATHS)}")
         if self.writer not in WRITERS:
             raise ValueError(f"writer: {self.writer!r} is not one of {', '.join(WRITERS)}")
+        if self.merge_delete not in ("none", "hard", "soft"):
+            raise ValueError(f"merge_delete: {self.merge_delete!r} is not one of none, hard, soft")
+        if (self.merge_delete == "soft") != bool(self.merge_soft_delete_column):
+            raise ValueError("merge_delete=soft and merge_soft_delete_column go together (the boolean column set to true)")
 
 
 class PostgresSink:
     config_class = PostgresSinkConfig
-    capabilities = SinkCapabilities(transactional=True)
+    capabilities = SinkCapabilities(transactional=True, load_modes=("truncate", "append", "create", "replace", "merge"))
 
     def __init__(self, config: PostgresSinkConfig, options: JobOptions) -> None:
         self.config = config
@@ -151,9 +163,9 @@ class PostgresSink:
                 write_table, stage_created = self._stage(), True
             else:
                 pairs = map_columns(schema.names, target.mapping, self.options.map_method, where)
-                if mode in ("truncate", "replace"):
-                    like = "INCLUDING DEFAULTS" if mode == "truncate" else "INCLUDING ALL"
-                    unlogged = "UNLOGGED " if mode == "truncate" or self.config.unlogged else ""
+                if mode in ("truncate", "replace", "merge"):
+                    like = "INCLUDING ALL" if mode == "replace" else "INCLUDING DEFAULTS"
+                    unlogged = "UNLOGGED " if mode != "replace" or self.config.unlogged else ""
                     using = (chosen_am or targets.access_method(con, target)) if mode == "replace" else ""
                     con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} (LIKE {self._qualified()} {like}){using}")
                     commits.label_stage(con, self.config.schema, self.options.run_id, self.name)
@@ -161,6 +173,9 @@ class PostgresSink:
             if self.config.commit_markers:
                 commits.ensure_markers(con, self.config.schema)
             plan = self._plan(request, pairs, write_table, con)
+            if mode == "merge":
+                plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, merge=merging.plan(
+                    con, target, self.config, [t for _, t in pairs], where)))
             if mode == "append" and self.options.verify != "none":  # what was there, to compare what was added
                 n, h = con.execute(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified()}"
                                    if self.options.verify == "checksum" else f"SELECT count(*), 0 FROM {self._qualified()}").fetchone()
@@ -326,8 +341,11 @@ class PostgresSink:
                     "SELECT to_regclass(%s) IS NOT NULL", [self._qualified()]).fetchone()[0]
                 if replacing:  # the new table takes the old one's owner, grants and comment
                     targets.keep_identity(con, target, plan.write_target)
-                steps = swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), ident(self.config.table),
-                                   [ident(c) for c in plan.columns], empty="TRUNCATE")
+                if plan.load_mode == "merge":
+                    steps = merging.steps(con, plan.own.merge, self._qualified(), self._qualified(plan.write_target), self._where)
+                else:
+                    steps = swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), ident(self.config.table),
+                                       [ident(c) for c in plan.columns], empty="TRUNCATE")
                 if plan.load_mode == "truncate" and self.config.rebuild_indexes:
                     drop, build = targets.loose_indexes(con, target)
                     steps = [steps[0], *drop, steps[1], *build, *steps[2:]]  # empty, drop, insert, build, drop stage

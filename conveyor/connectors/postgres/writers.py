@@ -38,6 +38,8 @@ class PgLoad:
     pgpq_types: tuple[Any, ...] | None = None
     #: append with verify=checksum: (rows, hash sum) of the target before the load
     checksum_before: tuple[int, int] = (0, 0)
+    #: load_mode=merge: keys, updated columns, what happens to rows the source lacks
+    merge: Any = None
 
 
 def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str,

@@ -52,7 +52,7 @@ CASES = [
     ("wrong bool", ["sink.unlogged=maybe"], 2, ["error: sink.unlogged:", "maybe"]),
     ("unknown strategy", ["strategy.type=nope"], 2, ["error: unknown strategy 'nope'", "available strategy plugins:"]),
     ("unknown runtime", ["runtime.type=nope"], 2, ["error: unknown runtime 'nope'", "local, ray"]),
-    ("bad load_mode", ["load_mode=merge"], 2, ["error: load_mode: 'merge' is not one of truncate, append, create, replace"]),
+    ("bad load_mode", ["load_mode=upsert"], 2, ["error: load_mode: 'upsert' is not one of truncate, append, create, replace, merge"]),
     ("bad verify", ["verify=md5"], 2, ["error: verify: 'md5' is not one of count, checksum, none"]),
     ("zero degree", ["degree=0"], 2, ["error: degree: 0 is not valid"]),
     ("query on a missing table", ["source.table=null", "source.query='SELECT * FROM nope'"], 4, ["relation \"nope\" does not exist"]),

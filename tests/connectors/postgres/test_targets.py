@@ -118,7 +118,7 @@ def test_create_and_replace_take_an_access_method(events, pg_target) -> None:
     # replace again without the key keeps the access method the table now has
     job(_src(events), _dst(pg_target, "tg_am_swap"), load_mode="replace")
     assert pg_exec(pg_target, "SELECT a.amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam WHERE c.relname = 'tg_am_swap'") == [("tg_columnar",)]
-    with pytest.raises(SchemaError, match=r"table access method 'columnar' does not exist \(there: heap, tg_columnar\)"):
+    with pytest.raises(SchemaError, match=r"table access method .columnar. does not exist \(there: heap, (.*, )?tg_columnar"):
         job(_src(events), _dst(pg_target, "tg_am_x", access_method="columnar"), load_mode="create")
     with pytest.raises(ConfigError, match="applies to load_mode=create or replace"):
         job(_src(events), _dst(pg_target, "tg_am_swap", access_method="tg_columnar"), load_mode="append")
