@@ -18,6 +18,8 @@ from typing import Any
 
 from conveyor.arrowutil import CountingBatches
 from conveyor.connectors import fs as fs_util
+from conveyor.connectors import merge as merging
+from conveyor.connectors.merge import MergeOptions
 from conveyor.connectors.sql import Dialect, SqlSource
 from conveyor.connectors.staged import StagedSink, check_mode
 from conveyor.core import INFINITY, JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats
@@ -159,7 +161,7 @@ class DuckDBSource(SqlSource):
 
 
 @dataclass
-class DuckDBSinkConfig:
+class DuckDBSinkConfig(MergeOptions):
     #: the database file; created if missing
     database: str = "???"
     table: str = "???"
@@ -169,18 +171,21 @@ class DuckDBSinkConfig:
     #: a value is refused before anything moves (conveyor/casts.py)
     allow_cast: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.check_merge_options()
+
 
 class DuckDBSink(StagedSink):
     """Loads a DuckDB table.
 
     append writes straight into the target, one transaction per partition. truncate,
-    create and replace load a staging table first; ``finalize`` swaps it in within one
-    transaction, so a failed run leaves the target as it was (``StagedSink``).
+    create, replace and merge load a staging table first; ``finalize`` swaps (or merges) it in
+    within one transaction, so a failed run leaves the target as it was (``StagedSink``).
     """
 
     config_class = DuckDBSinkConfig
     #: DuckDB lets one process at a time write a database file
-    capabilities = SinkCapabilities(single_process=True)
+    capabilities = SinkCapabilities(single_process=True, load_modes=("truncate", "append", "create", "replace", "merge"))
 
     def __init__(self, config: DuckDBSinkConfig, options: JobOptions) -> None:
         self.config = config
@@ -223,16 +228,22 @@ class DuckDBSink(StagedSink):
             else:
                 pairs = map_columns(schema.names, target_cols, self.options.map_method, where)
                 write_target = self.config.table
-                if mode == "truncate":
+                if mode in ("truncate", "merge"):
                     con.execute(f"CREATE TABLE {stage} AS SELECT * FROM {self._target} LIMIT 0")
                     write_target = self._stage_name()
             self._probe(con, qualified(self.config.schema, write_target), pairs, where, schema)
             before = 0
             if mode == "append" and self.options.verify != "none":
                 before = con.execute(f"SELECT count(*) FROM {self._target}").fetchone()[0]
+            merge = None
+            if mode == "merge":
+                key = con.execute("SELECT constraint_column_names FROM duckdb_constraints() WHERE schema_name = ? AND table_name = ? "
+                                  "AND constraint_type = 'PRIMARY KEY'", [self.config.schema, self.config.table]).fetchone()
+                merge = merging.plan(self.config, key[0] if key else [], [t for _, t in pairs], [c.name for c in target_cols or []], where)
         finally:
             con.close()
         return SinkPlan(
+            own=merge,
             rows_before=before,
             target=f"{self.config.database}:{self.config.schema}.{self.config.table}",
             write_target=write_target,
@@ -303,6 +314,23 @@ class DuckDBSink(StagedSink):
         con = _connect(self.config.database)
         try:
             return int(con.execute(f"SELECT count(*) FROM {qualified(self.config.schema, plan.write_target)}").fetchone()[0])
+        finally:
+            con.close()
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        if plan.load_mode != "merge":
+            return super().finalize(plan, results)
+        con = _connect(self.config.database)
+        try:
+            con.execute("BEGIN")
+            stage = self._qualified(plan.write_target)
+            merging.check_keys(con, plan.own, stage, f"duckdb table {self.config.schema}.{self.config.table}", qident)
+            for step in merging.steps(plan.own, self._qualified(), stage, qident):
+                con.execute(step)
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
         finally:
             con.close()
 

@@ -155,3 +155,24 @@ def test_duckdb_source_missing_table(tmp_path: Path) -> None:
     duckdb.connect(str(src_db)).close()
     with pytest.raises(SchemaError, match="duckdb source"):
         job({"type": "duckdb", "database": str(src_db), "table": "nope"}, _sink(tmp_path / "o.duckdb"), load_mode="create")
+
+
+def test_merge_into_duckdb_upserts_deletes_and_refuses_repeated_keys(tmp_path: Path) -> None:
+    """load_mode=merge into DuckDB (the same statements as PostgreSQL's: conveyor/connectors/merge.py)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"id": pa.array(range(500, 1501), pa.int32()), "h": [f"new-{i}" for i in range(500, 1501)]}), src / "a.parquet")
+    db = tmp_path / "m.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, h VARCHAR)")
+    con.execute("INSERT INTO t SELECT g, 'old-' || g FROM range(1, 1001) r(g)")
+    con.close()
+    job({"type": "parquet", "path": str(src)}, _sink(db), "files", load_mode="merge")
+    assert _rows(db, "SELECT count(*), count(*) FILTER (WHERE h LIKE 'new-%'), min(id), max(id) FROM t") == [(1500, 1001, 1, 1500)]
+    job({"type": "parquet", "path": str(src)}, {**_sink(db), "merge_delete": "hard"}, "files", load_mode="merge")
+    assert _rows(db, "SELECT count(*), min(id), max(id) FROM t") == [(1001, 500, 1500)]
+    pq.write_table(pa.table({"id": pa.array([7, 7, 8], pa.int32()), "h": ["x", "y", "z"]}), src / "b.parquet")
+    with pytest.raises(SchemaError, match=r"the same key \(id\) more than once: \(7\) x2"):
+        job({"type": "parquet", "path": str(src)}, _sink(db), "files", load_mode="merge")
+    assert _rows(db, "SELECT count(*), min(id) FROM t") == [(1001, 500)]
+    assert [t for t in _tables(db) if t.startswith("_conveyor_stage")] == []

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.casts import ColumnType, check_casts
-from conveyor.connectors.postgres import commits, merging, passthrough, writers
+from conveyor.connectors import merge as merging
+from conveyor.connectors.merge import MergeOptions
+from conveyor.connectors.postgres import commits, passthrough, writers
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.target import Target
@@ -53,7 +55,7 @@ WRITERS = ("auto", "pgpq", "adbc")
 
 
 @dataclass
-class PostgresSinkConfig(PgConnConfig):
+class PostgresSinkConfig(MergeOptions, PgConnConfig):
     schema: str = "public"
     table: str = "???"
     #: create / replace make the new table UNLOGGED (faster, not crash-safe, not replicated)
@@ -65,14 +67,6 @@ class PostgresSinkConfig(PgConnConfig):
     #: truncate: drop the target's indexes that back no constraint before the final insert and build
     #: them again after it, in the same transaction (a failure leaves table and indexes as they were)
     rebuild_indexes: bool = False
-    #: merge: the columns that identify a row (null: the target's primary key)
-    merge_keys: list[str] | None = None
-    #: merge: the columns a matched row takes from the source (null: every mapped column but the keys)
-    merge_update: list[str] | None = None
-    #: merge: what happens to target rows the source no longer has: none | hard (deleted) | soft
-    #: (merge_soft_delete_column set to true)
-    merge_delete: str = "none"
-    merge_soft_delete_column: str | None = None
     #: create / replace: the new table's access method (e.g. columnar); null: the server's default
     #: for create, the target's own for replace
     access_method: str | None = None
@@ -99,10 +93,7 @@ class PostgresSinkConfig(PgConnConfig):
             raise ValueError(f"copy_path: {self.copy_path!r} is not one of {', '.join(COPY_PATHS)}")
         if self.writer not in WRITERS:
             raise ValueError(f"writer: {self.writer!r} is not one of {', '.join(WRITERS)}")
-        if self.merge_delete not in ("none", "hard", "soft"):
-            raise ValueError(f"merge_delete: {self.merge_delete!r} is not one of none, hard, soft")
-        if (self.merge_delete == "soft") != bool(self.merge_soft_delete_column):
-            raise ValueError("merge_delete=soft and merge_soft_delete_column go together (the boolean column set to true)")
+        self.check_merge_options()
 
 
 class PostgresSink:
@@ -174,8 +165,9 @@ class PostgresSink:
                 commits.ensure_markers(con, self.config.schema)
             plan = self._plan(request, pairs, write_table, con)
             if mode == "merge":
-                plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, merge=merging.plan(
-                    con, target, self.config, [t for _, t in pairs], where)))
+                merge = merging.plan(self.config, targets.primary_key(con, target), [t for _, t in pairs],
+                                     [c.name for c in target.columns], where)
+                plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, merge=merge))
             if mode == "append" and self.options.verify != "none":  # what was there, to compare what was added
                 n, h = con.execute(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified()}"
                                    if self.options.verify == "checksum" else f"SELECT count(*), 0 FROM {self._qualified()}").fetchone()
@@ -342,7 +334,9 @@ class PostgresSink:
                 if replacing:  # the new table takes the old one's owner, grants and comment
                     targets.keep_identity(con, target, plan.write_target)
                 if plan.load_mode == "merge":
-                    steps = merging.steps(con, plan.own.merge, self._qualified(), self._qualified(plan.write_target), self._where)
+                    merging.check_keys(con, plan.own.merge, self._qualified(plan.write_target), self._where, ident)
+                    steps = merging.steps(plan.own.merge, self._qualified(), self._qualified(plan.write_target), ident,
+                                          has_merge=con.info.server_version >= 150000)
                 else:
                     steps = swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), ident(self.config.table),
                                        [ident(c) for c in plan.columns], empty="TRUNCATE")

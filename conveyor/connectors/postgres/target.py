@@ -118,6 +118,14 @@ def default_partition_rows(con: Any, target: Target) -> list[tuple[str, int]]:
     return [(name, n) for name, n in counts if n]
 
 
+def primary_key(con: Any, target: Target) -> list[str]:
+    """The target's primary key columns, in key order (none: [])."""
+    rows = con.execute("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+                       "WHERE i.indrelid = %s::regclass AND i.indisprimary ORDER BY array_position(i.indkey::int2[], a.attnum)",
+                       [target.qualified]).fetchall()
+    return [r[0] for r in rows]
+
+
 def loose_indexes(con: Any, target: Target) -> tuple[list[str], list[str]]:
     """(DROP statements, CREATE statements) for the target's own indexes that back no constraint
     (primary keys, unique and exclusion constraints stay: they are the table's rules, and foreign
