@@ -261,6 +261,45 @@ class Bench:
             finally:
                 self.dst = saved
 
+    # load recipes on an indexed target: the index-rebuild recipe against loading with the indexes in place
+    def recipes(self, table: str, degree: int) -> None:
+        if table != "lineitem":
+            return
+        target = "rc_lineitem"
+        reset, verify = self.fresh_target(self.dst, table, target, primary_key="l_orderkey, l_linenumber")
+        psql(self.dst, f"CREATE INDEX rc_ship ON {target} (l_shipdate); CREATE INDEX rc_part ON {target} (l_partkey, l_suppkey)")
+        group = f"recipes {table} (PK + 2 indexes)"
+        for rebuild in (False, True):
+            cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table},
+                   "sink": {"type": "postgres", "port": self.dst.port, "table": target, "rebuild_indexes": rebuild},
+                   "strategy": {"type": "ctid"}, "load_mode": "truncate", "degree": degree}
+            name = "conveyor truncate, indexes rebuilt after the load" if rebuild else "conveyor truncate, indexes in place"
+            self.measure(group, f"{name} degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method=f"rebuild={rebuild}",
+                         degree=degree)
+
+    # merge a 10% change into a loaded table, against reloading it whole
+    def merge(self, table: str, degree: int) -> None:
+        if table != "lineitem":
+            return
+        target, delta = "mg_lineitem", f"{table}_delta"
+        psql(self.src, f"DROP TABLE IF EXISTS {delta}; CREATE TABLE {delta} AS SELECT * FROM {table} WHERE l_orderkey % 10 = 0; "
+                       f"UPDATE {delta} SET l_comment = 'merged ' || l_linenumber")
+        truncate, _ = self.fresh_target(self.dst, table, target, primary_key="l_orderkey, l_linenumber")
+        full = {"source": {"type": "postgres", "port": self.src.port, "table": table},
+                "sink": {"type": "postgres", "port": self.dst.port, "table": target}, "strategy": {"type": "ctid"}, "degree": degree}
+        expect_after = checksum(self.src, f"(SELECT l.* FROM {table} l WHERE l_orderkey % 10 <> 0 UNION ALL SELECT * FROM {delta})")
+
+        def reset() -> None:  # the target as loaded before the change (not timed)
+            truncate()
+            conveyor({**full, "load_mode": "append"})
+
+        group = f"merge {table} (10% changed)"
+        self.measure(group, f"reload: conveyor truncate degree={degree}", lambda: conveyor({**full, "load_mode": "truncate"}), reset,
+                     lambda: checksum(self.dst, target) == self._expected[table], method="reload", degree=degree)
+        merge = {**full, "source": {"type": "postgres", "port": self.src.port, "table": delta}, "load_mode": "merge"}
+        self.measure(group, f"conveyor merge of the changed rows degree={degree}", lambda: conveyor(merge), reset,
+                     lambda: checksum(self.dst, target) == expect_after, method="merge", degree=degree)
+
     # local vs Ray on the same job
     def runtime(self, table: str, partitions: int) -> None:
         import logging
@@ -391,8 +430,9 @@ def main() -> int:
     ap.add_argument("--degrees", default="1,2,4")
     ap.add_argument("--parts", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--groups", default="pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,runtime,memory",
-                    help="comma-separated: pg_to_pg, parquet_to_pg, pg_to_parquet, duckdb_to_pg, wal_minimal, runtime, memory")
+    ap.add_argument("--groups", default="pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,recipes,merge,runtime,memory",
+                    help="comma-separated: pg_to_pg, parquet_to_pg, pg_to_parquet, duckdb_to_pg, wal_minimal, recipes, merge "
+                         "(lineitem only), runtime, memory")
     ap.add_argument("--memory-sfs", default="1,3", help="scale factors of lineitem for the memory group")
     ap.add_argument("--out", default=f".bench/{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
@@ -426,6 +466,10 @@ def main() -> int:
                 bench.duckdb_to_pg(t, work / t, degrees, duck, keys.get(t, "1"))
             if "wal_minimal" in groups:
                 bench.wal_minimal(t, [d for d in degrees if d <= 2])
+            if "recipes" in groups:
+                bench.recipes(t, max(d for d in degrees if d <= 2))
+            if "merge" in groups:
+                bench.merge(t, max(d for d in degrees if d <= 2))
         if "runtime" in groups:
             bench.runtime(tables[0], 8)
         if "memory" in groups:
