@@ -12,7 +12,7 @@ tasks in the driver's process (``runtime=local``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -320,19 +320,9 @@ class DuckDBSink(StagedSink):
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         if plan.load_mode != "merge":
             return super().finalize(plan, results)
-        con = _connect(self.config.database)
-        try:
-            con.execute("BEGIN")
-            stage = self._qualified(plan.write_target)
-            merging.check_keys(con, plan.own, stage, f"duckdb table {self.config.schema}.{self.config.table}", qident)
-            for step in merging.steps(plan.own, self._qualified(), stage, qident):
-                con.execute(step)
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
-        finally:
-            con.close()
+        stage, where = self._qualified(plan.write_target), f"duckdb table {self.config.schema}.{self.config.table}"
+        self._in_one_transaction(plan, merging.steps(plan.own, self._qualified(), stage, qident),
+                                 first=lambda con: merging.check_keys(con, plan.own, stage, where, qident))
 
     # StagedSink's finalize / abort, in DuckDB's spelling
 
@@ -342,10 +332,12 @@ class DuckDBSink(StagedSink):
     def _quote(self, name: str) -> str:
         return qident(name)
 
-    def _in_one_transaction(self, plan: SinkPlan, steps: list[str]) -> None:
+    def _in_one_transaction(self, plan: SinkPlan, steps: list[str], first: Callable[[Any], None] | None = None) -> None:
         con = _connect(self.config.database)
         try:
             con.execute("BEGIN")
+            if first is not None:  # a check inside the transaction, before the steps (merge: the staged keys)
+                first(con)
             for step in steps:
                 con.execute(step)
             con.execute("COMMIT")
