@@ -5,9 +5,9 @@ Everything Conveyor says is a record of the ``conveyor`` logger (or a child of i
 :func:`warn` at WARNING, and :func:`note` at INFO what the run decided for its log file only (plan,
 path and writer, each partition's outcome with where it ran and what it retried, a failed task's
 traceback). One handler on the ``conveyor`` logger prints on stderr (``warning: ...`` for
-warnings, the message alone otherwise; notes only with ``--verbose``); Hydra's logging config (see
-``configs/config.yaml``) sends every record, with its time and level, to the run directory's
-``conveyor.log``. Used as a library, only warnings print (the logger's level is then the root's);
+warnings, the message alone otherwise; notes only with ``--verbose``); Hydra's logging config
+(``configs/hydra/job_logging/conveyor.yaml``) sends every record, with its time and level, to the
+run directory's ``conveyor.log``. Used as a library, only warnings print (the logger's level is then the root's);
 the CLI sets INFO, or DEBUG with ``--verbose``.
 """
 
