@@ -251,6 +251,27 @@ def test_one_ctrl_c_with_partitions_queued_stops_within_seconds(ex_src, pg_targe
     print(f"{kind}: Ctrl-C to exit {took:.2f} s")
 
 
+@pytest.mark.parametrize("kind", RUNTIMES)
+def test_ctrl_c_during_a_merge_leaves_the_target_as_it_was(ex_src, pg_target, tmp_path: Path, kind: str, request) -> None:
+    """load_mode=merge stages every partition first: a Ctrl-C with partitions queued changes no row of
+    the target and leaves no staging table once the stopped tasks have ended."""
+    pg_exec(pg_target, "DROP TABLE IF EXISTS ex_merge", "CREATE TABLE ex_merge (id int PRIMARY KEY, grp int, h text)",
+            "INSERT INTO ex_merge SELECT g, 0, 'old' FROM generate_series(1, 5000) g")
+    before = checksum(pg_target, "ex_merge")
+    args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",
+            "sink.table=ex_merge", "load_mode=merge", "degree=1", "strategy.partitions=20", "sink.copy_path=arrow",
+            "batch_size=1000", *_runtime_args(kind, request)]
+    proc = _popen(args, tmp_path, "run")
+    _wait_for_copy(pg_target, "_conveyor_stage")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "error: cancelled: the target is as it was" in err
+    _wait_until_idle(pg_target)
+    assert checksum(pg_target, "ex_merge") == before
+    assert pg_exec(pg_target, "SELECT count(*) FROM pg_class WHERE relname LIKE '\\_conveyor\\_stage\\_%'") == [(0,)]
+
+
 def test_a_second_ctrl_c_quits_at_once_without_a_traceback(ex_src, pg_target, tmp_path: Path) -> None:
     pg_exec(pg_target, "DROP TABLE IF EXISTS ex_cancel2", "CREATE TABLE ex_cancel2 (id int, grp int, h text)")
     args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",

@@ -65,6 +65,23 @@ class Recorder:
         self.done.append(result.partition)
 
 
+def test_merge_and_a_stream_cap_on_ray_workers(ray_instance, pg_source, pg_target) -> None:
+    """load_mode=merge and sink.max_streams from Ray's worker processes: the stage and the advisory
+    lock slots live in the target, so they hold whichever process writes."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS ray_mg_src", "CREATE TABLE ray_mg_src AS SELECT g AS id, 'new-' || g AS h FROM generate_series(500, 1500) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS ray_mg_dst", "CREATE TABLE ray_mg_dst (id int PRIMARY KEY, h text)",
+            "INSERT INTO ray_mg_dst SELECT g, 'old-' || g FROM generate_series(1, 1000) g",
+            "DROP TABLE IF EXISTS ray_mg_exp", "CREATE TABLE ray_mg_exp AS SELECT g AS id, CASE WHEN g < 500 THEN 'old-' ELSE 'new-' END || g AS h "
+            "FROM generate_series(1, 1500) g")
+    report = run_job(build_job(OmegaConf.create({
+        "source": {"type": "postgres", "port": pg_source.port, "table": "ray_mg_src"},
+        "sink": {"type": "postgres", "port": pg_target.port, "table": "ray_mg_dst", "max_streams": 1},
+        "strategy": {"type": "rangeid", "distribute_key": "id", "partitions": 4},
+        "runtime": {"type": "ray", "max_retries": 0}, "load_mode": "merge", "degree": 2})))
+    assert len(report.results) == 4 and report.rows == 1001
+    assert checksum(pg_target, "ray_mg_dst") == checksum(pg_target, "ray_mg_exp")
+
+
 def test_progress_reaches_the_driver_while_tasks_run(ray_instance, pg_target, tmp_path: Path) -> None:
     spec = _spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / "out")}, {"type": "none"})
     # 8 batches of 0.4 s per partition, about 6 s in all: longer than the progress actor takes to
