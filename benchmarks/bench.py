@@ -277,6 +277,42 @@ class Bench:
             self.measure(group, f"{name} degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method=f"rebuild={rebuild}",
                          degree=degree)
 
+    # the partitioned-ingestion experiment: one indexed table, range partitions, range + hash sub-partitions,
+    # each loaded through the parent and with a plan aligned with the target's range partitions
+    def partitioned(self, table: str, degree: int) -> None:
+        if table != "lineitem":
+            return
+        cols = ddl(self.src, table)
+        months = [f"{y}-{m:02d}-01" for y in range(1992, 1999) for m in range(1, 13)] + ["1999-01-01"]
+        expect = self._expected.setdefault(table, checksum(self.src, table))
+        layouts = {
+            "one table": [f"CREATE TABLE pt_li ({cols}, PRIMARY KEY (l_orderkey, l_linenumber, l_shipdate))"],
+            "range by month": [f"CREATE TABLE pt_li ({cols}, PRIMARY KEY (l_orderkey, l_linenumber, l_shipdate)) PARTITION BY RANGE (l_shipdate)",
+                               *[f"CREATE TABLE pt_li_{i} PARTITION OF pt_li FOR VALUES FROM ('{months[i]}') TO ('{months[i + 1]}')"
+                                 for i in range(len(months) - 1)]],
+            "range by month + hash(4)": [
+                f"CREATE TABLE pt_li ({cols}, PRIMARY KEY (l_orderkey, l_linenumber, l_shipdate)) PARTITION BY RANGE (l_shipdate)",
+                *[stmt for i in range(len(months) - 1) for stmt in (
+                    f"CREATE TABLE pt_li_{i} PARTITION OF pt_li FOR VALUES FROM ('{months[i]}') TO ('{months[i + 1]}') "
+                    "PARTITION BY HASH (l_orderkey)",
+                    *[f"CREATE TABLE pt_li_{i}_{h} PARTITION OF pt_li_{i} FOR VALUES WITH (MODULUS 4, REMAINDER {h})" for h in range(4)])]],
+        }
+        for name, statements in layouts.items():
+            psql(self.dst, "DROP TABLE IF EXISTS pt_li CASCADE; " + "; ".join(statements) +
+                 "; CREATE INDEX ON pt_li (l_partkey); CREATE INDEX ON pt_li (l_suppkey)")
+            group = f"partitioned {table}: {name} (PK + 2 indexes)"
+            reset, verify = (lambda: psql(self.dst, "TRUNCATE pt_li")), (lambda: checksum(self.dst, "pt_li") == expect)
+            base = {"source": {"type": "postgres", "port": self.src.port, "table": table},
+                    "sink": {"type": "postgres", "port": self.dst.port, "table": "pt_li"}, "load_mode": "append", "degree": degree}
+            self.measure(group, f"conveyor through the parent, rangeid degree={degree}",
+                         lambda b=base: conveyor({**b, "strategy": {"type": "rangeid", "distribute_key": "l_shipdate"}}), reset, verify,
+                         method="parent", degree=degree)
+            if name != "one table":
+                self.measure(group, f"conveyor aligned with the partitions degree={degree}",
+                             lambda b=base: conveyor({**b, "strategy": {"type": "rangeid", "align": True}}), reset, verify,
+                             method="aligned", degree=degree)
+        psql(self.dst, "DROP TABLE IF EXISTS pt_li CASCADE")
+
     # merge a 10% change into a loaded table, against reloading it whole
     def merge(self, table: str, degree: int) -> None:
         if table != "lineitem":
@@ -430,9 +466,9 @@ def main() -> int:
     ap.add_argument("--degrees", default="1,2,4")
     ap.add_argument("--parts", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--groups", default="pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,recipes,merge,runtime,memory",
-                    help="comma-separated: pg_to_pg, parquet_to_pg, pg_to_parquet, duckdb_to_pg, wal_minimal, recipes, merge "
-                         "(lineitem only), runtime, memory")
+    ap.add_argument("--groups", default="pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,recipes,partitioned,merge,runtime,memory",
+                    help="comma-separated: pg_to_pg, parquet_to_pg, pg_to_parquet, duckdb_to_pg, wal_minimal, recipes, partitioned, "
+                         "merge (the last three lineitem only), runtime, memory")
     ap.add_argument("--memory-sfs", default="1,3", help="scale factors of lineitem for the memory group")
     ap.add_argument("--out", default=f".bench/{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
@@ -468,6 +504,8 @@ def main() -> int:
                 bench.wal_minimal(t, [d for d in degrees if d <= 2])
             if "recipes" in groups:
                 bench.recipes(t, max(d for d in degrees if d <= 2))
+            if "partitioned" in groups:
+                bench.partitioned(t, max(d for d in degrees if d <= 2))
             if "merge" in groups:
                 bench.merge(t, max(d for d in degrees if d <= 2))
         if "runtime" in groups:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from conveyor.core.options import JobOptions
 from conveyor.core.partitions import Partition
-from conveyor.core.sinks import SinkPlan
+from conveyor.core.sinks import SinkPlan, TargetLayout
 from conveyor.core.sources import SourceInfo
 
 if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
@@ -31,6 +31,8 @@ class PlanRequest:
     source: Any
     info: SourceInfo
     degree: int
+    #: the target's range partitions, where the sink can tell (strategy.align=true plans along them)
+    target: TargetLayout | None = None
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,26 @@ class PrepareRequest:
 
 
 @dataclass(frozen=True)
+class TargetLayout:
+    """How a target is split into range partitions on one column: the boundaries (ascending, each a
+    value of that column) a source plan can align with, so each source partition holds one target
+    partition's rows and is written straight into it instead of routed through the parent."""
+
+    column: str
+    bounds: tuple[Any, ...]
+    #: the target partitions, for plans and messages
+    partitions: int = 0
+
+
+@runtime_checkable
+class SupportsTargetLayout(Protocol):
+    """A sink that can say how its target is partitioned (None: not by range on one column, or
+    the load goes through a staging table, where alignment buys nothing)."""
+
+    def target_layout(self, request: PrepareRequest) -> TargetLayout | None: ...
+
+
+@dataclass(frozen=True)
 class WriteStats:
     """What one partition's write did."""
 
@@ -162,6 +182,8 @@ class Sink(Protocol):
 __all__ = [
     "SinkPlan",
     "PrepareRequest",
+    "TargetLayout",
+    "SupportsTargetLayout",
     "WriteStats",
     "SinkCapabilities",
     "sink_capabilities",

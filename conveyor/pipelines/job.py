@@ -30,6 +30,7 @@ from conveyor.core import (
     SourceInfo,
     SupportsCommitMarkers,
     SupportsSpecialValues,
+    SupportsTargetLayout,
     Task,
     TaskResult,
     WriteStats,
@@ -132,7 +133,10 @@ def _check(spec: JobSpec) -> None:
 
 def _plan(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
     degree = resolve_degree(spec.runtime, spec.options.degree)
-    planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree))
+    layout = None
+    if isinstance(spec.sink, SupportsTargetLayout):  # the target's range partitions, for a plan aligned with them
+        layout = spec.sink.target_layout(PrepareRequest(schema=info.schema, info=info))
+    planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree, target=layout))
     partitions = list(planned.partitions)
     if not partitions:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")

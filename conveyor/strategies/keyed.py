@@ -50,6 +50,9 @@ class RangeIdStrategyConfig(KeyedStrategyConfig):
     #: rows: ranges hold about the same number of rows (sampled quantiles), so a skewed key
     #: does not leave one worker with most rows; width: equal-width ranges from min to max
     balance: str = "rows"
+    #: true: one range per partition of a target partitioned by range (pg_partman's, for one), each
+    #: written straight into its partition (append); the target's partition key is the distribute key
+    align: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -181,6 +184,8 @@ class RangeIdStrategy(_Base):
     method = "rangeid"
 
     def plan(self, request: PlanRequest) -> PartitionPlan:
+        if self.config.align:
+            return self._aligned(request)
         source, column = _keys(request, self.method), _key_column(self.config, self.method)
         stats = source.key_stats(column)
         if stats.kind not in ("integer", "numeric", "temporal"):
@@ -196,6 +201,23 @@ class RangeIdStrategy(_Base):
         parts = ranges_from_bounds(column, bounds)
         return PartitionPlan(parts, f"{len(parts)} ranges of {column} balanced by {self.config.balance} (min {stats.min!r}, max {stats.max!r})")
 
+
+    def _aligned(self, request: PlanRequest) -> PartitionPlan:
+        """The target's own range boundaries as the plan: each inner range is one target partition."""
+        layout = request.target
+        if layout is None:
+            raise PlanningError("strategy.align: the target is not a table partitioned by range on one column "
+                                "(or load_mode is not append, whose partitions are written straight into the target)",
+                                hint="set strategy.align=false to plan ranges of the source's own")
+        column = self.config.distribute_key or layout.column
+        if column != layout.column:
+            raise ConfigError(f"strategy.align: the target is partitioned on {layout.column!r}, not on distribute_key {column!r}",
+                              key="strategy.distribute_key", hint=f"set strategy.distribute_key={layout.column} (or leave it unset)")
+        _keys(request, self.method)
+        parts = ranges_from_bounds(column, list(layout.bounds))
+        return PartitionPlan(parts, f"aligned with the target's {layout.partitions} range partitions on {column}: "
+                                    f"{len(parts)} ranges, each written straight into its partition (the open ends and NULL keys "
+                                    "through the parent)")
 
 class NtileStrategy(_Base):
     """NTILE(n) over the key: exact quantile boundaries, computed once, as key ranges."""
@@ -215,6 +237,8 @@ class RandomStrategy(_Base):
     method = "random"
 
     def plan(self, request: PlanRequest) -> PartitionPlan:
+        if self.config.align:
+            return self._aligned(request)
         source, column = _keys(request, self.method), _key_column(self.config, self.method)
         stats = source.key_stats(column)
         if stats.kind != "integer":

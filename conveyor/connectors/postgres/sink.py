@@ -29,7 +29,7 @@ from typing import Any
 from conveyor.casts import ColumnType, check_casts
 from conveyor.connectors import merge as merging
 from conveyor.connectors.merge import MergeOptions
-from conveyor.connectors.postgres import commits, passthrough, writers
+from conveyor.connectors.postgres import commits, partitioned, passthrough, writers
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.target import Target
@@ -44,6 +44,7 @@ from conveyor.core import (
     PrepareRequest,
     SinkCapabilities,
     SinkPlan,
+    TargetLayout,
     WriteStats,
 )
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
@@ -164,6 +165,8 @@ class PostgresSink:
             if self.config.commit_markers:
                 commits.ensure_markers(con, self.config.schema)
             plan = self._plan(request, pairs, write_table, con)
+            if mode == "append" and target.relkind == "p":
+                plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, leaves=partitioned.leaves(con, target, self.config.schema)))
             if mode == "merge":
                 merge = merging.plan(self.config, targets.primary_key(con, target), [t for _, t in pairs],
                                      [c.name for c in target.columns], where)
@@ -259,15 +262,26 @@ class PostgresSink:
             tcols = [src[n] if n in src and src[n].type_oid < 16384 else PgColumn(n, 0, -1, "", "", "", "") for n in request.schema.names]
         return passthrough.negotiate(request.info.native, pairs, tcols, self.config.copy_path)[1]
 
+    # --- partitioned targets (conveyor/connectors/postgres/partitioned.py) --------------------------
+
+    def target_layout(self, request: PrepareRequest) -> TargetLayout | None:
+        """The target's range partitions (append into a table partitioned by range on one column)."""
+        return partitioned.layout(self.config, self.options.load_mode, self._where)
+
+    def _into(self, plan: SinkPlan, part: Partition) -> SinkPlan:
+        return partitioned.into(plan, part, self.config.table)
+
     # --- write -------------------------------------------------------------------------------
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+        plan = self._into(plan, part)
         if plan.own.writer == "pgpq":
             return writers.write_pgpq(self.config, plan, part, batches)
         return writers.write_adbc(self.config, self.options.run_id, plan, part, batches)
 
     def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats:
         """The pass-through: the source's binary COPY stream, relayed into the target in one transaction."""
+        plan = self._into(plan, part)
         attempt = commits.Attempt(plan.own.once, part.key)
         con = connect(self.config)
         try:
@@ -349,7 +363,7 @@ class PostgresSink:
                     targets.rename_stage_indexes(con, target, plan.write_target)
                 self._forget_markers(con, plan)  # a staged load is visible whole: its markers served their purpose
             con.commit()
-            self._say_default_partitions(con, target)
+            partitioned.say_default_rows(con, target, self.name)
             if self.config.analyze:
                 con.execute(f"ANALYZE {self._qualified()}")
                 con.commit()
@@ -360,16 +374,6 @@ class PostgresSink:
         finally:
             con.close()
             commits.release_guard(self.options.run_id)
-
-    def _say_default_partitions(self, con: Any, target: Target) -> None:
-        """Rows that no partition's bounds cover went to a DEFAULT partition, as the server routes
-        them: loaded, but worth a line (pg_partman moves them once it has made their partitions)."""
-        if con.execute("SELECT relkind FROM pg_class WHERE oid = %s::regclass", [target.qualified]).fetchone()[0] != "p":
-            return
-        for name, n in targets.default_partition_rows(con, target):
-            warn(f"{name}, the default partition of {self.name}, holds {n:,} rows that no other partition covers "
-                 "(pg_partman: CALL partman.partition_data_proc(...) makes their partitions and moves them there)")
-        con.commit()
 
     def _forget_markers(self, con: Any, plan: SinkPlan) -> None:
         once: commits.Once = plan.own.once

@@ -107,6 +107,28 @@ def access_method(con: Any, target: Target) -> str:
     return f" USING {ident(row[0])}" if row and row[0] != "heap" else ""
 
 
+def range_leaves(con: Any, target: Target) -> tuple[str, list[tuple[Any, Any, str, str]]] | None:
+    """(partition key column, [(lower, upper, schema, table)]) of a target partitioned by RANGE on
+    one column: its direct partitions with their bounds as Python values (None: MINVALUE/MAXVALUE);
+    None for any other target. The DEFAULT partition is not among them (the parent routes to it)."""
+    row = con.execute("SELECT pt.partstrat, pt.partnatts, a.attname, format_type(a.atttypid, a.atttypmod) "
+                      "FROM pg_partitioned_table pt JOIN pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0] "
+                      "WHERE pt.partrelid = %s::regclass", [target.qualified]).fetchone()
+    if row is None or row[0] != "r" or row[1] != 1 or row[2] is None:
+        return None
+    column, type_sql = row[2], row[3]
+    children = con.execute(
+        "SELECT n.nspname, c.relname, (regexp_match(pg_get_expr(c.relpartbound, c.oid), '^FOR VALUES FROM \\((.*)\\) TO \\((.*)\\)$'))[1:2] "
+        "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE i.inhparent = %s::regclass AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'", [target.qualified]).fetchall()
+    leaves = []
+    for schema, name, (lo, hi) in children:
+        # each bound as the column's own type, cast by the server from the literal it printed
+        values = [None if v in ("MINVALUE", "MAXVALUE") else con.execute(f"SELECT {v}::{type_sql}").fetchone()[0] for v in (lo, hi)]
+        leaves.append((values[0], values[1], schema, name))
+    return column, sorted(leaves, key=lambda leaf: (leaf[0] is not None, leaf[0]))
+
+
 def default_partition_rows(con: Any, target: Target) -> list[tuple[str, int]]:
     """(partition, rows) of each DEFAULT partition under a partitioned target that holds rows:
     rows no other partition's bounds cover (pg_partman's parent_default, for one)."""

@@ -40,6 +40,9 @@ class PgLoad:
     checksum_before: tuple[int, int] = (0, 0)
     #: load_mode=merge: keys, updated columns, what happens to rows the source lacks
     merge: Any = None
+    #: append into a table partitioned by range: (column, ((lower, upper, table), ...)) of the partitions
+    #: in the target's schema, so a source partition aligned with one is written straight into it
+    leaves: tuple[str, tuple[tuple[Any, Any, str], ...]] | None = None
 
 
 def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str,

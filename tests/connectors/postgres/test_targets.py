@@ -219,3 +219,42 @@ def test_the_index_rebuild_recipe_leaves_the_target_exactly_as_before_plus_the_r
     assert checksum(pg_target, "tg_idx") == before and _indexes(pg_target, "tg_idx") == indexes
     with pytest.raises(ConfigError, match="applies to load_mode=truncate"):
         job(_src(events), _dst(pg_target, "tg_idx", rebuild_indexes=True), load_mode="append")
+
+
+@pytest.mark.parametrize("copy_path", ["auto", "arrow"])
+def test_an_aligned_plan_writes_each_range_straight_into_its_partition(events, pg_target, copy_path) -> None:
+    """strategy=rangeid strategy.align=true: one source range per target partition (monthly; June
+    has none, so its rows go to the default), each written straight into its partition: only the
+    ranges no partition matches (the open ends, June) go through the parent, as a statement-level
+    trigger on the parent counts. Rows exact either way."""
+    months = [f"2026-{m:02d}-01" for m in range(1, 13)] + ["2027-01-01"]
+    pg_exec(pg_target, "DROP TABLE IF EXISTS tg_aligned CASCADE", "DROP TABLE IF EXISTS tg_parent_copies",
+            "CREATE TABLE tg_parent_copies (at timestamptz DEFAULT now())",
+            "CREATE TABLE tg_aligned (id int, ts timestamp, region text, h text) PARTITION BY RANGE (ts)",
+            *[f"CREATE TABLE tg_aligned_{i} PARTITION OF tg_aligned FOR VALUES FROM ('{months[i]}') TO ('{months[i + 1]}')"
+              for i in range(12) if i != 5],
+            "CREATE TABLE tg_aligned_default PARTITION OF tg_aligned DEFAULT",
+            "CREATE OR REPLACE FUNCTION tg_count_parent() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN INSERT INTO tg_parent_copies DEFAULT VALUES; RETURN NULL; END $$",
+            "CREATE TRIGGER tg_count_parent AFTER INSERT ON tg_aligned FOR EACH STATEMENT EXECUTE FUNCTION tg_count_parent()")
+    report = job(_src(events), _dst(pg_target, "tg_aligned", copy_path=copy_path), "rangeid", {"align": True}, load_mode="append", degree=2)
+    _same(events, pg_target, "tg_events", "tg_aligned")
+    assert "aligned with the target's 11 range partitions on ts" in report.plan.note
+    assert len(report.plan.partitions) == 14  # below January, the 12 months (June among them), from 2027 on
+    assert pg_exec(pg_target, "SELECT count(*) FROM tg_parent_copies") == [(3,)]  # the two open ends and June
+    in_default = pg_exec(pg_target, "SELECT min(ts)::date::text, max(ts)::date::text FROM tg_aligned_default")[0]
+    assert in_default == ("2026-06-01", "2026-06-30")
+    # the same job planned by the source's own ranges sends every partition through the parent
+    pg_exec(pg_target, "TRUNCATE tg_aligned", "TRUNCATE tg_parent_copies")
+    job(_src(events), _dst(pg_target, "tg_aligned", copy_path=copy_path), "rangeid", {"distribute_key": "ts", "partitions": 4},
+        load_mode="append", degree=2)
+    _same(events, pg_target, "tg_events", "tg_aligned")
+    assert pg_exec(pg_target, "SELECT count(*) FROM tg_parent_copies") == [(4,)]
+
+
+def test_align_is_refused_by_name_where_the_target_has_no_range_partitions(events, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS tg_flat", "CREATE TABLE tg_flat (id int, ts timestamp, region text, h text)")
+    with pytest.raises(PlanningError, match="strategy.align: the target is not a table partitioned by range on one column"):
+        job(_src(events), _dst(pg_target, "tg_flat"), "rangeid", {"align": True}, load_mode="append")
+    with pytest.raises(ConfigError, match="the target is partitioned on 'ts', not on distribute_key 'id'"):
+        job(_src(events), _dst(pg_target, "tg_aligned"), "rangeid", {"align": True, "distribute_key": "id"}, load_mode="append")
