@@ -237,8 +237,6 @@ class RandomStrategy(_Base):
     method = "random"
 
     def plan(self, request: PlanRequest) -> PartitionPlan:
-        if self.config.align:
-            return self._aligned(request)
         source, column = _keys(request, self.method), _key_column(self.config, self.method)
         stats = source.key_stats(column)
         if stats.kind != "integer":
