@@ -104,7 +104,7 @@ def _pin_environment_keys(cfg: Any, spec: Any) -> None:
     the job's driver on the cluster has another environment. Secrets never are (they travel only
     through runtime.forward_env)."""
     for kind in ("source", "sink"):
-        conf = getattr(spec, kind).config
+        conf = getattr(getattr(spec, kind), "config", None)  # a third-party plugin may keep its config otherwise
         for key in getattr(type(conf), "ENVIRONMENT_KEYS", ()):
             if cfg[kind].get(key) is None:
                 cfg[kind][key] = getattr(conf, key)
