@@ -197,14 +197,16 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
     return TransferError(text, partition=partition, retriable=retriable)
 
 
-def connect(conf: PgConnConfig, autocommit: bool = False) -> Any:
-    """A psycopg connection, or a ConnectError naming the server (not the password)."""
+def connect(conf: PgConnConfig, autocommit: bool = False, partition: str | None = None) -> Any:
+    """A psycopg connection, or a ConnectError naming the server (not the password). Inside a task
+    (``partition`` given) a lost or refused connection is a retriable TransferError instead: a
+    server restarting while a partition starts is cured by the retry, as one restarting mid-COPY is."""
     import psycopg
 
     try:
         return psycopg.connect(autocommit=autocommit, **conf.conninfo())
     except psycopg.Error as exc:
-        raise translate(exc, conf, "cannot connect") from None
+        raise translate(exc, conf, "cannot connect", partition) from None
 
 
 # ADBC's PostgreSQL driver reads the server's whole type catalogue whenever a database object is

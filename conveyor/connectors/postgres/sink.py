@@ -283,7 +283,7 @@ class PostgresSink:
         """The pass-through: the source's binary COPY stream, relayed into the target in one transaction."""
         plan = self._into(plan, part)
         attempt = commits.Attempt(plan.own.once, part.key)
-        con = connect(self.config)
+        con = connect(self.config, partition=part.key)
         try:
             return attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(),
                                lambda: passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key))

@@ -195,7 +195,7 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
     counted = CountingBatches(_cast_batches(iter(batches), pairs, types, out_schema, part.key))
     wire = pa.schema([pa.field(t, _wire_type(ty)) for (_, t), ty in zip(pairs, types)])
     encoder = ArrowToPostgresBinaryEncoder(wire)
-    con = connect(config)
+    con = connect(config, partition=part.key)
 
     def body() -> tuple[int, int]:
         cols = ", ".join(ident(c) for c in plan.columns)

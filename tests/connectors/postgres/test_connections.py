@@ -3,6 +3,8 @@ once per database object); the templates that make this possible are bounded and
 
 from __future__ import annotations
 
+import pytest
+
 from conveyor.connectors.postgres import common
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, close_adbc_templates
 from tests.helpers import pg_exec
@@ -52,3 +54,19 @@ def test_a_new_job_sees_types_created_after_an_earlier_job(pg_target) -> None:
     cur.close()
     con.close()
     close_adbc_templates()
+
+
+def test_a_refused_connection_inside_a_task_is_retriable(pg_target) -> None:
+    """A task that connects while the target restarts (test_target_server_restarted_mid_run once met
+    it: 'server closed the connection unexpectedly' at connect) is retried like one that lost its
+    connection mid-COPY; on the driver, before anything moves, it stays a ConnectError."""
+    from conveyor.connectors.postgres.common import connect
+    from conveyor.errors import ConnectError, TransferError
+    from conveyor.testing.pgserver import free_port
+
+    conf = PgConnConfig(port=free_port(), connect_timeout=2)
+    with pytest.raises(TransferError) as in_task:
+        connect(conf, partition="ctid-00003")
+    assert in_task.value.retriable and in_task.value.partition == "ctid-00003"
+    with pytest.raises(ConnectError):
+        connect(conf)
