@@ -3,7 +3,7 @@ its declared capabilities, and the optional capabilities a sink offers by having
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -45,6 +45,12 @@ class SinkPlan:
     #: the sink's own decisions, as its own picklable dataclass (the PostgreSQL sink's writer and
     #: casts, ...): read only by the sink that made them
     own: Any = None
+    #: the sink's partition commits are final (no staging swapped in later that a failed check could
+    #: still hold back): it compares each partition's rows with ``expected_rows`` inside the
+    #: partition's own transaction, and the job counts the source before the tasks run to fill it
+    checks_before_commit: bool = False
+    #: {partition key: rows the source holds for it}, counted in the job's snapshot (set by the job)
+    expected_rows: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,9 @@ class PrepareRequest:
 
     schema: pa.Schema
     info: SourceInfo
+    #: how many partitions the plan has (0: not known); a sink may load a one-partition plan in a
+    #: single transaction instead of through a staging table
+    partitions: int = 0
 
 
 @dataclass(frozen=True)

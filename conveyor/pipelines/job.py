@@ -29,6 +29,7 @@ from conveyor.core import (
     SinkPlan,
     SourceInfo,
     SupportsCommitMarkers,
+    SupportsPartitionCounts,
     SupportsSpecialValues,
     SupportsTargetLayout,
     Task,
@@ -77,6 +78,9 @@ class JobReport:
     committed_before: set[str] = field(default_factory=set)
     #: of ``seconds``, what the runtime spent getting ready (Ray starting or joining an instance)
     startup_seconds: float = 0.0
+    #: where the seconds went, phase by phase (plan, prepare, tasks, verify, finalize): a job's fixed
+    #: costs against its transfer, in the report
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def transfer_seconds(self) -> float:
@@ -142,7 +146,7 @@ def _plan(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
     path = ""
     if isinstance(spec.sink, ExplainsPath):
-        path = spec.sink.explain_path(PrepareRequest(schema=info.schema, info=info))
+        path = spec.sink.explain_path(PrepareRequest(schema=info.schema, info=info, partitions=len(partitions)))
     chosen = ", ".join(f"{kind}={spec.names[kind]}" for kind in ("runtime", "sink") if kind in spec.names)  # serve has neither
     note(f"plan: {info.label}: {len(partitions)} partition(s), strategy={spec.names['strategy']}, degree={degree}, "
          f"{chosen}, load_mode={spec.options.load_mode}" + (f"; {planned.note}" if planned.note else ""))
@@ -154,7 +158,9 @@ def run_job(spec: JobSpec, progress: Progress | None = None) -> JobReport:
     after aborting the sink. ``conveyor.pipelines.run`` is the CLI's, with report and manifest."""
     start = time.perf_counter()
     with opened(spec) as (plan, source):
+        planned = time.perf_counter() - start
         report = execute(plan, progress, start, source)
+        report.phases = {"plan": round(planned, 4), **report.phases}
     if report.error is not None:
         raise report.error
     return report
@@ -178,11 +184,13 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
 def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> JobReport:
     spec = plan.spec
     report = JobReport(plan=plan)
+    clock = _Phases(report.phases)
     try:
-        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info))
+        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, partitions=len(plan.partitions)))
     except Exception as exc:  # nothing was prepared: nothing to abort
         report.error, report.seconds = exc, time.perf_counter() - start
         return report
+    clock.lap("prepare")
     report.target, report.sink_plan = sink_plan.target, sink_plan
     if sink_plan.path_reason:
         note(f"path: {sink_plan.path_reason}")
@@ -201,9 +209,13 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         before = [TaskResult(p.key, p.index, rows=done[p.key], already_committed=True) for p in plan.partitions if p.key in done]
         for result in before:
             progress.finished(result)
+        sink_plan = _expected_rows(spec, sink_plan, todo, source)
+        if sink_plan.expected_rows is not None:
+            clock.lap("count source")
         tasks = [Task(source, spec.sink, sink_plan, part) for part in todo]
         report.results = _reconciled(sorted(before + spec.runtime.run(tasks, plan.degree, progress), key=lambda r: r.index),
                                      spec.sink, sink_plan)
+        clock.lap("tasks")
         _log_results(report.results)
         if cancel_requested():
             raise _cancelled(report)
@@ -214,10 +226,12 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
             err.task_traceback = failed.traceback  # shown by --verbose
             raise _with_committed(err, report)
         ran = [r for r in report.results if r.partition not in done]
-        report.verification = verify(spec.options.verify, todo, ran, source, spec.sink, sink_plan)
+        report.verification = verify(spec.options.verify, todo, ran, source, spec.sink, sink_plan, sink_plan.expected_rows)
+        clock.lap("verify")
         raise_if_failed(report.verification, report.target)
         stats = [WriteStats(r.partition, r.rows, r.bytes, r.seconds) for r in report.results]
         spec.sink.finalize(sink_plan, stats)
+        clock.lap("finalize")
     except BaseException as exc:
         _abort(spec.sink, sink_plan)
         _stop_clock(report, start)
@@ -227,6 +241,30 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         return report
     _stop_clock(report, start)
     return report
+
+
+class _Phases:
+    """Laps of the driver's clock, each written into ``phases`` under its name."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases, self.last = phases, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self.last, 4)
+        self.last = now
+
+
+def _expected_rows(spec: JobSpec, sink_plan: SinkPlan, todo: list[Partition], source: Any) -> SinkPlan:
+    """A sink whose partition commits are final checks each partition's rows in its own transaction:
+    the source's counts, in the job's snapshot, are taken before the tasks run (and serve the
+    verification after them, not counted twice)."""
+    if not sink_plan.checks_before_commit or spec.options.verify == "none" or not isinstance(source, SupportsPartitionCounts):
+        return sink_plan
+    counts = source.count_rows(todo)
+    if counts is None:
+        return sink_plan
+    return dataclasses.replace(sink_plan, expected_rows={p.key: n for p, n in zip(todo, counts)})
 
 
 def _stop_clock(report: JobReport, start: float) -> None:

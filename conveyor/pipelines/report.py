@@ -139,6 +139,8 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
                          "seconds": round(secs, 4), "rows_per_s": round(report.rows / secs) if secs else None,
                          "mb_per_s": round(report.bytes / 1e6 / secs, 2) if secs else None,
                          "runtime_startup_seconds": round(report.startup_seconds, 4), "wall_seconds": round(report.seconds, 4)}
+        if report.phases:
+            out["phases"] = dict(report.phases)
         if report.verification is not None:
             out["verification"] = report.verification.as_dict()
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
@@ -66,11 +67,14 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
         previous = load_for_resume(str(cfg.resume), config) if cfg.get("resume") else None
         spec = build_job(cfg, load_id=previous.load_id if previous else None)
         reset_cancel()
+        start = time.perf_counter()
         with opened(spec) as (plan, source):
             plan = _resumed(plan, str(cfg.get("resume") or ""), previous)
+            planned = time.perf_counter() - start
             with (progress or _no_progress)(plan) as shown:
                 with _manifest(place, plan, config, shown, source) as manifest:
-                    report = execute(plan, manifest or shown, source=source)
+                    report = execute(plan, manifest or shown, start, source=source)
+                    report.phases = {"plan": round(planned, 4), **report.phases}
         if report.error is not None:
             raise report.error
     except Exception as exc:

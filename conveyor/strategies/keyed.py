@@ -167,7 +167,8 @@ class CtidStrategy(_Base):
         if not isinstance(request.source, SupportsCtid):
             raise PlanningError(f"strategy=ctid needs a PostgreSQL table; {request.info.label} is not one", hint="use strategy=none")
         pages = request.source.ctid_pages()
-        n = max(1, min(self._count(request, 4), pages or 1))
+        # a few ranges per stream even out their rows; one stream reads the table as one range
+        n = max(1, min(self._count(request, 4 if request.degree > 1 else 1), pages or 1))
         step = -(-max(pages, 1) // n)
         starts = list(range(0, max(pages, 1), step))
         parts: list[Partition] = []

@@ -272,6 +272,32 @@ def test_ctrl_c_during_a_merge_leaves_the_target_as_it_was(ex_src, pg_target, tm
     assert pg_exec(pg_target, "SELECT count(*) FROM pg_class WHERE relname LIKE '\\_conveyor\\_stage\\_%'") == [(0,)]
 
 
+@pytest.mark.parametrize("kind", RUNTIMES)
+@pytest.mark.parametrize("stop", ["ctrl-c", "kill"])
+def test_a_truncate_in_one_transaction_stopped_mid_copy_leaves_the_old_rows(ex_src, pg_target, tmp_path: Path, kind: str,
+                                                                           stop: str, request) -> None:
+    """One partition, truncate: TRUNCATE and COPY run in one transaction. Stopped mid-COPY (Ctrl-C, or
+    the driver SIGKILLed while a Ray worker goes on writing), nothing commits: the old rows stay."""
+    pg_exec(pg_target, "DROP TABLE IF EXISTS ex_inplace", "CREATE TABLE ex_inplace (id int, grp int, h text)",
+            "INSERT INTO ex_inplace SELECT g, 0, 'old' FROM generate_series(1, 500) g")
+    before = checksum(pg_target, "ex_inplace")
+    args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",
+            "sink.table=ex_inplace", "load_mode=truncate", "strategy=none", "degree=1", "sink.copy_path=arrow",
+            "batch_size=500", *_runtime_args(kind, request)]
+    proc = _popen(args, tmp_path, "run")
+    _wait_for_copy(pg_target, "ex_inplace")
+    if stop == "kill":
+        proc.kill()
+        proc.communicate(timeout=60)
+    else:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and "error: cancelled: the target is as it was" in err
+    _wait_until_idle(pg_target)
+    assert checksum(pg_target, "ex_inplace") == before
+
+
 def test_a_second_ctrl_c_quits_at_once_without_a_traceback(ex_src, pg_target, tmp_path: Path) -> None:
     pg_exec(pg_target, "DROP TABLE IF EXISTS ex_cancel2", "CREATE TABLE ex_cancel2 (id int, grp int, h text)")
     args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",

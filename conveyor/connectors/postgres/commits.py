@@ -29,7 +29,7 @@ from typing import Any
 
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, sqlstate, translate
 from conveyor.core import WriteStats, cancel_requested
-from conveyor.errors import Cancelled, ConveyorError, TransferError
+from conveyor.errors import Cancelled, ConveyorError, TransferError, VerificationError
 
 MARKERS = "_conveyor_commits"
 STAGE_PREFIX = "_conveyor_stage_"
@@ -230,6 +230,12 @@ class Once:
     guard: str
     #: at most this many partitions write into the target at once, whatever the degree (0: no cap)
     max_streams: int = 0
+    #: statements run in each partition's transaction before its rows (a load in one transaction:
+    #: TRUNCATE, dropping the indexes rebuilt after) and after them (building those indexes again)
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    #: COPY ... FREEZE: the table was truncated in the same transaction, so its rows are written frozen
+    freeze: bool = False
 
 
 class Attempt:
@@ -237,8 +243,8 @@ class Attempt:
     before, sealed (guard check + marker) just before commit, a failure rolled back and turned
     into the error to raise. Every PostgreSQL writer (ADBC, pgpq, pass-through) runs through it."""
 
-    def __init__(self, once: Once, key: str) -> None:
-        self.once, self.key = once, key
+    def __init__(self, once: Once, key: str, expected: int | None = None) -> None:
+        self.once, self.key, self.expected = once, key, expected
         self.start = time.perf_counter()
 
     def run(self, conn: Any, execute: Any, fetch: Any, body: Any, cause: Any = None) -> WriteStats:
@@ -251,7 +257,11 @@ class Attempt:
                 conn.rollback()
                 return self._skipped(before)
             self._take_stream(fetch)
+            for stmt in self.once.before:
+                execute(stmt)
             rows, nbytes = body()
+            for stmt in self.once.after:
+                execute(stmt)
             self._seal(rows, execute, fetch)
             conn.commit()
         except BaseException as exc:
@@ -292,6 +302,9 @@ class Attempt:
     def _seal(self, rows: int, execute: Any, fetch: Any) -> None:
         """Just before commit: the driver must still hold the run, and the marker joins the transaction."""
         o = self.once
+        if self.expected is not None and rows != self.expected:  # checked before the commit: nothing stays
+            raise VerificationError(f"verification failed for {o.target}: partition {self.key}: source {self.expected:,} rows, "
+                                    f"written {rows:,}: rolled back", hint="the target was not changed by this partition; see the report")
         if o.guard and not fetch(driver_alive_sql(o.guard))[0]:
             # retriable: a target that restarted drops the driver's lock for a moment (it takes it again);
             # a driver that is really gone stays gone, and every retry rolls back the same way

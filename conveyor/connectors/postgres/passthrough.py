@@ -111,11 +111,13 @@ def export(config: PgConnConfig, select_sql: str, begin_sql: Sequence[str], key:
                 pipe.close()
 
 
-def relay(con: Any, table: str, columns: Sequence[str], stream: NativeStream, key: str) -> tuple[int, int]:
-    """Forward ``stream`` into ``COPY table FROM STDIN`` on ``con`` (in its transaction): (rows, bytes)."""
+def relay(con: Any, table: str, columns: Sequence[str], stream: NativeStream, key: str, freeze: bool = False) -> tuple[int, int]:
+    """Forward ``stream`` into ``COPY table FROM STDIN`` on ``con`` (in its transaction): (rows, bytes).
+    ``freeze``: the table was truncated in this transaction, so its rows are written frozen."""
     nbytes = 0
+    options = "FORMAT binary, FREEZE" if freeze else "FORMAT binary"
     with con.cursor() as cur:
-        with cur.copy(f"COPY {table} ({', '.join(ident(c) for c in columns)}) FROM STDIN (FORMAT binary)") as cp:
+        with cur.copy(f"COPY {table} ({', '.join(ident(c) for c in columns)}) FROM STDIN ({options})") as cp:
             while chunk := stream.read(CHUNK):
                 if cancel_requested():
                     raise Cancelled(f"partition {key}: cancelled")

@@ -47,12 +47,14 @@ from conveyor.core import (
     TargetLayout,
     WriteStats,
 )
-from conveyor.errors import ConfigError, ConveyorError, SchemaError
+from conveyor.errors import ConfigError, ConveyorError, SchemaError, VerificationError
 from conveyor.log import warn
 from conveyor.mapping import map_columns
 
 COPY_PATHS = ("auto", "arrow", "passthrough")
 WRITERS = ("auto", "pgpq", "adbc")
+TRUNCATE_METHODS = ("auto", "in_place", "staged")
+_IN_PLACE = "truncate in one transaction (TRUNCATE, then COPY straight into the target)"
 
 
 @dataclass
@@ -68,6 +70,13 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
     #: truncate: drop the target's indexes that back no constraint before the final insert and build
     #: them again after it, in the same transaction (a failure leaves table and indexes as they were)
     rebuild_indexes: bool = False
+    #: how load_mode=truncate replaces the rows, atomically either way. in_place: one transaction
+    #: (TRUNCATE, then COPY ... FREEZE into the target: every row written once, and no WAL on a
+    #: wal_level=minimal server; readers of the target wait until it commits), for a plan of one
+    #: partition. staged: partitions in parallel into an UNLOGGED staging table, copied into the
+    #: target in one transaction at the end (every row written twice; readers see the old rows
+    #: until then). auto: in_place when the plan has one partition (and verify is not checksum)
+    truncate_method: str = "auto"
     #: create / replace: the new table's access method (e.g. columnar); null: the server's default
     #: for create, the target's own for replace
     access_method: str | None = None
@@ -94,6 +103,8 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
             raise ValueError(f"copy_path: {self.copy_path!r} is not one of {', '.join(COPY_PATHS)}")
         if self.writer not in WRITERS:
             raise ValueError(f"writer: {self.writer!r} is not one of {', '.join(WRITERS)}")
+        if self.truncate_method not in TRUNCATE_METHODS:
+            raise ValueError(f"truncate_method: {self.truncate_method!r} is not one of {', '.join(TRUNCATE_METHODS)}")
         self.check_merge_options()
 
 
@@ -146,6 +157,7 @@ class PostgresSink:
                 raise SchemaError(f"{where} is partitioned: replace would lose its partitions", hint="use load_mode=truncate")
             source_cols = passthrough.source_columns(request.info.native)
             write_table = self.config.table
+            in_place = mode == "truncate" and self._in_place(request.partitions)
             if mode in ("create", "replace") and not target.exists:
                 ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}" for f in schema)
                 unlogged = "UNLOGGED " if self.config.unlogged else ""
@@ -155,7 +167,7 @@ class PostgresSink:
                 write_table, stage_created = self._stage(), True
             else:
                 pairs = map_columns(schema.names, target.mapping, self.options.map_method, where)
-                if mode in ("truncate", "replace", "merge"):
+                if mode in ("truncate", "replace", "merge") and not in_place:
                     like = "INCLUDING ALL" if mode == "replace" else "INCLUDING DEFAULTS"
                     unlogged = "UNLOGGED " if mode != "replace" or self.config.unlogged else ""
                     using = (chosen_am or targets.access_method(con, target)) if mode == "replace" else ""
@@ -164,16 +176,15 @@ class PostgresSink:
                     write_table, stage_created = self._stage(), True
             if self.config.commit_markers:
                 commits.ensure_markers(con, self.config.schema)
-            plan = self._plan(request, pairs, write_table, con)
+            plan = self._plan(request, pairs, write_table, con, self._one_transaction(con, target) if in_place else None)
             if mode == "append" and target.relkind == "p":
                 plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, leaves=partitioned.leaves(con, target, self.config.schema)))
             if mode == "merge":
                 merge = merging.plan(self.config, targets.primary_key(con, target), [t for _, t in pairs],
                                      [c.name for c in target.columns], where)
                 plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, merge=merge))
-            if mode == "append" and self.options.verify != "none":  # what was there, to compare what was added
-                n, h = con.execute(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified()}"
-                                   if self.options.verify == "checksum" else f"SELECT count(*), 0 FROM {self._qualified()}").fetchone()
+            if mode == "append" and self.options.verify == "checksum":  # what was there, to compare what was added
+                n, h = con.execute(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified()}").fetchone()
                 plan = dataclasses.replace(plan, rows_before=n, own=dataclasses.replace(plan.own, checksum_before=(n, h)))
         except BaseException as exc:
             if stage_created:
@@ -186,6 +197,30 @@ class PostgresSink:
         finally:
             con.close()
         return plan
+
+    def _in_place(self, partitions: int) -> bool:
+        """Whether load_mode=truncate loads in one transaction (sink.truncate_method)."""
+        method = self.config.truncate_method
+        if method == "staged":
+            return False
+        if method == "in_place":
+            if partitions != 1:
+                raise ConfigError(f"sink.truncate_method=in_place: the whole load is one transaction, and the plan has "
+                                  f"{partitions or 'an unknown number of'} partitions", key="sink.truncate_method",
+                                  hint="plan one partition (strategy=none, or strategy.partitions=1), or use truncate_method=auto")
+            if self.options.verify == "checksum":
+                raise ConfigError("sink.truncate_method=in_place with verify=checksum: the checksum is compared after the load "
+                                  "is committed, too late to keep the old rows", key="sink.truncate_method",
+                                  hint="use verify=count (checked inside the transaction), or truncate_method=staged")
+            return True
+        return partitions == 1 and self.options.verify != "checksum"
+
+    def _one_transaction(self, con: Any, target: Target) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+        """A truncate in the partition's own transaction: (statements before its rows, after them,
+        COPY FREEZE). TRUNCATE first, so COPY may freeze the rows (a plain table) and a wal_level=minimal
+        server skips their WAL; with rebuild_indexes, the loose indexes are dropped before and built after."""
+        drop, build = targets.loose_indexes(con, target) if self.config.rebuild_indexes else ([], [])
+        return (f"TRUNCATE {self._qualified()}", *drop), tuple(build), target.relkind == "r"
 
     def _access_method(self, con: Any, mode: str) -> str:
         """' USING <am>' for ``sink.access_method`` (checked to exist here), '' when unset."""
@@ -201,13 +236,15 @@ class PostgresSink:
                               hint="install its extension first (Citus: CREATE EXTENSION citus_columnar), or leave sink.access_method unset")
         return f" USING {ident(am)}"
 
-    def _plan(self, request: PrepareRequest, pairs: list[tuple[str, str]], write_table: str, con: Any) -> SinkPlan:
+    def _plan(self, request: PrepareRequest, pairs: list[tuple[str, str]], write_table: str, con: Any,
+              one_transaction: tuple[tuple[str, ...], tuple[str, ...], bool] | None = None) -> SinkPlan:
         target_cols = {c.name: c for c in read_columns(con, f"SELECT * FROM {self._qualified(write_table)} LIMIT 0")}
         tcols = [target_cols[t] for _, t in pairs]
         forced = self._check_casts(request, pairs, tcols)
         native, reason = passthrough.negotiate(request.info.native, pairs, tcols, self.config.copy_path)
+        before, after, freeze = one_transaction or ((), (), False)
         once = commits.Once(self.config, self.config.schema, self.name, self.config.table, self._stage(), self.options.load,
-                            self.config.commit_markers, self.options.run_id, self.config.max_streams)
+                            self.config.commit_markers, self.options.run_id, self.config.max_streams, before, after, freeze)
         load = PgLoad(once, target_types=tuple(c.type_sql for c in tcols))
         if native is None:
             casts, writer, why, pgpq_types = writers.plan_arrow(self.config, self.config.writer, self.options.run_id, request.schema,
@@ -216,6 +253,8 @@ class PostgresSink:
             reason = f"{reason}; {writer} encoder" + (f" ({why})" if why else "")
             if forced:
                 reason += f"; cast by PostgreSQL (sink.allow_cast): {', '.join(forced)}"
+        if one_transaction is not None:
+            reason += "; " + _IN_PLACE + (" + COPY FREEZE" if freeze and (native or load.writer == "pgpq") else "")
         return SinkPlan(
             target=f"{self.config.where()} {self.name}",
             write_target=write_table,
@@ -227,6 +266,8 @@ class PostgresSink:
             path_reason=reason,
             keeps=(INFINITY,) if load.writer == "pgpq" else (),
             own=load,
+            # append and a truncate in one transaction commit final rows: each partition's count is checked before
+            checks_before_commit=one_transaction is not None or self.options.load_mode == "append",
         )
 
     def _check_casts(self, request: PrepareRequest, pairs: list[tuple[str, str]], tcols: list[PgColumn]) -> list[str]:
@@ -260,7 +301,11 @@ class PostgresSink:
             pairs = [(n, n) for n in request.schema.names]
             src = passthrough.source_columns(request.info.native)
             tcols = [src[n] if n in src and src[n].type_oid < 16384 else PgColumn(n, 0, -1, "", "", "", "") for n in request.schema.names]
-        return passthrough.negotiate(request.info.native, pairs, tcols, self.config.copy_path)[1]
+        reason = passthrough.negotiate(request.info.native, pairs, tcols, self.config.copy_path)[1]
+        if self.options.load_mode == "truncate":
+            reason += "; " + (_IN_PLACE if self._in_place(request.partitions) else
+                              "truncate through an UNLOGGED staging table, copied into the target at the end")
+        return reason
 
     # --- partitioned targets (conveyor/connectors/postgres/partitioned.py) --------------------------
 
@@ -282,11 +327,13 @@ class PostgresSink:
     def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats:
         """The pass-through: the source's binary COPY stream, relayed into the target in one transaction."""
         plan = self._into(plan, part)
-        attempt = commits.Attempt(plan.own.once, part.key)
+        once: commits.Once = plan.own.once
+        attempt = commits.Attempt(once, part.key, writers.expected_rows(plan, part))
         con = connect(self.config, partition=part.key)
         try:
             return attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(),
-                               lambda: passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key))
+                               lambda: passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key,
+                                                         once.freeze))
         finally:
             con.close()
 
@@ -354,11 +401,14 @@ class PostgresSink:
                 else:
                     steps = swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), ident(self.config.table),
                                        [ident(c) for c in plan.columns], empty="TRUNCATE")
+                insert = steps[1] if plan.load_mode == "truncate" else None
                 if plan.load_mode == "truncate" and self.config.rebuild_indexes:
                     drop, build = targets.loose_indexes(con, target)
                     steps = [steps[0], *drop, steps[1], *build, *steps[2:]]  # empty, drop, insert, build, drop stage
                 for step in steps:
-                    con.execute(step)
+                    done = con.execute(step)
+                    if step is insert:
+                        self._check_taken(done.rowcount, sum(r.rows for r in results))
                 if plan.load_mode != "truncate":
                     targets.rename_stage_indexes(con, target, plan.write_target)
                 self._forget_markers(con, plan)  # a staged load is visible whole: its markers served their purpose
@@ -370,10 +420,20 @@ class PostgresSink:
         except Exception as exc:
             with contextlib.suppress(Exception):
                 con.rollback()
+            if isinstance(exc, ConveyorError):
+                raise
             raise translate(exc, self.config, f"finalizing {self.name}") from None
         finally:
             con.close()
             commits.release_guard(self.options.run_id)
+
+    def _check_taken(self, taken: int, staged: int) -> None:
+        """The staged rows copied into the target must all be taken (a trigger or rule on the target can
+        drop rows without an error): checked before the swap commits."""
+        if taken != staged:
+            raise VerificationError(f"verification failed for {self._where}: it took {taken:,} of the {staged:,} staged rows "
+                                    "(a trigger or rule on it skipped the others)",
+                                    hint="the target was not changed; see its triggers and rules (or load into a table without them)")
 
     def _forget_markers(self, con: Any, plan: SinkPlan) -> None:
         once: commits.Once = plan.own.once

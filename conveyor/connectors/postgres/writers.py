@@ -152,7 +152,7 @@ def write_adbc(config: PgConnConfig, run_id: str, plan: SinkPlan, part: Partitio
     import pyarrow as pa
 
     load: PgLoad = plan.own
-    attempt = commits.Attempt(load.once, part.key)
+    attempt = commits.Attempt(load.once, part.key, expected_rows(plan, part))
     pairs = list(zip(plan.source_columns, plan.columns))
     out_schema = _ingest_schema(plan.schema, pairs, load.casts)
     # errors raised while reading or casting are kept: the driver would only wrap them
@@ -188,7 +188,7 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
     from pgpq import ArrowToPostgresBinaryEncoder
 
     load: PgLoad = plan.own
-    attempt = commits.Attempt(load.once, part.key)
+    attempt = commits.Attempt(load.once, part.key, expected_rows(plan, part))
     pairs = list(zip(plan.source_columns, plan.columns))
     types = load.pgpq_types or ()
     out_schema = pa.schema([pa.field(t, ty) for (_, t), ty in zip(pairs, types)])
@@ -206,7 +206,8 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
             con.execute(f"CREATE TEMP TABLE {into} ({', '.join(f'{ident(c)} {ty}' for c, ty in zip(plan.columns, temp_types))}) "
                         "ON COMMIT DROP")
         with con.cursor() as cur:
-            with cur.copy(f"COPY {into} ({cols}) FROM STDIN (FORMAT binary)") as cp:
+            freeze = ", FREEZE" if load.once.freeze and temp is None else ""
+            with cur.copy(f"COPY {into} ({cols}) FROM STDIN (FORMAT binary{freeze})") as cp:
                 cp.write(encoder.write_header())
                 for batch in counted:
                     cp.write(encoder.write_batch(_to_pg_epoch(batch, wire)))
@@ -219,6 +220,11 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
         return attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(), body, cause=lambda: counted.error)
     finally:
         con.close()
+
+
+def expected_rows(plan: SinkPlan, part: Partition) -> int | None:
+    """The source's count of a partition, to check in its transaction (None: not checked there)."""
+    return None if plan.expected_rows is None else plan.expected_rows.get(part.key)
 
 
 def _table(load: PgLoad, plan: SinkPlan) -> str:
