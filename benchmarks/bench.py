@@ -136,11 +136,11 @@ class Bench:
             target = f"{table}_{'logged' if logged else 'unlogged'}"
             reset, verify = self.fresh_target(self.dst, table, target, unlogged=not logged)
             group = f"pg->pg {table} {'LOGGED' if logged else 'UNLOGGED'}"
-            self.measure(group, "baseline psql|psql (1 stream)", lambda t=target: self._pipe(table, t, 1), reset, verify,
-                         method="pipe", degree=1)
+            pipes = {1: self.measure(group, "baseline psql|psql (1 stream)", lambda t=target: self._pipe(table, t, 1), reset, verify,
+                                     method="pipe", degree=1)}
             for n in degrees[1:]:
-                self.measure(group, f"baseline psql|psql ({n} ctid streams)", lambda t=target, n=n: self._pipe(table, t, n), reset,
-                             verify, method="pipe", degree=n)
+                pipes[n] = self.measure(group, f"baseline psql|psql ({n} ctid streams)", lambda t=target, n=n: self._pipe(table, t, n),
+                                        reset, verify, method="pipe", degree=n)
             for path in ("passthrough", "arrow"):
                 for method in methods:
                     for degree in degrees:
@@ -150,8 +150,13 @@ class Bench:
                         cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table},
                                "sink": {"type": "postgres", "port": self.dst.port, "table": target, "copy_path": path},
                                "strategy": strategy, "load_mode": "append", "degree": degree}
+                        goal = None
+                        if logged and method in ("none", "ctid") and degree in pipes and degree <= 2:
+                            goal = ({"against": pipes[degree]["name"], "at_most": 1.0, "what": "no slower than the pipe at the same degree"}
+                                    if path == "passthrough" else
+                                    {"against": pipes[degree]["name"], "at_most": round(1 / 0.9, 3), "what": "at least 0.9x the pipe's speed"})
                         self.measure(group, f"conveyor {path} {method} degree={degree}", lambda c=cfg: conveyor(c), reset, verify,
-                                     method=method, degree=degree, path=path)
+                                     method=method, degree=degree, path=path, **({"goal": goal} if goal else {}))
 
     def _pipe(self, table: str, target: str, streams: int, truncate_first: bool = False) -> None:
         pages = int(psql(self.src, f"SELECT pg_relation_size('{table}') / current_setting('block_size')::int"))
@@ -183,13 +188,17 @@ class Bench:
                 target = f"pq_{table}_{'l' if logged else 'u'}{'_pk' if pk else ''}"
                 reset, verify = self.fresh_target(self.dst, table, target, unlogged=not logged, primary_key=key if pk else None)
                 group = f"parquet->pg {table} {'LOGGED' if logged else 'UNLOGGED'}{' +PK' if pk else ''}"
+                base = None
                 if duck is not None:
-                    self.measure(group, "baseline duckdb postgres extension", lambda t=target: duck.parquet_to_pg(files, t), reset,
-                                 verify, method="duckdb", degree=1)
+                    base = self.measure(group, "baseline duckdb postgres extension", lambda t=target: duck.parquet_to_pg(files, t), reset,
+                                        verify, method="duckdb", degree=1)
                 for degree in degrees:
                     cfg = {"source": {"type": "parquet", "path": str(files)}, "sink": {"type": "postgres", "port": self.dst.port, "table": target},
                            "strategy": {"type": "files"}, "load_mode": "append", "degree": degree}
-                    self.measure(group, f"conveyor files degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method="files", degree=degree)
+                    goal = ({"goal": {"against": base["name"], "at_most": round(1 / 1.8, 3), "what": "at least 1.8x faster than DuckDB"}}
+                            if base and logged and not pk and degree == 2 else {})
+                    self.measure(group, f"conveyor files degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method="files", degree=degree,
+                                 **goal)
 
     # PostgreSQL -> Parquet
     def pg_to_parquet(self, table: str, degrees: list[int], duck: Any) -> None:
@@ -205,13 +214,16 @@ class Bench:
             return sum(pq.ParquetFile(p).metadata.num_rows for p in out.rglob("*.parquet")) == rows
 
         group = f"pg->parquet {table}"
+        base = None
         if duck is not None:
-            self.measure(group, "baseline duckdb postgres extension", lambda: duck.pg_to_parquet(table, out), reset, verify,
-                         method="duckdb", degree=1)
+            base = self.measure(group, "baseline duckdb postgres extension", lambda: duck.pg_to_parquet(table, out), reset, verify,
+                                method="duckdb", degree=1)
         for degree in degrees:
             cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table}, "sink": {"type": "parquet", "path": str(out)},
                    "strategy": {"type": "ctid"}, "load_mode": "create", "degree": degree}
-            self.measure(group, f"conveyor ctid degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method="ctid", degree=degree)
+            goal = ({"goal": {"against": base["name"], "at_most": round(1 / 1.2, 3), "what": "at least 1.2x faster than DuckDB"}}
+                    if base and degree == 2 else {})
+            self.measure(group, f"conveyor ctid degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method="ctid", degree=degree, **goal)
 
 
     # DuckDB -> PostgreSQL
@@ -225,9 +237,10 @@ class Bench:
         target = f"dk_{table}"
         reset, verify = self.fresh_target(self.dst, table, target)
         group = f"duckdb->pg {table}"
+        base = None
         if duck is not None:
-            self.measure(group, "baseline duckdb postgres extension", lambda: duck.duckdb_to_pg(db, table, target), reset, verify,
-                         method="duckdb", degree=1)
+            base = self.measure(group, "baseline duckdb postgres extension", lambda: duck.duckdb_to_pg(db, table, target), reset, verify,
+                                method="duckdb", degree=1)
         for method in ("none", "ntile"):
             for degree in degrees:
                 if method == "none" and degree > 1:
@@ -236,8 +249,9 @@ class Bench:
                 cfg = {"source": {"type": "duckdb", "database": str(db), "table": table},
                        "sink": {"type": "postgres", "port": self.dst.port, "table": target},
                        "strategy": strategy, "load_mode": "append", "degree": degree}
+                goal = {"goal": {"against": base["name"], "at_most": 1.0, "what": "at least as fast as DuckDB"}} if base and degree == 2 else {}
                 self.measure(group, f"conveyor {method} degree={degree}", lambda c=cfg: conveyor(c), reset, verify,
-                             method=method, degree=degree)
+                             method=method, degree=degree, **goal)
 
     # the same PostgreSQL -> PostgreSQL load on a target server with wal_level=minimal
     def wal_minimal(self, table: str, degrees: list[int]) -> None:
@@ -247,8 +261,8 @@ class Bench:
             group = f"pg->pg {table} wal_level=minimal"
             saved, self.dst = self.dst, dst
             try:
-                self.measure(group, "baseline psql|psql (1 stream)", lambda: self._pipe(table, target, 1), reset, verify,
-                             method="pipe", degree=1)
+                pipe = self.measure(group, "baseline psql|psql (1 stream)", lambda: self._pipe(table, target, 1), reset, verify,
+                                    method="pipe", degree=1)
                 self.measure(group, "baseline psql|psql TRUNCATE+COPY in one transaction (WAL skipped)",
                              lambda: self._pipe(table, target, 1, truncate_first=True), reset, verify, method="pipe-truncate", degree=1)
                 for degree in degrees:
@@ -256,8 +270,11 @@ class Bench:
                         cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table},
                                "sink": {"type": "postgres", "port": dst.port, "table": target},
                                "strategy": {"type": "ctid" if degree > 1 else "none"}, "load_mode": mode, "degree": degree}
+                        goal = ({"goal": {"against": pipe["name"], "at_most": round(1 / 1.3, 3),
+                                          "what": "truncate in one transaction at least 1.3x faster than the plain pipe"}}
+                                if mode == "truncate" and degree == 1 else {})
                         self.measure(group, f"conveyor passthrough load_mode={mode} degree={degree}", lambda c=cfg: conveyor(c), reset,
-                                     verify, method=f"{'ctid' if degree > 1 else 'none'}-{mode}", degree=degree, path="passthrough")
+                                     verify, method=f"{'ctid' if degree > 1 else 'none'}-{mode}", degree=degree, path="passthrough", **goal)
             finally:
                 self.dst = saved
 
@@ -371,6 +388,81 @@ class Bench:
         finally:
             ray.shutdown()
 
+    # the shipped pipelines as a user runs them: `conveyor run pipeline=...` in a process of its own, every
+    # default kept (Ray, the pipeline's load mode and degree, verify=count), the whole process timed
+    def defaults(self, table: str, files: Path, duck: Any) -> None:
+        import logging
+
+        import ray
+
+        runs = self.work / "runs"
+        env = {**os.environ, "PGPASSWORD": self.src.password}
+        env.pop("RAY_ADDRESS", None)
+
+        def cli(*args: str, extra_env: dict[str, str] | None = None) -> Callable[[], None]:
+            def run() -> None:
+                res = subprocess.run([str(Path(sys.executable).parent / "conveyor"), "run", *args, f"hydra.run.dir={runs}/{time.time_ns()}"],
+                                     cwd=self.work, env={**env, **(extra_env or {})}, capture_output=True, text=True)
+                if res.returncode != 0:
+                    raise RuntimeError(f"conveyor run {' '.join(args)} failed: {res.stderr[-2000:]}")
+            return run
+
+        # a running Ray instance the "warm" runs join through RAY_ADDRESS (as under `ray start` or `ray job submit`)
+        ray.init(address="local", num_cpus=CORES, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        warm = {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+        try:
+            target = f"df_{table}"
+            reset, verify = self.fresh_target(self.dst, table, target)
+            group = f"shipped defaults: pg_to_pg {table}"
+            pg = ["pipeline=pg_to_pg", f"source.port={self.src.port}", f"source.table={table}", f"sink.port={self.dst.port}",
+                  f"sink.table={target}"]
+            pipe = self.measure(group, "baseline psql|psql (1 stream)", lambda: self._pipe(table, target, 1), reset, verify,
+                                method="pipe", degree=1)
+            goal = {"orders": 1.25, "lineitem": 1.1}.get(table, 1.25)
+            cells = {}
+            for name, runner, method in (("conveyor run pipeline=pg_to_pg (Ray starts its own instance)", cli(*pg), "defaults-cold"),
+                                         ("conveyor run pipeline=pg_to_pg (Ray instance running)", cli(*pg, extra_env=warm), "defaults-warm"),
+                                         ("conveyor run pipeline=pg_to_pg runtime=local", cli(*pg, "runtime=local"), "defaults-local")):
+                cells[method] = self.measure(group, name, runner, reset, verify, method=method, degree=1,
+                                             goal={"against": pipe["name"], "at_most": goal, "what": f"within {goal}x the 1-stream pipe"})
+            cells["defaults-warm"]["goal_within"] = {"against": cells["defaults-local"]["name"], "seconds": 1.0,
+                                                     "what": "on a running Ray instance within 1 s of runtime=local"}
+            if duck is None:
+                return
+            target = f"dfp_{table}"
+            reset, verify = self.fresh_target(self.dst, table, target)
+            group = f"shipped defaults: parquet_to_postgres {table}"
+            base = self.measure(group, "baseline duckdb postgres extension", lambda: duck.parquet_to_pg(files, target), reset, verify,
+                                method="duckdb", degree=1)
+            pq = ["pipeline=parquet_to_postgres", f"source.path={files}", f"sink.port={self.dst.port}", f"sink.table={target}"]
+            for name, runner, method in (("conveyor run pipeline=parquet_to_postgres (Ray starts its own instance)", cli(*pq), "defaults-cold"),
+                                         ("conveyor run pipeline=parquet_to_postgres (Ray instance running)", cli(*pq, extra_env=warm),
+                                          "defaults-warm")):
+                self.measure(group, name, runner, reset, verify, method=method, degree=2,
+                             goal={"against": base["name"], "at_most": round(1 / 1.5, 3), "what": "at least 1.5x faster than DuckDB"})
+            out = self.work / f"df_out_{table}"
+            rows = int(psql(self.src, f"SELECT count(*) FROM {table}"))
+            group = f"shipped defaults: postgres_to_parquet {table}"
+
+            def clear() -> None:
+                subprocess.run(["rm", "-rf", str(out)], check=True)
+
+            def counted() -> bool:
+                import pyarrow.parquet as pq_
+
+                return sum(pq_.ParquetFile(p).metadata.num_rows for p in out.rglob("*.parquet")) == rows
+
+            base = self.measure(group, "baseline duckdb postgres extension", lambda: duck.pg_to_parquet(table, out), clear, counted,
+                                method="duckdb", degree=1)
+            tp = ["pipeline=postgres_to_parquet", f"source.port={self.src.port}", f"source.table={table}", f"sink.path={out}"]
+            for name, runner, method in (("conveyor run pipeline=postgres_to_parquet (Ray starts its own instance)", cli(*tp), "defaults-cold"),
+                                         ("conveyor run pipeline=postgres_to_parquet (Ray instance running)", cli(*tp, extra_env=warm),
+                                          "defaults-warm")):
+                self.measure(group, name, runner, clear, counted, method=method, degree=2,
+                             goal={"against": base["name"], "at_most": 1.0, "what": "no slower than DuckDB"})
+        finally:
+            ray.shutdown()
+
     # peak resident memory of a job process, lineitem at two scale factors
     def memory(self, sfs: list[float], parts: int) -> None:
         script = Path(__file__).parent / "rss_job.py"
@@ -466,8 +558,10 @@ def main() -> int:
     ap.add_argument("--degrees", default="1,2,4")
     ap.add_argument("--parts", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--groups", default="pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,recipes,partitioned,merge,runtime,memory",
-                    help="comma-separated: pg_to_pg, parquet_to_pg, pg_to_parquet, duckdb_to_pg, wal_minimal, recipes, partitioned, "
+    ap.add_argument("--groups", default="defaults,pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,recipes,partitioned,merge,"
+                                        "runtime,memory",
+                    help="comma-separated: defaults (the shipped pipelines as a user runs them), pg_to_pg, parquet_to_pg, pg_to_parquet, "
+                         "duckdb_to_pg, wal_minimal, recipes, partitioned, "
                          "merge (the last three lineitem only), runtime, memory")
     ap.add_argument("--memory-sfs", default="1,3", help="scale factors of lineitem for the memory group")
     ap.add_argument("--out", default=f".bench/{time.strftime('%Y%m%d-%H%M%S')}")
@@ -492,6 +586,8 @@ def main() -> int:
             duck = None
         bench = Bench(src, dst, args.repeat, work)
         for t in tables:
+            if "defaults" in groups:
+                bench.defaults(t, work / t, duck)
             if "pg_to_pg" in groups:
                 bench.pg_to_pg(t, args.methods.split(","), degrees, keys.get(t, "1"))
             if "parquet_to_pg" in groups:

@@ -51,7 +51,36 @@ def results_markdown(results: dict[str, Any]) -> str:
         if startup is not None:
             lines += ["", f"ray.init() on this machine: {startup:.2f} s (paid once per `conveyor run runtime=ray` that starts its own instance)"]
         lines.append("")
+    lines += _targets(results["cells"])
     return "\n".join(lines)
+
+
+def _targets(cells: list[dict[str, Any]]) -> list[str]:
+    """Every target a cell carries (``goal``: its time at most ``at_most`` x another cell's of the same
+    run; ``goal_within``: at most ``seconds`` more than another's), marked met or missed."""
+    by_name = {(c["group"], c["name"]): c for c in cells}
+    rows = []
+    for c in cells:
+        for kind in ("goal", "goal_within"):
+            goal = c.get(kind)
+            if not goal:
+                continue
+            other = by_name.get((c["group"], goal["against"]))
+            if other is None:
+                continue
+            if kind == "goal":
+                ratio = c["best"] / other["best"]
+                met = ratio <= goal["at_most"] and c["verified"]
+                measured = f"{ratio:.2f}x its time ({other['best'] / c['best']:.2f}x the speed); target at most {goal['at_most']:.2f}x"
+            else:
+                diff = c["best"] - other["best"]
+                met = diff <= goal["seconds"] and c["verified"]
+                measured = f"{diff:+.2f} s; target at most +{goal['seconds']:.2f} s"
+            rows.append(f"| {c['group']} | {c['name']} | {goal['what']} (vs {goal['against']}) | {measured} | "
+                        f"{'**met**' if met else '**missed**'} |")
+    if not rows:
+        return []
+    return ["## Targets", "", "| group | job | target | measured (best of the run) | |", "|---|---|---|---|---|", *rows, ""]
 
 
 def _memory_table(cells: list[dict[str, Any]]) -> list[str]:

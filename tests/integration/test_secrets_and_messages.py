@@ -148,9 +148,13 @@ def test_write_errors_name_the_target_and_the_column(pg_source, pg_target, write
     src = {"type": "postgres", "port": pg_source.port, "table": "wm_src"}
     dst = {"type": "postgres", "port": pg_target.port, "copy_path": "arrow", "writer": writer}
     with pytest.raises(TransferError) as err:
-        job(src, {**dst, "table": "wm_nn"}, load_mode="truncate")
+        job(src, {**dst, "table": "wm_nn", "truncate_method": "staged"}, load_mode="truncate")
     assert 'null value in column "s" of relation "wm_nn" (staged)' in err.value.message
     assert "_conveyor_stage" not in err.value.message
+    assert pg_exec(pg_target, "SELECT count(*) FROM wm_nn")[0][0] == 1
+    with pytest.raises(TransferError) as err:  # one partition, truncated in place: the target itself is named
+        job(src, {**dst, "table": "wm_nn"}, load_mode="truncate")
+    assert 'null value in column "s" of relation "wm_nn" violates not-null constraint' in err.value.message
     assert pg_exec(pg_target, "SELECT count(*) FROM wm_nn")[0][0] == 1
     if writer == "pgpq":  # the encoder's COPY: PostgreSQL's context names the column
         pg_exec(pg_target, "DROP TABLE wm_small", "CREATE TABLE wm_small (id int, s text, n numeric(5,2))")
