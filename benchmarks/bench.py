@@ -396,50 +396,36 @@ class Bench:
         import ray
 
         runs = self.work / "runs"
-        env = {**os.environ, "PGPASSWORD": self.src.password}
-        env.pop("RAY_ADDRESS", None)
 
-        def cli(*args: str, extra_env: dict[str, str] | None = None) -> Callable[[], None]:
+        def cli(*args: str, warm: bool = False) -> Callable[[], None]:
             def run() -> None:
+                env = {**os.environ, "PGPASSWORD": self.src.password}  # at run time: a warm run needs the instance's token
+                if not warm:
+                    env.pop("RAY_ADDRESS", None)
                 res = subprocess.run([str(Path(sys.executable).parent / "conveyor"), "run", *args, f"hydra.run.dir={runs}/{time.time_ns()}"],
-                                     cwd=self.work, env={**env, **(extra_env or {})}, capture_output=True, text=True)
+                                     cwd=self.work, env=env, capture_output=True, text=True)
                 if res.returncode != 0:
                     raise RuntimeError(f"conveyor run {' '.join(args)} failed: {res.stderr[-2000:]}")
             return run
 
-        # a running Ray instance the "warm" runs join through RAY_ADDRESS (as under `ray start` or `ray job submit`)
-        ray.init(address="local", num_cpus=CORES, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-        warm = {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
-        try:
-            target = f"df_{table}"
-            reset, verify = self.fresh_target(self.dst, table, target)
-            group = f"shipped defaults: pg_to_pg {table}"
-            pg = ["pipeline=pg_to_pg", f"source.port={self.src.port}", f"source.table={table}", f"sink.port={self.dst.port}",
-                  f"sink.table={target}"]
-            pipe = self.measure(group, "baseline psql|psql (1 stream)", lambda: self._pipe(table, target, 1), reset, verify,
-                                method="pipe", degree=1)
-            goal = {"orders": 1.25, "lineitem": 1.1}.get(table, 1.25)
-            cells = {}
-            for name, runner, method in (("conveyor run pipeline=pg_to_pg (Ray starts its own instance)", cli(*pg), "defaults-cold"),
-                                         ("conveyor run pipeline=pg_to_pg (Ray instance running)", cli(*pg, extra_env=warm), "defaults-warm"),
-                                         ("conveyor run pipeline=pg_to_pg runtime=local", cli(*pg, "runtime=local"), "defaults-local")):
-                cells[method] = self.measure(group, name, runner, reset, verify, method=method, degree=1,
-                                             goal={"against": pipe["name"], "at_most": goal, "what": f"within {goal}x the 1-stream pipe"})
-            cells["defaults-warm"]["goal_within"] = {"against": cells["defaults-local"]["name"], "seconds": 1.0,
-                                                     "what": "on a running Ray instance within 1 s of runtime=local"}
-            if duck is None:
-                return
+        jobs = []  # (group, pipeline args, reset, verify, baseline cell, goal, degree)
+        target = f"df_{table}"
+        reset, verify = self.fresh_target(self.dst, table, target)
+        group = f"shipped defaults: pg_to_pg {table}"
+        pg = ["pipeline=pg_to_pg", f"source.port={self.src.port}", f"source.table={table}", f"sink.port={self.dst.port}", f"sink.table={target}"]
+        pipe = self.measure(group, "baseline psql|psql (1 stream)", lambda: self._pipe(table, target, 1), reset, verify, method="pipe", degree=1)
+        most = {"orders": 1.25, "lineitem": 1.1}.get(table, 1.25)
+        jobs.append((group, pg, reset, verify, pipe, {"at_most": most, "what": f"within {most}x the 1-stream pipe"}, 1))
+        local = self.measure(group, "conveyor run pipeline=pg_to_pg runtime=local", cli(*pg, "runtime=local"), reset, verify,
+                             method="defaults-local", degree=1)
+        if duck is not None:
             target = f"dfp_{table}"
             reset, verify = self.fresh_target(self.dst, table, target)
             group = f"shipped defaults: parquet_to_postgres {table}"
             base = self.measure(group, "baseline duckdb postgres extension", lambda: duck.parquet_to_pg(files, target), reset, verify,
                                 method="duckdb", degree=1)
             pq = ["pipeline=parquet_to_postgres", f"source.path={files}", f"sink.port={self.dst.port}", f"sink.table={target}"]
-            for name, runner, method in (("conveyor run pipeline=parquet_to_postgres (Ray starts its own instance)", cli(*pq), "defaults-cold"),
-                                         ("conveyor run pipeline=parquet_to_postgres (Ray instance running)", cli(*pq, extra_env=warm),
-                                          "defaults-warm")):
-                self.measure(group, name, runner, reset, verify, method=method, degree=2,
-                             goal={"against": base["name"], "at_most": round(1 / 1.5, 3), "what": "at least 1.5x faster than DuckDB"})
+            jobs.append((group, pq, reset, verify, base, {"at_most": round(1 / 1.5, 3), "what": "at least 1.5x faster than DuckDB"}, 2))
             out = self.work / f"df_out_{table}"
             rows = int(psql(self.src, f"SELECT count(*) FROM {table}"))
             group = f"shipped defaults: postgres_to_parquet {table}"
@@ -455,12 +441,23 @@ class Bench:
             base = self.measure(group, "baseline duckdb postgres extension", lambda: duck.pg_to_parquet(table, out), clear, counted,
                                 method="duckdb", degree=1)
             tp = ["pipeline=postgres_to_parquet", f"source.port={self.src.port}", f"source.table={table}", f"sink.path={out}"]
-            for name, runner, method in (("conveyor run pipeline=postgres_to_parquet (Ray starts its own instance)", cli(*tp), "defaults-cold"),
-                                         ("conveyor run pipeline=postgres_to_parquet (Ray instance running)", cli(*tp, extra_env=warm),
-                                          "defaults-warm")):
-                self.measure(group, name, runner, clear, counted, method=method, degree=2,
-                             goal={"against": base["name"], "at_most": 1.0, "what": "no slower than DuckDB"})
+            jobs.append((group, tp, clear, counted, base, {"at_most": 1.0, "what": "no slower than DuckDB"}, 2))
+        # cold: nothing of Ray runs, each job starts (and stops) its own instance
+        for group, args, reset, verify, base, goal, degree in jobs:
+            self.measure(group, f"conveyor run {args[0]} (Ray starts its own instance)", cli(*args), reset, verify,
+                         method="defaults-cold", degree=degree, goal={"against": base["name"], **goal})
+        # warm: a running instance the jobs join through RAY_ADDRESS (as under `ray start` or `ray job submit`)
+        ray.init(address="local", num_cpus=CORES, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        try:
+            for group, args, reset, verify, base, goal, degree in jobs:
+                cell = self.measure(group, f"conveyor run {args[0]} (Ray instance running)", cli(*args, warm=True), reset, verify,
+                                    method="defaults-warm", degree=degree, goal={"against": base["name"], **goal})
+                if args is pg:
+                    cell["goal_within"] = {"against": local["name"], "seconds": 1.0,
+                                           "what": "on a running Ray instance within 1 s of runtime=local"}
         finally:
+            os.environ.pop("RAY_ADDRESS", None)
             ray.shutdown()
 
     # peak resident memory of a job process, lineitem at two scale factors

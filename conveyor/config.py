@@ -26,6 +26,14 @@ TOP_LEVEL_PLUGINS = ("source", "sink", "strategy", "runtime")
 
 
 @dataclass
+class IncrementalConfig:
+    #: a timestamp, date or increasing integer column: each run reads only rows past the value the
+    #: last successful run committed (kept in the target), up to the source's maximum in the job's
+    #: snapshot; the first run loads every row with a cursor. null: every run reads every row
+    cursor: str | None = None
+
+
+@dataclass
 class JobConfig:
     """The top level of ``configs/config.yaml``: one node per plugin and the job options."""
 
@@ -53,6 +61,8 @@ class JobConfig:
     resume: str | None = None
     #: free-form values that pipeline configs interpolate as ${vars.name} (a bucket, a glob, ...)
     vars: dict[str, Any] = field(default_factory=dict)
+    #: incremental loads: incremental.cursor=<column> (combined with append or merge)
+    incremental: IncrementalConfig = field(default_factory=IncrementalConfig)
 
 
 @dataclass(frozen=True)
@@ -248,7 +258,11 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
         verify=job.verify,
         run_id=run_id or uuid.uuid4().hex[:12],
         load_id=load_id or "",
+        cursor=job.incremental.cursor or None,
     )
+    if options.cursor and job.load_mode not in ("append", "merge"):
+        raise ConfigError(f"incremental.cursor: load_mode={job.load_mode} replaces the target's rows, so each run would keep "
+                          "only the rows past the last cursor", key="load_mode", hint="use load_mode=append or merge with incremental.cursor")
     built = {kind: build_plugin(kind, cfg, options) for kind in kinds}
     return JobSpec(
         source=built.get("source", (None, None))[1],

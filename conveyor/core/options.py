@@ -41,6 +41,8 @@ class JobOptions:
     #: what names this load's commits in the target (commit markers, file names): the run id, or,
     #: when resuming, the load id of the run being resumed, so its committed partitions are known
     load_id: str = ""
+    #: incremental.cursor: the column whose last committed value starts the next run's window
+    cursor: str | None = None
 
     @property
     def load(self) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from conveyor.core.partitions import Partition
-from conveyor.core.sources import NativeStream, SourceInfo
+from conveyor.core.sources import CursorWindow, NativeStream, SourceInfo
 
 if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
     import pyarrow as pa
@@ -63,6 +63,9 @@ class PrepareRequest:
     #: how many partitions the plan has (0: not known); a sink may load a one-partition plan in a
     #: single transaction instead of through a staging table
     partitions: int = 0
+    #: an incremental load's window: the sink records it as pending in prepare and makes its upper
+    #: end the committed cursor when the load is made visible
+    window: CursorWindow | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,28 @@ class Sink(Protocol):
     capabilities: ClassVar[SinkCapabilities]
 
 
+@dataclass(frozen=True)
+class CursorState:
+    """What a target keeps of an incremental load: the last committed cursor value, and the window
+    of a run that started and has not finished (its load id, mode, and partitions it committed)."""
+
+    value: Any = None
+    pending: CursorWindow | None = None
+    pending_load: str = ""
+    pending_mode: str = ""
+    pending_committed: int = 0
+
+
+@runtime_checkable
+class SupportsCursorState(Protocol):
+    """A sink that keeps incremental cursors where its loads commit."""
+
+    def cursor_state(self, column: str) -> CursorState: ...
+
+
 __all__ = [
+    "CursorState",
+    "SupportsCursorState",
     "SinkPlan",
     "PrepareRequest",
     "TargetLayout",

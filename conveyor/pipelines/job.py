@@ -19,6 +19,7 @@ from typing import Any
 from conveyor.config import JobSpec
 from conveyor.core import (
     ChecksBeforeRun,
+    CursorWindow,
     ExplainsPath,
     NullProgress,
     Partition,
@@ -29,9 +30,11 @@ from conveyor.core import (
     SinkPlan,
     SourceInfo,
     SupportsCommitMarkers,
+    SupportsCursorState,
     SupportsPartitionCounts,
     SupportsSpecialValues,
     SupportsTargetLayout,
+    SupportsWindow,
     Task,
     TaskResult,
     WriteStats,
@@ -62,6 +65,8 @@ class JobPlan:
     #: a sink that keeps commit markers answers for itself instead
     resumed_from: str = ""
     previously_done: dict[str, int] = field(default_factory=dict)
+    #: incremental.cursor: the rows this run reads (past the cursor the target last committed)
+    window: CursorWindow | None = None
 
 
 @dataclass
@@ -116,7 +121,37 @@ def opened(spec: JobSpec) -> Iterator[tuple[JobPlan, Any]]:
     _check(spec)
     info = spec.source.describe()
     with open_session(spec.source) as source:
-        yield _plan(spec, info, source), source
+        window = _window(spec, source)
+        if window is not None:
+            source = source.windowed(window)
+        yield dataclasses.replace(_plan(spec, info, source), window=window), source
+
+
+def _window(spec: JobSpec, source: Any) -> CursorWindow | None:
+    """An incremental load's window: past the cursor value the target last committed, up to the
+    source's maximum in the job's snapshot; a resumed run takes the window its first run recorded."""
+    column = spec.options.cursor
+    if not column:
+        return None
+    if not isinstance(source, SupportsWindow):
+        raise ConfigError(f"incremental.cursor: source {spec.names['source']} cannot read a window of its rows", key="incremental.cursor",
+                          hint="a PostgreSQL source can; or load every row (leave incremental.cursor unset)")
+    if not isinstance(spec.sink, SupportsCursorState):
+        raise ConfigError(f"incremental.cursor: sink {spec.names['sink']} keeps no cursor where its loads commit", key="incremental.cursor",
+                          hint="a PostgreSQL sink can (it keeps the cursor in <schema>._conveyor_cursors)")
+    state = spec.sink.cursor_state(column)
+    if state.pending is not None:
+        if spec.options.load_id and state.pending_load == spec.options.load_id:
+            note(f"incremental: resuming the window {state.pending.describe()}")
+            return state.pending
+        if state.pending_mode == "append" and state.pending_committed:
+            raise PlanningError(f"incremental.cursor: the run with load id {state.pending_load} stopped after committing "
+                                f"{state.pending_committed} partition(s) of its window ({state.pending.describe()}); a new window "
+                                "would load those rows again",
+                                hint=f"finish that run first: run it again with {RESUME_HINT} (its run directory); it loads the rest "
+                                     "of its window and moves the cursor")
+        note(f"incremental: the window of run {state.pending_load} committed nothing: a new window replaces it")
+    return CursorWindow(column, state.value, source.cursor_max(column))
 
 
 def plan_job(spec: JobSpec) -> JobPlan:
@@ -186,7 +221,8 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
     report = JobReport(plan=plan)
     clock = _Phases(report.phases)
     try:
-        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, partitions=len(plan.partitions)))
+        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, partitions=len(plan.partitions),
+                                                     window=plan.window))
     except Exception as exc:  # nothing was prepared: nothing to abort
         report.error, report.seconds = exc, time.perf_counter() - start
         return report

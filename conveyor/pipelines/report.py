@@ -30,6 +30,8 @@ def summary_table(report: JobReport) -> Any:
     )
     if report.sink_plan is not None and report.sink_plan.path_reason:
         title += f"\npath: {report.sink_plan.path_reason}"
+    if report.plan.window is not None:
+        title += f"\nincremental: {report.plan.window.describe()}"
     if report.startup_seconds >= 0.01:
         title += f"\n{spec.names['runtime']} start-up: {report.startup_seconds:.2f} s (not in the totals' seconds and rows/s)"
     table = Table(title=title, title_justify="left")
@@ -62,7 +64,8 @@ def plan_table(plan: JobPlan) -> Any:
         title=f"{plan.info.label}: {len(plan.partitions)} partition(s), strategy={spec.names['strategy']}, "
         f"degree={_degree(plan)}, sink={spec.names['sink']}, load_mode={spec.options.load_mode}",
         title_justify="left",
-        caption="\n".join(x for x in (f"strategy: {plan.note}" if plan.note else "", f"path: {plan.path}" if plan.path else "") if x),
+        caption="\n".join(x for x in (f"strategy: {plan.note}" if plan.note else "", f"path: {plan.path}" if plan.path else "",
+                                      f"incremental: {plan.window.describe()}" if plan.window else "") if x),
         caption_justify="left",
     )
     table.add_column("partition")
@@ -119,6 +122,10 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
     plan = plan or (report.plan if report else None)
     if plan is not None:
         spec = plan.spec
+        if plan.window is not None:
+            w = plan.window
+            out["incremental"] = {"cursor": w.column, "after": None if w.low is None else str(w.low),
+                                  "up_to": None if w.high is None else str(w.high), "window": w.describe()}
         out.update(run_id=spec.options.run_id, plugins=spec.names, source=plan.info.label, strategy_note=plan.note,
                    options={"load_mode": spec.options.load_mode, "map_method": spec.options.map_method,
                             "batch_size": spec.options.batch_size, "degree": plan.degree, "verify": spec.options.verify})

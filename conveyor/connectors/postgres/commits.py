@@ -133,6 +133,55 @@ def forget(con: Any, schema: str, load_id: str, target: str) -> None:
         con.execute(f"DELETE FROM {ident(schema, MARKERS)} WHERE load_id = %s AND target = %s", [load_id, target])
 
 
+# --- incremental cursors -------------------------------------------------------------------------
+
+CURSORS = "_conveyor_cursors"
+
+
+def ensure_cursors(con: Any, schema: str) -> None:
+    con.execute(
+        f"CREATE TABLE IF NOT EXISTS {ident(schema, CURSORS)} (target text NOT NULL, cursor text NOT NULL, value text, kind text, "
+        "pending_load text, pending_mode text, pending_low text, pending_high text, pending_kind text, "
+        "updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, cursor))"
+    )
+
+
+def cursor_row(con: Any, schema: str, target: str, column: str) -> tuple[Any, ...] | None:
+    """(value, kind, pending_load, pending_mode, pending_low, pending_high, pending_kind) or None."""
+    if con.execute("SELECT to_regclass(%s)", [ident(schema, CURSORS)]).fetchone()[0] is None:
+        return None
+    return con.execute(f"SELECT value, kind, pending_load, pending_mode, pending_low, pending_high, pending_kind "
+                       f"FROM {ident(schema, CURSORS)} WHERE target = %s AND cursor = %s", [target, column]).fetchone()
+
+
+def record_pending(con: Any, schema: str, target: str, column: str, load_id: str, mode: str, low: tuple[str, str] | None,
+                   high: tuple[str, str] | None) -> None:
+    """The window a load starts on (committed at once): a run that stops half way is known to the next."""
+    kind = (high or low or ("", ""))[1] or None
+    con.execute(
+        f"INSERT INTO {ident(schema, CURSORS)} AS c (target, cursor, pending_load, pending_mode, pending_low, pending_high, pending_kind) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (target, cursor) DO UPDATE SET pending_load = excluded.pending_load, "
+        "pending_mode = excluded.pending_mode, pending_low = excluded.pending_low, pending_high = excluded.pending_high, "
+        "pending_kind = excluded.pending_kind, updated_at = now()",
+        [target, column, load_id, mode, low[0] if low else None, high[0] if high else None, kind])
+
+
+def commit_cursor_sql(schema: str, target: str, column: str, load_id: str, value: tuple[str, str] | None) -> str:
+    """The statement, run in the transaction that makes the load visible, that moves the cursor to
+    ``value`` (kept where None: nothing new) and clears the load's pending window."""
+    new = f"{literal(value[0])}, kind = {literal(value[1])}" if value else "value, kind = kind"
+    return (f"UPDATE {ident(schema, CURSORS)} SET value = {new}, pending_load = NULL, pending_mode = NULL, pending_low = NULL, "
+            f"pending_high = NULL, pending_kind = NULL, updated_at = now() WHERE target = {literal(target)} "
+            f"AND cursor = {literal(column)} AND pending_load = {literal(load_id)}")
+
+
+def clear_pending(con: Any, schema: str, target: str, column: str, load_id: str) -> None:
+    if con.execute("SELECT to_regclass(%s)", [ident(schema, CURSORS)]).fetchone()[0] is not None:
+        con.execute(f"UPDATE {ident(schema, CURSORS)} SET pending_load = NULL, pending_mode = NULL, pending_low = NULL, "
+                    "pending_high = NULL, pending_kind = NULL WHERE target = %s AND cursor = %s AND pending_load = %s",
+                    [target, column, load_id])
+
+
 # --- staging tables -----------------------------------------------------------------------------
 
 

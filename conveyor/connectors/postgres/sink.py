@@ -38,6 +38,8 @@ from conveyor.connectors.postgres.writers import PgLoad, pg_column_type
 from conveyor.connectors.staged import StagedSink, check_mode, swap_steps
 from conveyor.core import (
     INFINITY,
+    CursorState,
+    CursorWindow,
     JobOptions,
     NativeStream,
     Partition,
@@ -46,6 +48,8 @@ from conveyor.core import (
     SinkPlan,
     TargetLayout,
     WriteStats,
+    decode_cursor,
+    encode_cursor,
 )
 from conveyor.errors import ConfigError, ConveyorError, SchemaError, VerificationError
 from conveyor.log import warn
@@ -176,9 +180,13 @@ class PostgresSink:
                     write_table, stage_created = self._stage(), True
             if self.config.commit_markers:
                 commits.ensure_markers(con, self.config.schema)
+            if request.window is not None:
+                self._record_window(con, request.window)
             plan = self._plan(request, pairs, write_table, con, self._one_transaction(con, target) if in_place else None)
             if mode == "append" and target.relkind == "p":
                 plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, leaves=partitioned.leaves(con, target, self.config.schema)))
+            if request.window is not None:
+                plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, window=request.window))
             if mode == "merge":
                 merge = merging.plan(self.config, targets.primary_key(con, target), [t for _, t in pairs],
                                      [c.name for c in target.columns], where)
@@ -197,6 +205,45 @@ class PostgresSink:
         finally:
             con.close()
         return plan
+
+    # --- incremental cursors (<schema>._conveyor_cursors) ----------------------------------------
+
+    def cursor_state(self, column: str) -> CursorState:
+        """The cursor the last finished load committed into this target, and an unfinished run's window."""
+        con = connect(self.config, autocommit=True)
+        try:
+            row = commits.cursor_row(con, self.config.schema, self.name, column)
+            if row is None:
+                return CursorState()
+            value, kind, load, mode, low, high, pkind = row
+            state = CursorState(value=decode_cursor(value, kind) if value is not None else None)
+            if load:
+                window = CursorWindow(column, decode_cursor(low, pkind) if low is not None else None,
+                                      decode_cursor(high, pkind) if high is not None else None)
+                done = len(commits.committed(con, self.config.schema, load, self.name)) if mode == "append" else 0
+                state = dataclasses.replace(state, pending=window, pending_load=load, pending_mode=mode, pending_committed=done)
+            return state
+        except Exception as exc:
+            raise translate(exc, self.config, "reading the incremental cursor") from None
+        finally:
+            con.close()
+
+    def _record_window(self, con: Any, window: CursorWindow) -> None:
+        if self.options.load_mode == "append" and not self.config.commit_markers:
+            raise ConfigError("incremental.cursor with load_mode=append needs sink.commit_markers=true: they tell a run that "
+                              "stopped half way from one that loaded nothing", key="sink.commit_markers")
+        commits.ensure_cursors(con, self.config.schema)
+        commits.record_pending(con, self.config.schema, self.name, window.column, self.options.load, self.options.load_mode,
+                               encode_cursor(window.low) if window.low is not None else None,
+                               encode_cursor(window.high) if window.high is not None else None)
+
+    def _commit_cursor(self, con: Any, plan: SinkPlan) -> None:
+        """In the transaction that makes the load visible: the window's upper end becomes the cursor."""
+        window: CursorWindow | None = plan.own.window
+        if window is None:
+            return
+        value = None if window.empty else encode_cursor(window.high)
+        con.execute(commits.commit_cursor_sql(self.config.schema, self.name, window.column, self.options.load, value))
 
     def _in_place(self, partitions: int) -> bool:
         """Whether load_mode=truncate loads in one transaction (sink.truncate_method)."""
@@ -412,6 +459,7 @@ class PostgresSink:
                 if plan.load_mode != "truncate":
                     targets.rename_stage_indexes(con, target, plan.write_target)
                 self._forget_markers(con, plan)  # a staged load is visible whole: its markers served their purpose
+            self._commit_cursor(con, plan)
             con.commit()
             partitioned.say_default_rows(con, target, self.name)
             if self.config.analyze:
@@ -448,6 +496,8 @@ class PostgresSink:
             try:
                 con.execute(f"DROP TABLE IF EXISTS {self._qualified(plan.write_target)}")
                 self._forget_markers(con, plan)
+                if plan.own.window is not None:  # nothing of a staged load stayed: its window is not pending
+                    commits.clear_pending(con, self.config.schema, self.name, plan.own.window.column, self.options.load)
             finally:
                 con.close()
         finally:

@@ -25,6 +25,7 @@ from conveyor.core import (
     INFINITY,
     INFINITY_DAYS,
     INFINITY_TICKS,
+    CursorWindow,
     JobOptions,
     NativeStream,
     PageRange,
@@ -77,6 +78,8 @@ class PostgresSource(SqlSource):
         self.snapshot_id: str | None = None
         #: the sink keeps infinity (core.INFINITY): pass it on instead of refusing it
         self.keep_infinity = False
+        #: incremental.cursor: only the rows of this window are planned, read, counted and checksummed
+        self.window: CursorWindow | None = None
 
     def keeping(self, kinds: tuple[str, ...]) -> PostgresSource:
         """This source, passing on the special values a sink keeps (only under the default policy)."""
@@ -220,7 +223,42 @@ class PostgresSource(SqlSource):
     # SqlSource's questions (key stats, quantiles, values, counts) asked in PostgreSQL's dialect
 
     def _relation(self) -> str:
-        return self._from()
+        cond = self._window_cond()
+        return f"(SELECT * FROM {self._from()} WHERE {cond}) AS _conveyor_w" if cond else self._from()
+
+    # --- incremental loads ----------------------------------------------------------------------
+
+    def cursor_max(self, column: str) -> Any:
+        """The cursor's highest value in the job's snapshot (None: no row has one)."""
+        self._cursor_column(column)
+        return self._rows(f"SELECT max({ident(column)}) FROM {self._from()}")[0][0]
+
+    def windowed(self, window: CursorWindow) -> PostgresSource:
+        """This source, keeping to ``low < cursor <= high`` in every plan, read, count and checksum."""
+        self._cursor_column(window.column)
+        kept = copy.copy(self)
+        kept.window = window
+        return kept
+
+    def _cursor_column(self, column: str) -> None:
+        if not self.columns:
+            self.describe()
+        col = next((c for c in self.columns if c.name == column), None)
+        if col is None:
+            raise SchemaError(f"incremental.cursor: {column!r} is not a column of {self.relation if self.config.table else 'the query'}",
+                              hint=f"columns are: {', '.join(c.name for c in self.columns)}")
+        if col.kind != "integer" and col.typname not in ("date", "timestamp", "timestamptz", "numeric"):
+            raise SchemaError(f"incremental.cursor: column {column!r} is {col.type_sql}: a cursor is a timestamp, a date or an "
+                              "increasing integer", hint="pick an updated_at / id column")
+
+    def _window_cond(self) -> str:
+        w = self.window
+        if w is None:
+            return ""
+        if w.empty:
+            return "false"
+        q = ident(w.column)
+        return (f"{q} > {literal(w.low)} AND " if w.low is not None else "") + f"{q} <= {literal(w.high)}"
 
 
     def _key_kind(self, column: str) -> str:
@@ -228,7 +266,7 @@ class PostgresSource(SqlSource):
 
     def _sample(self) -> str:
         """About 200,000 sampled rows for tables (TABLESAMPLE SYSTEM), all rows for queries."""
-        if not self.config.table:
+        if not self.config.table or self.window is not None:
             return ""
         est = self._rows("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
                           [ident(self.config.schema, self.config.table or "")])[0][0]
@@ -242,7 +280,13 @@ class PostgresSource(SqlSource):
     # --- reading -------------------------------------------------------------------------------
 
     def where(self, part: Partition) -> str:
-        """The partition as a WHERE clause (empty for the whole source)."""
+        """The partition as a WHERE clause (empty for the whole source), within the incremental window."""
+        base, window = self._where(part).removeprefix(" WHERE "), self._window_cond()
+        if not window:
+            return f" WHERE {base}" if base else ""
+        return f" WHERE ({base}) AND ({window})" if base else f" WHERE {window}"
+
+    def _where(self, part: Partition) -> str:
         if isinstance(part, WholeSource):
             return ""
         if isinstance(part, PageRange):

@@ -43,6 +43,8 @@ class PgLoad:
     #: append into a table partitioned by range: (column, ((lower, upper, table), ...)) of the partitions
     #: in the target's schema, so a source partition aligned with one is written straight into it
     leaves: tuple[str, tuple[tuple[Any, Any, str], ...]] | None = None
+    #: incremental.cursor: the window this load reads; its upper end becomes the committed cursor
+    window: Any = None
 
 
 def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str,

@@ -1,0 +1,122 @@
+"""Incremental loads: incremental.cursor=<column> reads only the rows past the cursor the target
+committed last (kept in <schema>._conveyor_cursors, moved in the transaction that makes the load
+visible); a failed run keeps the old cursor; a run that stopped after committing part of its window
+is resumed on that same window, never replaced by a new one that would load those rows again."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.errors import ConfigError, PlanningError
+from tests.helpers import checksum, job, pg_exec, run_cli
+
+
+def _src(server) -> dict:
+    return {"type": "postgres", "port": server.port, "table": "inc_src"}
+
+
+def _dst(server, table: str) -> dict:
+    return {"type": "postgres", "port": server.port, "table": table}
+
+
+def _add(server, first: int, last: int) -> None:
+    """Rows first..last, each stamped a second after the one before."""
+    pg_exec(server, f"INSERT INTO inc_src SELECT g, timestamptz '2026-01-01 00:00:00+00' + g * interval '1 second', "
+                    f"md5(g::text) FROM generate_series({first}, {last}) g")
+
+
+def _cursor(server, table: str) -> list[tuple]:
+    return pg_exec(server, f"SELECT cursor, value, pending_load FROM _conveyor_cursors WHERE target = 'public.{table}'")
+
+
+@pytest.fixture
+def inc(pg_source, pg_target):
+    pg_exec(pg_source, "DROP TABLE IF EXISTS inc_src", "CREATE TABLE inc_src (id int PRIMARY KEY, updated_at timestamptz, v text)")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS _conveyor_cursors")  # each test starts with no cursor kept
+    return pg_source
+
+
+def test_append_three_runs_and_a_failed_one_load_each_row_once(inc, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS inc_app", "CREATE TABLE inc_app (id int, updated_at timestamptz, v text)")
+    _add(inc, 1, 1000)
+    inc_job = {"load_mode": "append", "incremental": {"cursor": "updated_at"}}
+    first = job(_src(inc), _dst(pg_target, "inc_app"), "rangeid", {"distribute_key": "id", "partitions": 3}, degree=2, **inc_job)
+    assert first.rows == 1000 and first.plan.window.low is None
+    assert checksum(pg_target, "inc_app") == checksum(inc, "inc_src")
+    assert _cursor(pg_target, "inc_app")[0][1].startswith("2026-01-01T00:16:40")  # 1,000 s past midnight
+    _add(inc, 1001, 1500)
+    second = job(_src(inc), _dst(pg_target, "inc_app"), "rangeid", {"distribute_key": "id", "partitions": 3}, degree=2, **inc_job)
+    assert second.rows == 500 and "updated_at > 2026-01-01 00:16:40" in second.plan.window.describe()
+    assert checksum(pg_target, "inc_app") == checksum(inc, "inc_src")
+    # a run that fails (a row the target refuses) commits nothing and keeps the cursor
+    _add(inc, 1501, 2000)
+    pg_exec(pg_target, "ALTER TABLE inc_app ADD CONSTRAINT inc_app_no_1750 CHECK (id <> 1750)")
+    kept = _cursor(pg_target, "inc_app")[0][1]
+    with pytest.raises(Exception, match="inc_app_no_1750"):
+        job(_src(inc), _dst(pg_target, "inc_app"), **inc_job)
+    assert _cursor(pg_target, "inc_app")[0][1] == kept
+    assert pg_exec(pg_target, "SELECT count(*) FROM inc_app")[0][0] == 1500
+    pg_exec(pg_target, "ALTER TABLE inc_app DROP CONSTRAINT inc_app_no_1750")
+    third = job(_src(inc), _dst(pg_target, "inc_app"), **inc_job)
+    assert third.rows == 500
+    assert checksum(pg_target, "inc_app") == checksum(inc, "inc_src")
+    # nothing new: nothing read, the cursor stays
+    fourth = job(_src(inc), _dst(pg_target, "inc_app"), **inc_job)
+    assert fourth.rows == 0 and "no new rows" in fourth.plan.window.describe()
+    assert checksum(pg_target, "inc_app") == checksum(inc, "inc_src")
+    assert _cursor(pg_target, "inc_app")[0][2] is None  # no window pending
+
+
+def test_merge_takes_the_changed_rows_only(inc, pg_target) -> None:
+    pg_exec(pg_target, "DROP TABLE IF EXISTS inc_mrg", "CREATE TABLE inc_mrg (id int PRIMARY KEY, updated_at timestamptz, v text)")
+    _add(inc, 1, 1000)
+    opts = {"load_mode": "merge", "incremental": {"cursor": "updated_at"}}
+    assert job(_src(inc), _dst(pg_target, "inc_mrg"), **opts).rows == 1000
+    # 100 rows change (their updated_at moves past the cursor) and 50 are new
+    pg_exec(inc, "UPDATE inc_src SET v = 'changed', updated_at = timestamptz '2026-02-01 00:00:00+00' + id * interval '1 second' "
+                 "WHERE id % 10 = 0")
+    _add(inc, 1001, 1050)
+    report = job(_src(inc), _dst(pg_target, "inc_mrg"), **opts)
+    assert report.rows == 150
+    assert checksum(pg_target, "inc_mrg") == checksum(inc, "inc_src")
+    assert pg_exec(pg_target, "SELECT count(*) FROM inc_mrg WHERE v = 'changed'") == [(100,)]
+
+
+def test_a_window_stopped_half_way_is_resumed_not_replaced(inc, pg_target, tmp_path) -> None:
+    def cli(*args: str):
+        return run_cli(*args, cwd=tmp_path)
+
+    pg_exec(pg_target, "DROP TABLE IF EXISTS inc_half", "CREATE TABLE inc_half (id int, updated_at timestamptz, v text, "
+                                                       "CONSTRAINT inc_half_low CHECK (id < 800))")
+    _add(inc, 1, 1000)
+    args = ["run", "pipeline=pg_to_pg", f"source.port={inc.port}", "source.table=inc_src", f"sink.port={pg_target.port}",
+            "sink.table=inc_half", "load_mode=append", "incremental.cursor=updated_at", "strategy=rangeid",
+            "strategy.distribute_key=id", "strategy.partitions=4", "degree=1", "runtime=local"]
+    failed = cli(*args, f"hydra.run.dir={tmp_path}/first")
+    assert failed.code != 0 and "inc_half_low" in failed.err
+    committed = pg_exec(pg_target, "SELECT count(*) FROM inc_half")[0][0]
+    assert 0 < committed < 1000  # whole partitions only
+    _add(inc, 1001, 1100)  # meanwhile, new rows: a new window would overlap the committed partitions
+    again = cli(*args, f"hydra.run.dir={tmp_path}/second")
+    assert again.code != 0 and "stopped after committing" in again.err and "resume=" in again.err
+    assert pg_exec(pg_target, "SELECT count(*) FROM inc_half")[0][0] == committed
+    pg_exec(pg_target, "ALTER TABLE inc_half DROP CONSTRAINT inc_half_low")
+    resumed = cli(*args, f"resume={tmp_path}/first", f"hydra.run.dir={tmp_path}/third")
+    assert resumed.code == 0, resumed.err
+    assert pg_exec(pg_target, "SELECT count(*), count(DISTINCT id), max(id) FROM inc_half") == [(1000, 1000, 1000)]
+    after = cli(*args, f"hydra.run.dir={tmp_path}/fourth")  # the next window starts where the resumed one ended
+    assert after.code == 0, after.err
+    assert checksum(pg_target, "inc_half") == checksum(inc, "inc_src")
+
+
+def test_incremental_is_refused_by_name_where_it_cannot_hold(inc, pg_target, tmp_path) -> None:
+    with pytest.raises(ConfigError, match="load_mode=truncate"):
+        job(_src(inc), _dst(pg_target, "inc_x"), load_mode="truncate", incremental={"cursor": "updated_at"})
+    pg_exec(pg_target, "DROP TABLE IF EXISTS inc_x", "CREATE TABLE inc_x (id int, updated_at timestamptz, v text)")
+    with pytest.raises(Exception, match="'nope' is not a column"):
+        job(_src(inc), _dst(pg_target, "inc_x"), incremental={"cursor": "nope"})
+    with pytest.raises(Exception, match="a cursor is a timestamp"):
+        job(_src(inc), _dst(pg_target, "inc_x"), incremental={"cursor": "v"})
+    with pytest.raises(ConfigError, match="keeps no cursor"):
+        job(_src(inc), {"type": "parquet", "path": str(tmp_path / "out")}, load_mode="append", incremental={"cursor": "updated_at"})
+    assert PlanningError  # imported for the resume test's error class
