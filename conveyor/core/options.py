@@ -71,6 +71,11 @@ def cancel_requested() -> bool:
     return _CANCEL.is_set()
 
 
+def wait_for_cancel(timeout: float) -> bool:
+    """Block until a cancel is requested (True) or ``timeout`` seconds pass (False)."""
+    return _CANCEL.wait(timeout)
+
+
 def reset_cancel() -> None:
     _CANCEL.clear()
 
@@ -83,5 +88,6 @@ __all__ = [
     "JobOptions",
     "request_cancel",
     "cancel_requested",
+    "wait_for_cancel",
     "reset_cancel",
 ]

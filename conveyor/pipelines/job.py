@@ -86,6 +86,8 @@ class JobReport:
     #: where the seconds went, phase by phase (plan, prepare, tasks, verify, finalize): a job's fixed
     #: costs against its transfer, in the report
     phases: dict[str, float] = field(default_factory=dict)
+    #: where the tasks ran, when the runtime chose other than its usual (Ray running one task in the driver)
+    runtime_note: str = ""
 
     @property
     def transfer_seconds(self) -> float:
@@ -309,6 +311,7 @@ def _stop_clock(report: JobReport, start: float) -> None:
     runtime = report.plan.spec.runtime
     if isinstance(runtime, ReportsStartup):
         report.startup_seconds = min(runtime.startup_seconds(), report.seconds)
+    report.runtime_note = getattr(runtime, "report_note", "") or ""
 
 
 def _reconciled(results: list[TaskResult], sink: Any, sink_plan: SinkPlan) -> list[TaskResult]:
@@ -363,16 +366,18 @@ RESUME_HINT = "resume=<run dir>"
 
 def committed_note(report: JobReport) -> str:
     """What a stopped run left in the target: whole partitions (append) or nothing (staged loads)."""
-    if report.plan.spec.options.load_mode != "append":
-        return "the target is as it was"
     done = [r for r in report.results if r.ok]
+    if report.plan.spec.options.load_mode != "append":
+        if done and report.sink_plan is not None and report.sink_plan.checks_before_commit:  # a truncate in one transaction
+            return f"the load had committed before it stopped: the target holds its {sum(r.rows for r in done):,} new rows"
+        return "the target is as it was"
     return (f"{len(done)} of {len(report.plan.partitions)} partitions had committed: "
             f"their {sum(r.rows for r in done):,} rows stay in the target")
 
 
 def _resume_hint(report: JobReport) -> str:
     if report.plan.spec.options.load_mode != "append":
-        return "run it again: nothing was changed"
+        return "run it again" + ("" if any(r.ok for r in report.results) else ": nothing was changed")
     # running the job again from the start would load the committed partitions a second time
     return f"do not simply run it again (the committed rows would be loaded twice): run it with {RESUME_HINT} to load only the rest"
 

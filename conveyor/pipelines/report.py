@@ -32,6 +32,8 @@ def summary_table(report: JobReport) -> Any:
         title += f"\npath: {report.sink_plan.path_reason}"
     if report.plan.window is not None:
         title += f"\nincremental: {report.plan.window.describe()}"
+    if report.runtime_note:
+        title += f"\n{report.runtime_note}"
     if report.startup_seconds >= 0.01:
         title += f"\n{spec.names['runtime']} start-up: {report.startup_seconds:.2f} s (not in the totals' seconds and rows/s)"
     table = Table(title=title, title_justify="left")
@@ -148,6 +150,8 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
                          "runtime_startup_seconds": round(report.startup_seconds, 4), "wall_seconds": round(report.seconds, 4)}
         if report.phases:
             out["phases"] = dict(report.phases)
+        if report.runtime_note:
+            out["runtime_note"] = report.runtime_note
         if report.verification is not None:
             out["verification"] = report.verification.as_dict()
     return out

@@ -224,3 +224,23 @@ def test_the_runtimes_start_up_is_reported_apart_from_the_transfer(cli, tpch_ord
         assert totals["runtime_startup_seconds"] > 0.5 and "ray start-up: " in res.out
     else:
         assert totals["runtime_startup_seconds"] == 0 and "start-up" not in res.out
+
+
+def test_one_task_with_no_ray_instance_runs_in_the_driver(cli, tpch_orders: Path, tmp_path: Path) -> None:
+    """runtime=ray with one task and no instance to join: starting a private instance for it cost
+    seconds here (about 2.5 s to start and 1 s to stop) and bought nothing, so the task runs in the
+    driver, and the summary says so. runtime.one_task_in_driver=false starts the instance anyway."""
+    import json
+
+    common = ["run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", "load_mode=create", "runtime=ray",
+              "strategy=none"]
+    res = cli(*common, f"sink.path={tmp_path}/one", timeout=300)
+    assert res.code == 0, res.err
+    report = json.loads((tmp_path / "hydra-run" / "report.json").read_text())
+    assert report["totals"]["rows"] == 15000 and report["totals"]["runtime_startup_seconds"] == 0
+    assert "ran in the driver process" in report["runtime_note"] and "ran in the driver process" in " ".join(res.out.split())
+    res = cli(*common, f"sink.path={tmp_path}/two", "runtime.one_task_in_driver=false", timeout=300)
+    assert res.code == 0, res.err
+    report = json.loads((tmp_path / "hydra-run" / "report.json").read_text())
+    assert report["totals"]["rows"] == 15000 and report["totals"]["runtime_startup_seconds"] > 0.5
+    assert "runtime_note" not in report

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, sqlstate, translate
-from conveyor.core import WriteStats, cancel_requested
+from conveyor.core import WriteStats, cancel_requested, wait_for_cancel
 from conveyor.errors import Cancelled, ConveyorError, TransferError, VerificationError
 
 MARKERS = "_conveyor_commits"
@@ -49,6 +49,7 @@ class _Guard:
 
     def __init__(self, conf: PgConnConfig, run_id: str) -> None:
         self.conf, self.run_id = conf, run_id
+        self.stopping = False
         self.con = self._lock()
         self.stop = threading.Event()
         threading.Thread(target=self._watch, name="conveyor-guard", daemon=True).start()
@@ -56,10 +57,20 @@ class _Guard:
     def _lock(self) -> Any:
         con = connect(self.conf, autocommit=True)
         con.execute(f"SELECT pg_advisory_lock({guard_key_sql('%s')})", [self.run_id])
+        if self.stopping:
+            con.execute(f"SELECT pg_advisory_lock({stop_key_sql('%s')})", [self.run_id])
         return con
 
     def _watch(self) -> None:
-        while not self.stop.wait(1.0):
+        while not self.stop.is_set():
+            if not self.stopping and wait_for_cancel(1.0):
+                # Ctrl-C (or SIGTERM): from now on no partition commits, wherever it runs; the tasks
+                # see this lock in their last check before COMMIT and roll back
+                self.stopping = True
+                with contextlib.suppress(Exception):
+                    self.con.execute(f"SELECT pg_advisory_lock({stop_key_sql('%s')})", [self.run_id])
+            elif self.stopping and self.stop.wait(1.0):
+                return
             try:
                 self.con.execute("SELECT 1")
             except Exception:  # lost: take the lock again as soon as the server answers
@@ -73,6 +84,11 @@ class _Guard:
         self.stop.set()
         with contextlib.suppress(Exception):
             self.con.close()
+
+
+def stop_key_sql(run_id_sql: str) -> str:
+    """The advisory lock key a stopping run's driver takes: no partition commits after it."""
+    return f"hashtextextended('conveyor-stop:' || {run_id_sql}, 0)"
 
 
 def hold_guard(conf: PgConnConfig, run_id: str) -> None:
@@ -94,6 +110,13 @@ def driver_alive_sql(run_id: str) -> str:
     from conveyor.connectors.postgres.common import literal
 
     return f"SELECT NOT pg_try_advisory_xact_lock_shared({guard_key_sql(literal(run_id))})"
+
+
+def driver_stopping_sql(run_id: str) -> str:
+    """True once the run's driver is stopping (Ctrl-C): it holds the stop lock."""
+    from conveyor.connectors.postgres.common import literal
+
+    return f"SELECT NOT pg_try_advisory_xact_lock_shared({stop_key_sql(literal(run_id))})"
 
 
 def ensure_markers(con: Any, schema: str) -> None:
@@ -354,6 +377,8 @@ class Attempt:
         if self.expected is not None and rows != self.expected:  # checked before the commit: nothing stays
             raise VerificationError(f"verification failed for {o.target}: partition {self.key}: source {self.expected:,} rows, "
                                     f"written {rows:,}: rolled back", hint="the target was not changed by this partition; see the report")
+        if o.guard and fetch(driver_stopping_sql(o.guard))[0]:
+            raise Cancelled(f"partition {self.key}: the run is stopping (Ctrl-C): rolled back instead of committing")
         if o.guard and not fetch(driver_alive_sql(o.guard))[0]:
             # retriable: a target that restarted drops the driver's lock for a moment (it takes it again);
             # a driver that is really gone stays gone, and every retry rolls back the same way
