@@ -80,6 +80,15 @@ def checksum(server: PgServer, table: str) -> str:
     return psql(server, f"SELECT count(*) || ':' || coalesce(sum(('x' || left(md5(t::text), 16))::bit(64)::bigint), 0) FROM {table} t")
 
 
+def wal_lsn(server: PgServer) -> str:
+    return psql(server, "SELECT pg_current_wal_lsn()")
+
+
+def wal_bytes(server: PgServer, since: str) -> int:
+    """WAL the server wrote since ``since`` (an LSN): what a load cost in WAL."""
+    return int(float(psql(server, f"SELECT pg_current_wal_lsn() - '{since}'::pg_lsn")))
+
+
 def conveyor(cfg: dict[str, Any]) -> None:
     run_job(build_job(OmegaConf.create({"runtime": {"type": "local", "max_retries": 0}, "verify": "none", **cfg})))
 
@@ -100,19 +109,21 @@ class Bench:
 
     def measure(self, group: str, name: str, run: Callable[[], None], reset: Callable[[], None], verify: Callable[[], bool],
                 **meta: Any) -> dict[str, Any]:
-        times, cpus = [], []
+        times, cpus, wals = [], [], []
         for _ in range(self.repeat):
             reset()
             c0, s0, d0 = client_cpu(), server_cpu(self.src), server_cpu(self.dst)
+            lsn = wal_lsn(self.dst)
             t0 = time.perf_counter()
             run()
             times.append(time.perf_counter() - t0)
             cpus.append({"client": client_cpu() - c0, "source_server": server_cpu(self.src) - s0,
                          "target_server": server_cpu(self.dst) - d0})
+            wals.append(wal_bytes(self.dst, lsn))
         ok = verify()
         best = min(range(len(times)), key=times.__getitem__)
         cpu = cpus[best]
-        cell = {"group": group, "name": name, "seconds": times, "best": times[best], "cpu": cpu,
+        cell = {"group": group, "name": name, "seconds": times, "best": times[best], "cpu": cpu, "target_wal_bytes": wals[best],
                 "ceiling_s": round(sum(cpu.values()) / CORES, 3), "verified": ok, **meta}
         self.cells.append(cell)
         print(f"{group:28} {name:44} best {times[best]:6.2f} s  all {' '.join(f'{t:.2f}' for t in times)}  "
@@ -444,7 +455,7 @@ class Bench:
             jobs.append((group, tp, clear, counted, base, {"at_most": 1.0, "what": "no slower than DuckDB"}, 2))
         # cold: nothing of Ray runs, each job starts (and stops) its own instance
         for group, args, reset, verify, base, goal, degree in jobs:
-            self.measure(group, f"conveyor run {args[0]} (Ray starts its own instance)", cli(*args), reset, verify,
+            self.measure(group, f"conveyor run {args[0]} (no Ray instance running)", cli(*args), reset, verify,
                          method="defaults-cold", degree=degree, goal={"against": base["name"], **goal})
         # warm: a running instance the jobs join through RAY_ADDRESS (as under `ray start` or `ray job submit`)
         ray.init(address="local", num_cpus=CORES, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -39,14 +40,15 @@ def results_markdown(results: dict[str, Any]) -> str:
             lines += _memory_table(cells)
             continue
         base = _baseline(cells)
-        lines += [f"## {group}", "", "| job | best s | all s | vs baseline | CPU-s client / source / target | ceiling s | verified |",
-                  "|---|---:|---|---:|---|---:|---|"]
+        lines += [f"## {group}", "", "| job | best s | all s | median s | vs baseline | CPU-s client / source / target | ceiling s | "
+                  "target WAL MB | verified |", "|---|---:|---|---:|---:|---|---:|---:|---|"]
         for c in cells:
             ratio = f"{base['best'] / c['best']:.2f}x" if base else ""
             cpu = c["cpu"]
-            lines.append(f"| {c['name']} | {c['best']:.2f} | {' '.join(f'{t:.2f}' for t in c['seconds'])} | {ratio} | "
-                         f"{cpu['client']:.1f} / {cpu['source_server']:.1f} / {cpu['target_server']:.1f} | {c['ceiling_s']:.2f} | "
-                         f"{'ok' if c['verified'] else 'MISMATCH'} |")
+            wal = f"{c['target_wal_bytes'] / 1e6:,.0f}" if c.get("target_wal_bytes") is not None else ""
+            lines.append(f"| {c['name']} | {c['best']:.2f} | {' '.join(f'{t:.2f}' for t in c['seconds'])} | {statistics.median(c['seconds']):.2f} | "
+                         f"{ratio} | {cpu['client']:.1f} / {cpu['source_server']:.1f} / {cpu['target_server']:.1f} | {c['ceiling_s']:.2f} | "
+                         f"{wal} | {'ok' if c['verified'] else 'MISMATCH'} |")
         startup = next((c["ray_startup_s"] for c in cells if "ray_startup_s" in c), None)
         if startup is not None:
             lines += ["", f"ray.init() on this machine: {startup:.2f} s (paid once per `conveyor run runtime=ray` that starts its own instance)"]
@@ -118,6 +120,9 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         if group == "memory":
             continue
         base = _baseline(cells)
+        if len({c.get("degree", 1) for c in cells}) == 1:  # one degree (the shipped defaults): one bar per job
+            written.append(_bars(group, cells, base, out, plt))
+            continue
         series: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for c in cells:
             label = c["name"].rsplit(" degree=", 1)[0].replace("conveyor ", "")
@@ -140,6 +145,25 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _bars(group: str, cells: list[dict[str, Any]], base: dict[str, Any] | None, out: Path, plt: Any) -> Path:
+    """Best seconds per job, the baseline's bar first, each labelled with its ratio to the baseline."""
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(cells) + 1.2))
+    names = [c["name"].replace("conveyor run ", "") for c in cells][::-1]
+    best = [c["best"] for c in cells][::-1]
+    colors = ["#888888" if base is not None and c is base else "#1f77b4" for c in cells][::-1]
+    ax.barh(names, best, color=colors)
+    for y, (c, t) in enumerate(zip(cells[::-1], best)):
+        ratio = f"  {t:.2f} s" + (f" ({t / base['best']:.2f}x the baseline's time)" if base is not None and c is not base else "")
+        ax.text(t, y, ratio, va="center", fontsize=8)
+    ax.set(title=f"{group}: best of the run, seconds (whole process)", xlabel="seconds")
+    ax.set_xlim(0, max(best) * 1.6)
+    fig.tight_layout()
+    path = out / f"plot_{re.sub(r'[^a-z0-9]+', '_', group.lower()).strip('_')}.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def render(path: Path | str) -> str:

@@ -74,12 +74,18 @@ def _running_here() -> str | None:
     ``ray.init()`` to find it), reached on 127.0.0.1, if something answers there; a stale file
     (an instance gone without `ray stop`) is ignored."""
     import socket
+    import tempfile
+    from pathlib import Path
 
+    # where Ray keeps the file (ray._common.utils.get_default_system_temp_dir): looked at first without
+    # importing ray, which costs most of a second; no file there, no instance to join
+    tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or ("/tmp" if os.name == "posix" else tempfile.gettempdir())
+    if not (Path(tmp) / "ray" / "ray_current_cluster").exists():
+        return None
     try:
         from ray._common.utils import get_ray_address_file
     except ImportError:  # another Ray: no discovery, as before
         return None
-    from pathlib import Path
 
     try:
         address = Path(get_ray_address_file(None)).read_text().strip()

@@ -102,15 +102,22 @@ def test_benchmark_report_renders_results_outside_the_package(tmp_path: Path) ->
     cells = [{"group": "pg->pg orders", "name": n, "method": m, "degree": d, "seconds": [t, t + 0.1], "best": t,
               "cpu": {"client": 0.5, "source_server": 1.0, "target_server": 1.5}, "ceiling_s": 1.5, "verified": True}
              for n, m, d, t in (("baseline psql|psql (1 stream)", "pipe", 1, 2.0), ("conveyor passthrough ctid degree=2", "ctid", 2, 1.6))]
+    cells[1]["goal"] = {"against": "baseline psql|psql (1 stream)", "at_most": 1.0, "what": "no slower than the pipe"}
+    cells.append({**cells[1], "name": "conveyor arrow ctid degree=2", "best": 2.5, "seconds": [2.5],
+                  "goal": {"against": "baseline psql|psql (1 stream)", "at_most": 1.11, "what": "at least 0.9x the pipe's speed"}})
     (tmp_path / "results.json").write_text(json.dumps({"settings": {"sf": 1, "repeat": 2}, "versions": {"cores": "2"}, "cells": cells}))
     res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "report.py"), str(tmp_path / "results.json")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert "| conveyor passthrough ctid degree=2 | 1.60 | 1.60 1.70 | 1.25x |" in res.stdout
+    assert "| conveyor passthrough ctid degree=2 | 1.60 | 1.60 1.70 | 1.65 | 1.25x |" in res.stdout
     import importlib.util
 
     assert importlib.util.find_spec("conveyor.pipelines.bench_report") is None
     assert (tmp_path / "results.md").read_text().startswith("# Benchmark: TPC-H SF1")
+    # each target a cell carries is marked met or missed against its baseline of the same run
+    assert "| pg->pg orders | conveyor passthrough ctid degree=2 | no slower than the pipe" in res.stdout
+    assert "0.80x its time (1.25x the speed); target at most 1.00x | **met** |" in res.stdout
+    assert "1.25x its time (0.80x the speed); target at most 1.11x | **missed** |" in res.stdout
 
 
 def test_plan_moves_nothing(cli, tpch_orders: Path, tmp_path: Path) -> None:
