@@ -3,10 +3,11 @@ which answers the keyed strategies' questions and counts partitions once for eve
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.core import KeyRange, KeyStats, ModuloBucket, Partition, ValueSet, WholeSource
+from conveyor.core import CursorWindow, KeyRange, KeyStats, ModuloBucket, Partition, ValueSet, WholeSource
 from conveyor.errors import PlanningError, SchemaError
 
 
@@ -129,10 +130,60 @@ class SqlSource:
         return ""
 
     def _predicate(self, part: Partition, first: int = 1) -> tuple[str, list[Any]]:
-        """The partition as ``(" WHERE ...", parameters)``, placeholders numbered from ``first``."""
+        """The partition as ``(" WHERE ...", parameters)``, placeholders numbered from ``first``,
+        kept to the incremental window when there is one."""
         d = self.dialect
         render = None if d.binds else d.literal
-        return where_clause(part, d.quote, lambda i: d.placeholder(first - 1 + i), engine=d.name, render=render)
+        where, params = where_clause(part, d.quote, lambda i: d.placeholder(first - 1 + i), engine=d.name, render=render)
+        if self.window is None:
+            return where, params
+        cond, more = self._window_cond(first + len(params))
+        base = where.removeprefix(" WHERE ")
+        return (f" WHERE ({base}) AND ({cond})" if base else f" WHERE {cond}"), params + more
+
+    # --- incremental loads: the rows past a cursor ----------------------------------------------
+
+    #: incremental.cursor: only the rows of this window are read, counted and checksummed (planning
+    #: queries see every row: a plan over the whole key space, each partition kept to the window)
+    window: CursorWindow | None = None
+
+    def cursor_max(self, column: str) -> Any:
+        """The cursor's highest value (in the job's snapshot where the source holds one)."""
+        self._check_cursor(column)
+        return self._rows(f"SELECT max({self.dialect.quote(column)}) FROM {self._relation()}")[0][0]
+
+    def windowed(self, window: CursorWindow) -> Any:
+        self._check_cursor(window.column)
+        kept = copy.copy(self)
+        kept.window = window
+        return kept
+
+    def _check_cursor(self, column: str) -> None:
+        import pyarrow.types as t
+
+        self._key_kind(column)  # refuses an unknown column by name
+        typ = self._schema.field(column).type if self._schema is not None and column in self._schema.names else None
+        if typ is not None and not (t.is_integer(typ) or t.is_timestamp(typ) or t.is_date(typ) or t.is_decimal(typ)):
+            raise SchemaError(f"incremental.cursor: column {column!r} is {typ}: a cursor is a timestamp, a date or an increasing integer",
+                              hint="pick an updated_at / id column")
+
+    def _window_cond(self, first: int) -> tuple[str, list[Any]]:
+        """``low < cursor <= high`` with its parameters (literals where the dialect binds none)."""
+        w, d = self.window, self.dialect
+        assert w is not None
+        if w.empty:
+            return "1 = 0", []
+        params: list[Any] = []
+
+        def bind(value: Any) -> str:
+            if not d.binds:
+                return d.literal(value)
+            params.append(value)
+            return d.placeholder(first - 1 + len(params))
+
+        q = d.quote(w.column)
+        cond = (f"{q} > {bind(w.low)} AND " if w.low is not None else "") + f"{q} <= {bind(w.high)}"
+        return cond, params
 
     def key_stats(self, column: str) -> KeyStats:
         kind, q = self._key_kind(column), self.dialect.quote(column)

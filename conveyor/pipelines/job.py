@@ -137,7 +137,7 @@ def _window(spec: JobSpec, source: Any) -> CursorWindow | None:
         return None
     if not isinstance(source, SupportsWindow):
         raise ConfigError(f"incremental.cursor: source {spec.names['source']} cannot read a window of its rows", key="incremental.cursor",
-                          hint="a PostgreSQL source can; or load every row (leave incremental.cursor unset)")
+                          hint="SQL sources can (PostgreSQL, DuckDB, ADBC); or load every row (leave incremental.cursor unset)")
     if not isinstance(spec.sink, SupportsCursorState):
         raise ConfigError(f"incremental.cursor: sink {spec.names['sink']} keeps no cursor where its loads commit", key="incremental.cursor",
                           hint="a PostgreSQL sink can (it keeps the cursor in <schema>._conveyor_cursors)")

@@ -79,7 +79,7 @@ class PostgresSource(SqlSource):
         #: the sink keeps infinity (core.INFINITY): pass it on instead of refusing it
         self.keep_infinity = False
         #: incremental.cursor: only the rows of this window are planned, read, counted and checksummed
-        self.window: CursorWindow | None = None
+        self.window = None
 
     def keeping(self, kinds: tuple[str, ...]) -> PostgresSource:
         """This source, passing on the special values a sink keeps (only under the default policy)."""
@@ -223,7 +223,7 @@ class PostgresSource(SqlSource):
     # SqlSource's questions (key stats, quantiles, values, counts) asked in PostgreSQL's dialect
 
     def _relation(self) -> str:
-        cond = self._window_cond()
+        cond = self._window_sql()
         return f"(SELECT * FROM {self._from()} WHERE {cond}) AS _conveyor_w" if cond else self._from()
 
     # --- incremental loads ----------------------------------------------------------------------
@@ -251,7 +251,7 @@ class PostgresSource(SqlSource):
             raise SchemaError(f"incremental.cursor: column {column!r} is {col.type_sql}: a cursor is a timestamp, a date or an "
                               "increasing integer", hint="pick an updated_at / id column")
 
-    def _window_cond(self) -> str:
+    def _window_sql(self) -> str:
         w = self.window
         if w is None:
             return ""
@@ -281,7 +281,7 @@ class PostgresSource(SqlSource):
 
     def where(self, part: Partition) -> str:
         """The partition as a WHERE clause (empty for the whole source), within the incremental window."""
-        base, window = self._where(part).removeprefix(" WHERE "), self._window_cond()
+        base, window = self._where(part).removeprefix(" WHERE "), self._window_sql()
         if not window:
             return f" WHERE {base}" if base else ""
         return f" WHERE ({base}) AND ({window})" if base else f" WHERE {window}"

@@ -120,3 +120,41 @@ def test_incremental_is_refused_by_name_where_it_cannot_hold(inc, pg_target, tmp
     with pytest.raises(ConfigError, match="keeps no cursor"):
         job(_src(inc), {"type": "parquet", "path": str(tmp_path / "out")}, load_mode="append", incremental={"cursor": "updated_at"})
     assert PlanningError  # imported for the resume test's error class
+
+
+@pytest.mark.parametrize("kind", ["duckdb", "sqlite"])
+def test_duckdb_and_adbc_sources_load_incrementally_into_postgresql(pg_target, tmp_path, kind: str) -> None:
+    """The window is the SQL sources' own (conveyor/connectors/sql.py): DuckDB and any ADBC driver
+    (SQLite here) read only the rows past the cursor, bound as parameters in their dialect."""
+    import sqlite3
+
+    import duckdb
+
+    db = tmp_path / f"src.{kind}"
+
+    def add(first: int, last: int) -> None:
+        rows = [(g, g * 10, f"v{g}") for g in range(first, last + 1)]
+        if kind == "duckdb":
+            with duckdb.connect(str(db)) as con:
+                con.execute("CREATE TABLE IF NOT EXISTS items (id INTEGER, seq BIGINT, v VARCHAR)")
+                con.executemany("INSERT INTO items VALUES (?, ?, ?)", rows)
+        else:
+            con = sqlite3.connect(db)
+            con.execute("CREATE TABLE IF NOT EXISTS items (id INTEGER, seq INTEGER, v TEXT)")
+            con.executemany("INSERT INTO items VALUES (?, ?, ?)", rows)
+            con.commit()
+            con.close()
+
+    src = ({"type": "duckdb", "database": str(db), "table": "items"} if kind == "duckdb"
+           else {"type": "adbc", "driver": "sqlite", "uri": str(db), "table": "items"})
+    target = f"inc_{kind}"
+    pg_exec(pg_target, f"DROP TABLE IF EXISTS {target}", f"CREATE TABLE {target} (id int, seq bigint, v text)")
+    opts = {"load_mode": "append", "incremental": {"cursor": "seq"}}
+    add(1, 300)
+    assert job(src, _dst(pg_target, target), "rangeid", {"distribute_key": "id", "partitions": 3}, degree=2, **opts).rows == 300
+    add(301, 420)
+    second = job(src, _dst(pg_target, target), "rangeid", {"distribute_key": "id", "partitions": 3}, degree=2, **opts)
+    assert second.rows == 120 and "seq > 3000 AND seq <= 4200" in second.plan.window.describe()
+    assert second.verification.ok and second.verification.source_rows == 120
+    assert pg_exec(pg_target, f"SELECT count(*), count(DISTINCT id), sum(seq) FROM {target}") == [(420, 420, sum(g * 10 for g in range(1, 421)))]
+    assert job(src, _dst(pg_target, target), **opts).rows == 0
