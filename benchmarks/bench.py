@@ -127,7 +127,8 @@ class Bench:
                 "ceiling_s": round(sum(cpu.values()) / CORES, 3), "verified": ok, **meta}
         self.cells.append(cell)
         print(f"{group:28} {name:44} best {times[best]:6.2f} s  all {' '.join(f'{t:.2f}' for t in times)}  "
-              f"cpu c/s/t {cpu['client']:.1f}/{cpu['source_server']:.1f}/{cpu['target_server']:.1f}  {'ok' if ok else 'MISMATCH'}",
+              f"cpu c/s/t {cpu['client']:.1f}/{cpu['source_server']:.1f}/{cpu['target_server']:.1f}  "
+              f"target WAL {wals[best] / 1e6:,.0f} MB  {'ok' if ok else 'MISMATCH'}",
               flush=True)
         return cell
 
@@ -581,7 +582,7 @@ def main() -> int:
     keys = {"orders": "o_orderkey", "lineitem": "l_orderkey"}
     subprocess.run([str(Path(sys.executable).parent / "tpchgen-cli"), "parquet", "-s", str(args.sf), f"--tables={','.join(tables)}",
                     f"--parts={args.parts}", f"--output-dir={work}"], check=True)
-    with PgServer("bench-src") as src, PgServer("bench-dst") as dst:
+    with PgServer("bench-src") as src, PgServer("bench-dst", settings={"max_locks_per_transaction": "1024"}) as dst:
         os.environ["PGPASSWORD"] = src.password
         for t in tables:
             conveyor({"source": {"type": "parquet", "path": str(work / t)}, "sink": {"type": "postgres", "port": src.port, "table": t},
