@@ -263,10 +263,7 @@ def test_ctrl_c_during_a_merge_leaves_the_target_as_it_was(ex_src, pg_target, tm
             "batch_size=1000", *_runtime_args(kind, request)]
     proc = _popen(args, tmp_path, "run")
     _wait_for_copy(pg_target, "_conveyor_stage")
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and "error: cancelled: the target is as it was" in err
+    _ctrl_c_left_the_target_as_it_was(proc)
     _wait_until_idle(pg_target)
     assert checksum(pg_target, "ex_merge") == before
     assert pg_exec(pg_target, "SELECT count(*) FROM pg_class WHERE relname LIKE '\\_conveyor\\_stage\\_%'") == [(0,)]
@@ -277,25 +274,41 @@ def test_ctrl_c_during_a_merge_leaves_the_target_as_it_was(ex_src, pg_target, tm
 def test_a_truncate_in_one_transaction_stopped_mid_copy_leaves_the_old_rows(ex_src, pg_target, tmp_path: Path, kind: str,
                                                                            stop: str, request) -> None:
     """One partition, truncate: TRUNCATE and COPY run in one transaction. Stopped mid-COPY (Ctrl-C, or
-    the driver SIGKILLed while a Ray worker goes on writing), nothing commits: the old rows stay."""
+    the driver SIGKILLed while a Ray worker goes on writing), the target holds the old rows or, where
+    the partition had sealed its commit before the stop reached it, exactly the new ones, and a
+    Ctrl-C's message says which (before the stop lock, a Ray task committed after the driver had
+    said "the target is as it was")."""
     pg_exec(pg_target, "DROP TABLE IF EXISTS ex_inplace", "CREATE TABLE ex_inplace (id int, grp int, h text)",
             "INSERT INTO ex_inplace SELECT g, 0, 'old' FROM generate_series(1, 500) g")
-    before = checksum(pg_target, "ex_inplace")
+    before, source = checksum(pg_target, "ex_inplace"), checksum(ex_src, "ex_src")
     args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",
             "sink.table=ex_inplace", "load_mode=truncate", "strategy=none", "degree=1", "sink.copy_path=arrow",
-            "batch_size=500", *_runtime_args(kind, request)]
+            "batch_size=200", *_runtime_args(kind, request)]
     proc = _popen(args, tmp_path, "run")
     _wait_for_copy(pg_target, "ex_inplace")
     if stop == "kill":
         proc.kill()
         proc.communicate(timeout=60)
-    else:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 130, err
-        assert "Traceback" not in err and "error: cancelled: the target is as it was" in err
+        _wait_until_idle(pg_target)
+        assert checksum(pg_target, "ex_inplace") in (before, source)  # never part of it, never twice
+        return
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
     _wait_until_idle(pg_target)
-    assert checksum(pg_target, "ex_inplace") == before
+    if "error: cancelled: the target is as it was" in err:
+        assert checksum(pg_target, "ex_inplace") == before
+    else:  # the one partition had sealed its commit before the stop reached it: said so, and whole
+        assert "error: cancelled: the load had committed before it stopped: the target holds its 200,000 new rows" in err, err
+        assert checksum(pg_target, "ex_inplace") == source
+
+
+def _ctrl_c_left_the_target_as_it_was(proc: subprocess.Popen) -> None:
+    """Ctrl-C to a running job: exit 130, one line saying the target is as it was, no traceback."""
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "error: cancelled: the target is as it was" in err
 
 
 def test_a_second_ctrl_c_quits_at_once_without_a_traceback(ex_src, pg_target, tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ from conveyor.core import (
     INFINITY,
     INFINITY_DAYS,
     INFINITY_TICKS,
-    CursorWindow,
     JobOptions,
     NativeStream,
     PageRange,
@@ -228,19 +227,11 @@ class PostgresSource(SqlSource):
 
     # --- incremental loads ----------------------------------------------------------------------
 
-    def cursor_max(self, column: str) -> Any:
-        """The cursor's highest value in the job's snapshot (None: no row has one)."""
-        self._cursor_column(column)
-        return self._rows(f"SELECT max({ident(column)}) FROM {self._from()}")[0][0]
+    # cursor_max and windowed: SqlSource's (the planning relation is the table until a window is set);
+    # the window itself goes into where() below, so ctid ranges keep reading the table
 
-    def windowed(self, window: CursorWindow) -> PostgresSource:
-        """This source, keeping to ``low < cursor <= high`` in every plan, read, count and checksum."""
-        self._cursor_column(window.column)
-        kept = copy.copy(self)
-        kept.window = window
-        return kept
-
-    def _cursor_column(self, column: str) -> None:
+    def _check_cursor(self, column: str) -> None:
+        """A cursor is an integer, date, timestamp or numeric column of the source, refused by name otherwise."""
         if not self.columns:
             self.describe()
         col = next((c for c in self.columns if c.name == column), None)
