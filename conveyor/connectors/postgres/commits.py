@@ -105,18 +105,15 @@ def release_guard(run_id: str) -> None:
         guard.close()
 
 
-def driver_alive_sql(run_id: str) -> str:
-    """True while the run's driver holds its guard (a shared try-lock fails against its exclusive one)."""
-    from conveyor.connectors.postgres.common import literal
+def driver_state_sql(run_id: str) -> str:
+    """(stopping, alive): whether the run's driver holds its stop lock (Ctrl-C) and its guard, each seen
+    as a shared try-lock failing against the driver's exclusive one; one round trip before COMMIT."""
+    return (f"SELECT NOT pg_try_advisory_xact_lock_shared({stop_key_sql(literal(run_id))}), "
+            f"NOT pg_try_advisory_xact_lock_shared({guard_key_sql(literal(run_id))})")
 
-    return f"SELECT NOT pg_try_advisory_xact_lock_shared({guard_key_sql(literal(run_id))})"
 
-
-def driver_stopping_sql(run_id: str) -> str:
-    """True once the run's driver is stopping (Ctrl-C): it holds the stop lock."""
-    from conveyor.connectors.postgres.common import literal
-
-    return f"SELECT NOT pg_try_advisory_xact_lock_shared({stop_key_sql(literal(run_id))})"
+def _exists(con: Any, schema: str, table: str) -> bool:
+    return con.execute("SELECT to_regclass(%s)", [ident(schema, table)]).fetchone()[0] is not None
 
 
 def ensure_markers(con: Any, schema: str) -> None:
@@ -128,22 +125,17 @@ def ensure_markers(con: Any, schema: str) -> None:
 
 
 def marker_insert_sql(schema: str, load_id: str, target: str, partition: str, rows: int) -> str:
-    from conveyor.connectors.postgres.common import literal
-
     return (f"INSERT INTO {ident(schema, MARKERS)} (load_id, target, partition, rows) VALUES "
             f"({literal(load_id)}, {literal(target)}, {literal(partition)}, {int(rows)})")
 
 
 def marker_rows_sql(schema: str, load_id: str, target: str, partition: str) -> str:
-    from conveyor.connectors.postgres.common import literal
-
     return (f"SELECT rows FROM {ident(schema, MARKERS)} WHERE load_id = {literal(load_id)} "
             f"AND target = {literal(target)} AND partition = {literal(partition)}")
 
 
 def committed(con: Any, schema: str, load_id: str, target: str) -> dict[str, int]:
-    exists = con.execute("SELECT to_regclass(%s)", [ident(schema, MARKERS)]).fetchone()[0]
-    if exists is None:
+    if not _exists(con, schema, MARKERS):
         return {}
     rows = con.execute(f"SELECT partition, rows FROM {ident(schema, MARKERS)} WHERE load_id = %s AND target = %s",
                        [load_id, target]).fetchall()
@@ -152,13 +144,15 @@ def committed(con: Any, schema: str, load_id: str, target: str) -> dict[str, int
 
 def forget(con: Any, schema: str, load_id: str, target: str) -> None:
     """Drop a load's markers (a staged load made visible, or dropped, no longer needs them)."""
-    if con.execute("SELECT to_regclass(%s)", [ident(schema, MARKERS)]).fetchone()[0] is not None:
+    if _exists(con, schema, MARKERS):
         con.execute(f"DELETE FROM {ident(schema, MARKERS)} WHERE load_id = %s AND target = %s", [load_id, target])
 
 
 # --- incremental cursors -------------------------------------------------------------------------
 
 CURSORS = "_conveyor_cursors"
+#: what clears a cursor's pending window
+_NO_PENDING = "pending_load = NULL, pending_mode = NULL, pending_low = NULL, pending_high = NULL, pending_kind = NULL"
 
 
 def ensure_cursors(con: Any, schema: str) -> None:
@@ -171,7 +165,7 @@ def ensure_cursors(con: Any, schema: str) -> None:
 
 def cursor_row(con: Any, schema: str, target: str, column: str) -> tuple[Any, ...] | None:
     """(value, kind, pending_load, pending_mode, pending_low, pending_high, pending_kind) or None."""
-    if con.execute("SELECT to_regclass(%s)", [ident(schema, CURSORS)]).fetchone()[0] is None:
+    if not _exists(con, schema, CURSORS):
         return None
     return con.execute(f"SELECT value, kind, pending_load, pending_mode, pending_low, pending_high, pending_kind "
                        f"FROM {ident(schema, CURSORS)} WHERE target = %s AND cursor = %s", [target, column]).fetchone()
@@ -193,15 +187,13 @@ def commit_cursor_sql(schema: str, target: str, column: str, load_id: str, value
     """The statement, run in the transaction that makes the load visible, that moves the cursor to
     ``value`` (kept where None: nothing new) and clears the load's pending window."""
     new = f"{literal(value[0])}, kind = {literal(value[1])}" if value else "value, kind = kind"
-    return (f"UPDATE {ident(schema, CURSORS)} SET value = {new}, pending_load = NULL, pending_mode = NULL, pending_low = NULL, "
-            f"pending_high = NULL, pending_kind = NULL, updated_at = now() WHERE target = {literal(target)} "
+    return (f"UPDATE {ident(schema, CURSORS)} SET value = {new}, {_NO_PENDING}, updated_at = now() WHERE target = {literal(target)} "
             f"AND cursor = {literal(column)} AND pending_load = {literal(load_id)}")
 
 
 def clear_pending(con: Any, schema: str, target: str, column: str, load_id: str) -> None:
-    if con.execute("SELECT to_regclass(%s)", [ident(schema, CURSORS)]).fetchone()[0] is not None:
-        con.execute(f"UPDATE {ident(schema, CURSORS)} SET pending_load = NULL, pending_mode = NULL, pending_low = NULL, "
-                    "pending_high = NULL, pending_kind = NULL WHERE target = %s AND cursor = %s AND pending_load = %s",
+    if _exists(con, schema, CURSORS):
+        con.execute(f"UPDATE {ident(schema, CURSORS)} SET {_NO_PENDING} WHERE target = %s AND cursor = %s AND pending_load = %s",
                     [target, column, load_id])
 
 
@@ -215,13 +207,7 @@ def stage_name(run_id: str) -> str:
 def label_stage(con: Any, schema: str, run_id: str, target: str) -> None:
     note = json.dumps({"conveyor": "staging table", "run_id": run_id, "target": target,
                        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
-    con.execute(f"COMMENT ON TABLE {ident(schema, stage_name(run_id))} IS {_lit(note)}")
-
-
-def _lit(text: str) -> str:
-    from conveyor.connectors.postgres.common import literal
-
-    return literal(text)
+    con.execute(f"COMMENT ON TABLE {ident(schema, stage_name(run_id))} IS {literal(note)}")
 
 
 @dataclass(frozen=True)
@@ -377,9 +363,10 @@ class Attempt:
         if self.expected is not None and rows != self.expected:  # checked before the commit: nothing stays
             raise VerificationError(f"verification failed for {o.target}: partition {self.key}: source {self.expected:,} rows, "
                                     f"written {rows:,}: rolled back", hint="the target was not changed by this partition; see the report")
-        if o.guard and fetch(driver_stopping_sql(o.guard))[0]:
+        stopping, alive = fetch(driver_state_sql(o.guard)) if o.guard else (False, True)
+        if stopping:
             raise Cancelled(f"partition {self.key}: the run is stopping (Ctrl-C): rolled back instead of committing")
-        if o.guard and not fetch(driver_alive_sql(o.guard))[0]:
+        if not alive:
             # retriable: a target that restarted drops the driver's lock for a moment (it takes it again);
             # a driver that is really gone stays gone, and every retry rolls back the same way
             raise TransferError(f"partition {self.key}: the run's driver is gone: rolled back instead of committing",
