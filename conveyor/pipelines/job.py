@@ -195,9 +195,7 @@ def run_job(spec: JobSpec, progress: Progress | None = None) -> JobReport:
     after aborting the sink. ``conveyor.pipelines.run`` is the CLI's, with report and manifest."""
     start = time.perf_counter()
     with opened(spec) as (plan, source):
-        planned = time.perf_counter() - start
         report = execute(plan, progress, start, source)
-        report.phases = {"plan": round(planned, 4), **report.phases}
     if report.error is not None:
         raise report.error
     return report
@@ -221,6 +219,7 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
 def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> JobReport:
     spec = plan.spec
     report = JobReport(plan=plan)
+    report.phases["plan"] = round(time.perf_counter() - start, 4)  # describing and planning, since the job's start
     clock = _Phases(report.phases)
     try:
         sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, partitions=len(plan.partitions),

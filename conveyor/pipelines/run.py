@@ -70,11 +70,9 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
         start = time.perf_counter()
         with opened(spec) as (plan, source):
             plan = _resumed(plan, str(cfg.get("resume") or ""), previous)
-            planned = time.perf_counter() - start
             with (progress or _no_progress)(plan) as shown:
                 with _manifest(place, plan, config, shown, source) as manifest:
                     report = execute(plan, manifest or shown, start, source=source)
-                    report.phases = {"plan": round(planned, 4), **report.phases}
         if report.error is not None:
             raise report.error
     except Exception as exc:

@@ -246,6 +246,8 @@ def test_one_task_with_no_ray_instance_runs_in_the_driver(cli, tpch_orders: Path
     report = json.loads((tmp_path / "hydra-run" / "report.json").read_text())
     assert report["totals"]["rows"] == 15000 and report["totals"]["runtime_startup_seconds"] == 0
     assert "ran in the driver process" in report["runtime_note"] and "ran in the driver process" in " ".join(res.out.split())
+    # where the seconds went, in the order they were spent (no source count: a file sink's commits are not final)
+    assert list(report["phases"]) == ["plan", "prepare", "tasks", "verify", "finalize"] and min(report["phases"].values()) >= 0
     res = cli(*common, f"sink.path={tmp_path}/two", "runtime.one_task_in_driver=false", timeout=300)
     assert res.code == 0, res.err
     report = json.loads((tmp_path / "hydra-run" / "report.json").read_text())
