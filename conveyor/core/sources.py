@@ -50,6 +50,8 @@ class SourceInfo:
     estimated_bytes: int | None = None
     #: a database source's own column types and wire format (None: Arrow is all it speaks)
     native: NativeExport | None = None
+    #: how the source reads Arrow batches, where it has a choice (the job's log says it)
+    reader: str = ""
 
 
 @runtime_checkable

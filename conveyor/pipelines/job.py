@@ -231,6 +231,8 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
     report.target, report.sink_plan = sink_plan.target, sink_plan
     if sink_plan.path_reason:
         note(f"path: {sink_plan.path_reason}")
+    if plan.info.reader and not sink_plan.native:
+        note(f"source: {plan.info.reader}")
     if sink_plan.keeps and isinstance(source, SupportsSpecialValues):
         source = source.keeping(sink_plan.keeps)  # e.g. infinity passed on, not refused
     try:

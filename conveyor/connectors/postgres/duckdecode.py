@@ -1,0 +1,170 @@
+"""PostgreSQL binary COPY decoded into Arrow by DuckDB's postgres extension (C++), in the job's snapshot.
+
+ADBC's COPY reader costs about 15 CPU-seconds for TPC-H lineitem SF1 here; DuckDB's postgres
+extension decodes the same binary COPY stream in about 4 (``make bench``, group pg_to_parquet). The
+extension runs the partition's own SELECT (``postgres_query``) on a connection whose transaction has
+first taken the job's exported snapshot (``postgres_execute`` of ``SET TRANSACTION SNAPSHOT`` as the
+transaction's first statement), so every partition still reads the one snapshot.
+
+Only columns whose DuckDB decoding is exactly ADBC's are read this way (``EXACT``: integers, floats,
+bool, text, varchar, bytea, date, timestamp(tz), numeric(p<=38,s), and every column read as its text
+form). DuckDB reads a numeric NaN as 0: the partition's query flags NaN per numeric column on the
+server, and a NaN is refused by name as on ADBC's path; each batch is then cast to the schema ADBC gives, so a job's batches are the same whichever
+decoder read them (tests/connectors/postgres/test_decoder.py compares the two on a type matrix with
+edge values). DuckDB writes infinity dates/timestamps as its own sentinels: they are mapped to ADBC's
+encodings, so ``source.special_values`` applies to both the same way.
+
+The extension comes from PyPI (``duckdb-extension-postgres``, pinned by itself to one duckdb
+version) and is installed offline into a per-user cache folder: no download.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type
+
+if TYPE_CHECKING:
+    from conveyor.connectors.postgres.common import PgConnConfig
+
+#: base types DuckDB's extension decodes to the same values ADBC does (checked by test_decoder.py)
+EXACT = {"int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar", "bytea", "date", "timestamp", "timestamptz"}
+# not: bpchar (DuckDB trims char(n)'s padding), time/interval/uuid/json/enums/arrays (not compared yet)
+
+_LOCK = threading.Lock()
+_READY: dict[str, str] = {}  # "dir" -> the extension directory, once installed in this process
+
+
+def unfit_column(columns: tuple[PgColumn, ...]) -> PgColumn | None:
+    """The first column DuckDB would not decode exactly as ADBC does (None: all of them are fine)."""
+    numerics = 0
+    for col in columns:
+        if col.unconstrained_numeric or not col.native:
+            continue  # read as its text form
+        if col.elem or col.typtype == "e":
+            return col
+        if col.typname == "numeric":
+            typ = numeric_arrow_type(col)
+            numerics += 1  # each has a bit in a bigint where the server flags NaN (DuckDB would read 0)
+            if typ is None or typ.precision > 38 or numerics > 63:
+                return col
+            continue
+        if col.typname not in EXACT:
+            return col
+    return None
+
+
+def unavailable() -> str | None:
+    """Why the extension cannot load in this process (None: it can)."""
+    try:
+        _extension_dir()
+    except Exception as exc:  # any reason, reported as one line
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
+
+
+def _extension_dir() -> str:
+    """Install the postgres extension from its PyPI package into a cache folder, once per process."""
+    with _LOCK:
+        if "dir" in _READY:
+            return _READY["dir"]
+        import duckdb
+
+        try:
+            import duckdb_extension_postgres  # noqa: F401 - the package that carries the extension file
+        except ImportError:
+            raise RuntimeError("the Python package duckdb-extension-postgres is not installed "
+                               "(pip install 'conveyor[postgres]' brings it)") from None
+        pkg = Path(sys.modules["duckdb_extension_postgres"].__file__).parent
+        ext = next(pkg.rglob("*.duckdb_extension"), None)
+        if ext is None:
+            raise RuntimeError(f"duckdb-extension-postgres holds no extension file ({pkg})")
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        root = Path(tempfile.gettempdir()) / f"conveyor-duckdb-{uid}" / duckdb.__version__
+        file = root / "postgres_scanner.duckdb_extension"
+        extdir = root / "extensions"
+        if not (extdir / "done").exists():
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = root / f".{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.write_bytes(ext.read_bytes())
+            os.replace(tmp, file)  # the name DuckDB installs it under
+            con = duckdb.connect(config={"extension_directory": str(extdir)})
+            try:
+                con.execute(f"FORCE INSTALL '{file}'")
+                con.execute("LOAD postgres")
+            finally:
+                con.close()
+            (extdir / "done").touch()
+        _READY["dir"] = str(extdir)
+        return _READY["dir"]
+
+
+def _quote(value: Any) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _libpq_value(value: Any) -> str:
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@contextlib.contextmanager
+def connection(conf: PgConnConfig, snapshot: str | None) -> Iterator[Any]:
+    """A one-thread DuckDB connection with the server attached as ``src``, its transaction on ``snapshot``.
+
+    The password goes into an in-memory DuckDB secret (never into a string DuckDB could print)."""
+    import duckdb
+
+    con = duckdb.connect(config={"extension_directory": _extension_dir(), "threads": 1, "autoinstall_known_extensions": False,
+                                 "autoload_known_extensions": False})
+    try:
+        con.execute("LOAD postgres")
+        pw = conf.password()
+        fields = [f"HOST {_quote(conf.host)}", f"PORT {int(conf.port or 5432)}", f"USER {_quote(conf.user)}",
+                  f"DATABASE {_quote(conf.dbname)}"] + ([f"PASSWORD {_quote(pw)}"] if pw is not None else [])
+        con.execute(f"CREATE TEMPORARY SECRET conveyor_src (TYPE postgres, {', '.join(fields)})")
+        extra = {"connect_timeout": conf.connect_timeout, "application_name": "conveyor", **(conf.options or {})}
+        dsn = " ".join(f"{k}={_libpq_value(v)}" for k, v in extra.items())
+        con.execute(f"ATTACH {_quote(dsn)} AS src (TYPE postgres, SECRET conveyor_src, READ_ONLY)")
+        con.execute("BEGIN")
+        # the extension's transaction on the server is REPEATABLE READ; its first statement takes the snapshot
+        if snapshot:
+            con.execute(f"CALL postgres_execute('src', {_quote('SET TRANSACTION SNAPSHOT ' + _quote(snapshot))})")
+        yield con
+    finally:
+        with contextlib.suppress(Exception):
+            con.execute("ROLLBACK")
+        con.close()
+
+
+def batches(con: Any, sql: str, batch_size: int) -> Iterator[Any]:
+    """The query's rows as Arrow record batches, decoded by DuckDB from the server's binary COPY."""
+    reader = con.execute(f"SELECT * FROM postgres_query('src', {_quote(sql)})").to_arrow_reader(batch_size)
+    yield from reader
+
+
+# DuckDB's infinity sentinels -> the values ADBC's reader gives infinity (see source._OUT_OF_RANGE)
+_INFINITIES = {"date": ((2**31 - 1, -2147472692), (-(2**31 - 1), -2147472691)),
+               "timestamp": ((2**63 - 1, -9222425352054775809), (-(2**63 - 1), -9222425352054775808))}
+
+
+def as_adbc_infinity(typname: str, arr: Any) -> Any:
+    """Date/timestamp column with DuckDB's infinity sentinels turned into ADBC's encodings."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = "date" if typname == "date" else "timestamp"
+    ints = arr.view(pa.int32() if kind == "date" else pa.int64())
+    (pos, pos_adbc), (neg, neg_adbc) = _INFINITIES[kind]
+    hit = pc.or_(pc.equal(ints, pos), pc.equal(ints, neg))
+    if not pc.any(hit).as_py():
+        return arr
+    fixed = pc.if_else(pc.equal(ints, pos), pa.scalar(pos_adbc, ints.type),
+                       pc.if_else(pc.equal(ints, neg), pa.scalar(neg_adbc, ints.type), ints))
+    return fixed.view(arr.type)
