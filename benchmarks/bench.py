@@ -236,6 +236,11 @@ class Bench:
             goal = ({"goal": {"against": base["name"], "at_most": round(1 / 1.2, 3), "what": "at least 1.2x faster than DuckDB"}}
                     if base and degree == 2 else {})
             self.measure(group, f"conveyor ctid degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method="ctid", degree=degree, **goal)
+        # the same at the largest degree with ADBC's COPY reader instead of DuckDB's decoder (source.decoder)
+        cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table, "decoder": "adbc"},
+               "sink": {"type": "parquet", "path": str(out)}, "strategy": {"type": "ctid"}, "load_mode": "create", "degree": degrees[-1]}
+        self.measure(group, f"conveyor ctid degree={degrees[-1]} decoder=adbc", lambda c=cfg: conveyor(c), reset, verify, method="ctid",
+                     degree=degrees[-1])
 
 
     # DuckDB -> PostgreSQL
