@@ -114,33 +114,70 @@ def _libpq_value(value: Any) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-@contextlib.contextmanager
-def connection(conf: PgConnConfig, snapshot: str | None) -> Iterator[Any]:
-    """A one-thread DuckDB connection with the server attached as ``src``, its transaction on ``snapshot``.
+_DATABASES: dict[tuple[Any, ...], Any] = {}  # one in-memory DuckDB with the server attached, per server and process
+
+
+def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Any]:
+    """This process's DuckDB database with the server attached as ``src`` (LOAD costs 0.1 s: once per process).
 
     The password goes into an in-memory DuckDB secret (never into a string DuckDB could print)."""
     import duckdb
 
-    con = duckdb.connect(config={"extension_directory": _extension_dir(), "threads": 1, "autoinstall_known_extensions": False,
-                                 "autoload_known_extensions": False})
+    pw = conf.password()
+    key = (conf.host, conf.port, conf.user, conf.dbname, conf.connect_timeout, tuple(sorted((conf.options or {}).items())), pw)
+    with _LOCK:
+        db = _DATABASES.get(key)
+    if db is not None:
+        return key, db
+    db = duckdb.connect(config={"extension_directory": _extension_dir(), "threads": 1, "autoinstall_known_extensions": False,
+                                "autoload_known_extensions": False})
     try:
-        con.execute("LOAD postgres")
-        pw = conf.password()
+        db.execute("LOAD postgres")
+        db.execute("SET pg_connection_cache = false")  # a server connection per read, closed after it: none left idle
         fields = [f"HOST {_quote(conf.host)}", f"PORT {int(conf.port or 5432)}", f"USER {_quote(conf.user)}",
                   f"DATABASE {_quote(conf.dbname)}"] + ([f"PASSWORD {_quote(pw)}"] if pw is not None else [])
-        con.execute(f"CREATE TEMPORARY SECRET conveyor_src (TYPE postgres, {', '.join(fields)})")
+        db.execute(f"CREATE TEMPORARY SECRET conveyor_src (TYPE postgres, {', '.join(fields)})")
         extra = {"connect_timeout": conf.connect_timeout, "application_name": "conveyor", **(conf.options or {})}
         dsn = " ".join(f"{k}={_libpq_value(v)}" for k, v in extra.items())
-        con.execute(f"ATTACH {_quote(dsn)} AS src (TYPE postgres, SECRET conveyor_src, READ_ONLY)")
+        db.execute(f"ATTACH {_quote(dsn)} AS src (TYPE postgres, SECRET conveyor_src, READ_ONLY)")
+    except BaseException:
+        db.close()
+        raise
+    with _LOCK:
+        kept = _DATABASES.setdefault(key, db)
+    if kept is not db:
+        db.close()
+    return key, kept
+
+
+def _forget(key: tuple[Any, ...]) -> None:
+    """Drop a database whose connections may be broken (a failed read): the next one starts afresh."""
+    with _LOCK:
+        db = _DATABASES.pop(key, None)
+    if db is not None:
+        with contextlib.suppress(Exception):
+            db.close()
+
+
+@contextlib.contextmanager
+def connection(conf: PgConnConfig, snapshot: str | None) -> Iterator[Any]:
+    """A DuckDB connection whose transaction reads the attached server (``src``) in ``snapshot``."""
+    key, db = _database(conf)
+    con = db.cursor()
+    ok = False
+    try:
         con.execute("BEGIN")
         # the extension's transaction on the server is REPEATABLE READ; its first statement takes the snapshot
         if snapshot:
             con.execute(f"CALL postgres_execute('src', {_quote('SET TRANSACTION SNAPSHOT ' + _quote(snapshot))})")
         yield con
+        ok = True
     finally:
         with contextlib.suppress(Exception):
             con.execute("ROLLBACK")
         con.close()
+        if not ok:
+            _forget(key)
 
 
 def batches(con: Any, sql: str, batch_size: int) -> Iterator[Any]:

@@ -124,6 +124,14 @@ def test_a_duckdb_read_sees_the_jobs_snapshot_not_later_rows(pg_source) -> None:
         pg_exec(pg_source, "INSERT INTO dec_snap SELECT g FROM generate_series(1001, 1500) g", "DELETE FROM dec_snap WHERE id <= 10")
         got = sorted(v for b in shipped.read(WholeSource(0, 1)) for v in b.column("id").to_pylist())
     assert got == list(range(1, 1001))
+    # the process keeps its DuckDB (and its pooled server connections): a second job reads its own, later snapshot
+    with src.session() as later:
+        pg_exec(pg_source, "DELETE FROM dec_snap WHERE id > 1400")
+        again = sorted(v for b in later.read(WholeSource(0, 1)) for v in b.column("id").to_pylist())
+        with src.session() as latest:
+            last = sorted(v for b in latest.read(WholeSource(0, 1)) for v in b.column("id").to_pylist())
+        again_too = sorted(v for b in later.read(WholeSource(0, 1)) for v in b.column("id").to_pylist())
+    assert again == again_too == list(range(11, 1501)) and last == list(range(11, 1401))
 
 
 def test_auto_takes_adbc_for_a_type_duckdb_does_not_decode_exactly_and_duckdb_refuses_it_by_name(pg_source) -> None:
