@@ -21,14 +21,11 @@ version) and is installed offline into a per-user cache folder: no download.
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-import tempfile
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conveyor.connectors import duckext
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type
 
 if TYPE_CHECKING:
@@ -39,7 +36,6 @@ EXACT = {"int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar", 
 # not: bpchar (DuckDB trims char(n)'s padding), time/interval/uuid/json/enums/arrays (not compared yet)
 
 _LOCK = threading.Lock()
-_READY: dict[str, str] = {}  # "dir" -> the extension directory, once installed in this process
 
 
 def unfit_column(columns: tuple[PgColumn, ...]) -> PgColumn | None:
@@ -63,51 +59,10 @@ def unfit_column(columns: tuple[PgColumn, ...]) -> PgColumn | None:
 
 def unavailable() -> str | None:
     """Why the extension cannot load in this process (None: it can)."""
-    try:
-        _extension_dir()
-    except Exception as exc:  # any reason, reported as one line
-        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return None
+    return duckext.unavailable("postgres")
 
 
-def _extension_dir() -> str:
-    """Install the postgres extension from its PyPI package into a cache folder, once per process."""
-    with _LOCK:
-        if "dir" in _READY:
-            return _READY["dir"]
-        import duckdb
-
-        try:
-            import duckdb_extension_postgres  # noqa: F401 - the package that carries the extension file
-        except ImportError:
-            raise RuntimeError("the Python package duckdb-extension-postgres is not installed "
-                               "(pip install 'conveyor[postgres]' brings it)") from None
-        pkg = Path(sys.modules["duckdb_extension_postgres"].__file__).parent
-        ext = next(pkg.rglob("*.duckdb_extension"), None)
-        if ext is None:
-            raise RuntimeError(f"duckdb-extension-postgres holds no extension file ({pkg})")
-        uid = os.getuid() if hasattr(os, "getuid") else 0
-        root = Path(tempfile.gettempdir()) / f"conveyor-duckdb-{uid}" / duckdb.__version__
-        file = root / "postgres_scanner.duckdb_extension"
-        extdir = root / "extensions"
-        if not (extdir / "done").exists():
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = root / f".{os.getpid()}.{threading.get_ident()}.tmp"
-            tmp.write_bytes(ext.read_bytes())
-            os.replace(tmp, file)  # the name DuckDB installs it under
-            con = duckdb.connect(config={"extension_directory": str(extdir)})
-            try:
-                con.execute(f"FORCE INSTALL '{file}'")
-                con.execute("LOAD postgres")
-            finally:
-                con.close()
-            (extdir / "done").touch()
-        _READY["dir"] = str(extdir)
-        return _READY["dir"]
-
-
-def _quote(value: Any) -> str:
-    return "'" + str(value).replace("'", "''") + "'"
+_quote = duckext.quote
 
 
 def _libpq_value(value: Any) -> str:
@@ -129,7 +84,7 @@ def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Any]:
         db = _DATABASES.get(key)
     if db is not None:
         return key, db
-    db = duckdb.connect(config={"extension_directory": _extension_dir(), "threads": 1, "autoinstall_known_extensions": False,
+    db = duckdb.connect(config={"extension_directory": duckext.extension_dir("postgres"), "threads": 1, "autoinstall_known_extensions": False,
                                 "autoload_known_extensions": False})
     try:
         db.execute("LOAD postgres")

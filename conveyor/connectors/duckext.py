@@ -1,0 +1,74 @@
+"""DuckDB extensions from their PyPI wheels, installed offline (no download) into a per-user cache folder.
+
+``duckdb-extension-postgres`` and ``duckdb-extension-mysql`` carry the extension file built for one
+duckdb version, and pin duckdb to it; DuckDB installs a file under its canonical name only, so the
+file is copied to that name first, then ``FORCE INSTALL``-ed into an extension directory of ours.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+#: extension -> (the PyPI package's module, the file name DuckDB installs it under, the pip extra)
+KNOWN = {"postgres": ("duckdb_extension_postgres", "postgres_scanner", "postgres"),
+         "mysql": ("duckdb_extension_mysql", "mysql_scanner", "mysql")}
+
+_LOCK = threading.Lock()
+_READY: dict[str, str] = {}
+
+
+def extension_dir(name: str) -> str:
+    """The extension directory holding ``name``, installed from its wheel once per process."""
+    with _LOCK:
+        if name in _READY:
+            return _READY[name]
+        import duckdb
+
+        module, canonical, extra = KNOWN[name]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise RuntimeError(f"the Python package {module.replace('_', '-')} is not installed "
+                               f"(pip install 'conveyor[{extra}]' brings it)") from None
+        pkg = Path(sys.modules[module].__file__).parent
+        ext = next(pkg.rglob("*.duckdb_extension"), None)
+        if ext is None:
+            raise RuntimeError(f"{module.replace('_', '-')} holds no extension file ({pkg})")
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        root = Path(tempfile.gettempdir()) / f"conveyor-duckdb-{uid}" / duckdb.__version__
+        extdir = root / "extensions"
+        done = extdir / f"{canonical}.done"
+        if not done.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            file = root / f"{canonical}.duckdb_extension"
+            tmp = root / f".{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.write_bytes(ext.read_bytes())
+            os.replace(tmp, file)
+            con = duckdb.connect(config={"extension_directory": str(extdir)})
+            try:
+                con.execute(f"FORCE INSTALL '{file}'")
+                con.execute(f"LOAD {name}")
+            finally:
+                con.close()
+            done.touch()
+        _READY[name] = str(extdir)
+        return _READY[name]
+
+
+def unavailable(name: str) -> str | None:
+    """Why the extension cannot load in this process (None: it can)."""
+    try:
+        extension_dir(name)
+    except Exception as exc:  # any reason, reported as one line
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
+
+
+def quote(value: object) -> str:
+    """A DuckDB string literal."""
+    return "'" + str(value).replace("'", "''") + "'"
