@@ -36,10 +36,12 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-mariadb.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-bench
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-mariadb.sh
 	$(BIN)/python benchmarks/bench.py --sf $(BENCH_SF) $(BENCH_ARGS)
 
 clean:

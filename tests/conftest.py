@@ -39,6 +39,23 @@ def tpch_orders(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "orders"
 
 
+# --- a throwaway MariaDB (MySQL) server, started once per test session --------------------------
+
+
+@pytest.fixture(scope="session")
+def mysql_server():
+    """A MariaDB server on a loopback port in a temp folder, run as the unprivileged mysql user."""
+    from conveyor.testing.mysqlserver import MySqlServer
+
+    server = MySqlServer()
+    os.environ["MYSQL_PWD"] = server.password  # what the mysql connectors' password_env reads by default
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 # --- throwaway PostgreSQL servers (source and target), started once per test session ----------
 
 

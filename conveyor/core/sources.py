@@ -103,6 +103,13 @@ class SupportsKeys(Protocol):
     def query_values(self, query: str) -> list[Any]: ...
 
 
+@runtime_checkable
+class SupportsPrimaryKey(Protocol):
+    """A source that names its table's one-column primary key (``auto`` ranges on it when no key is set)."""
+
+    def primary_key(self) -> str | None: ...
+
+
 class Source(Protocol):
     """Reads Arrow record batches. Built from its config dataclass and the job options."""
 
@@ -252,6 +259,7 @@ __all__ = [
     "SupportsCtid",
     "SupportsNativePartitions",
     "SupportsKeys",
+    "SupportsPrimaryKey",
     "Source",
     "INFINITY",
     "INFINITY_DAYS",

@@ -26,6 +26,7 @@ from conveyor.core import (
     PlanRequest,
     SupportsCtid,
     SupportsKeys,
+    SupportsPrimaryKey,
     ValueSet,
     WholeSource,
 )
@@ -323,12 +324,15 @@ class AutoStrategy(_Base):
                 why = exc.message
         else:
             why = "the source has no ctid"
-        if self.config.distribute_key and isinstance(source, SupportsKeys):
-            stats = source.key_stats(self.config.distribute_key)
+        key, whose = self.config.distribute_key, ""
+        if not key and isinstance(source, SupportsPrimaryKey) and isinstance(source, SupportsKeys):
+            key, whose = source.primary_key(), " (the primary key)"
+        if key and isinstance(source, SupportsKeys):
+            stats = source.key_stats(key)
             if stats.kind in ("integer", "numeric", "temporal"):
-                cfg = RangeIdStrategyConfig(distribute_key=self.config.distribute_key, partitions=self.config.partitions)
+                cfg = RangeIdStrategyConfig(distribute_key=key, partitions=self.config.partitions)
                 chosen = RangeIdStrategy(cfg, self.options).plan(request)
-                return PartitionPlan(chosen.partitions, f"chose rangeid on {self.config.distribute_key}: {why}; {chosen.note}")
-            why += f"; {self.config.distribute_key} is not numeric"
-        note = f"chose none: {why}" + ("" if self.config.distribute_key else "; no distribute_key set")
+                return PartitionPlan(chosen.partitions, f"chose rangeid on {key}{whose}: {why}; {chosen.note}")
+            why += f"; {key} is not numeric"
+        note = f"chose none: {why}" + ("" if key else "; no distribute_key set")
         return PartitionPlan([WholeSource(index=0, count=1, estimated_rows=request.info.estimated_rows)], note)

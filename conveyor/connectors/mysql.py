@@ -1,0 +1,663 @@
+"""MySQL / MariaDB source and sink.
+
+Rows travel through DuckDB's mysql extension (C++; the ``duckdb-extension-mysql`` wheel, installed
+offline): a partition's SELECT runs on the server and its result is decoded into Arrow batches
+(``mysql_query``); a sink partition's batches are inserted in one MySQL transaction. Planning,
+DDL and the final swap use PyMySQL (a few small statements; no rows pass through Python).
+
+Consistency: MySQL cannot share a snapshot between connections. Each partition is one SELECT,
+which InnoDB answers from one consistent read view; different partitions start at different
+times, so a table written during the copy may be read at different moments by different
+partitions (use one partition, ``strategy=none``, for a copy consistent as of one moment).
+
+Types (source): integers signed and unsigned (BIGINT UNSIGNED as uint64, exact), DECIMAL(p,s) up to
+38 digits (wider: refused by name), FLOAT/DOUBLE, BIT(1)/BOOL as bool, CHAR/VARCHAR/TEXT (utf8mb4),
+BLOB/BINARY, DATE, DATETIME(6), TIMESTAMP (read as the UTC instant), TIME, YEAR, JSON, ENUM and
+SET (as text). Values DuckDB cannot hold are refused by name, never changed (``_UNFIT``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from conveyor.arrowutil import CountingBatches, rebatch
+from conveyor.connectors import duckext
+from conveyor.connectors.sql import Dialect, SqlSource
+from conveyor.connectors.staged import StagedSink, check_mode
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, SourceInfo, WriteStats
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
+from conveyor.mapping import TargetColumn, map_columns
+
+_MY_ENV = {"host": ("MYSQL_HOST", "127.0.0.1"), "port": ("MYSQL_TCP_PORT", "3306"), "user": ("MYSQL_USER", "root"),
+           "database": ("MYSQL_DATABASE", "")}
+# error numbers a retry may cure: lost or refused connections, deadlock, lock wait timeout
+_RETRIABLE = ("2002", "2003", "2006", "2013", "1205", "1213", "Lost connection", "server has gone away", "Can't connect")
+
+
+def qident(name: str) -> str:
+    """A MySQL identifier, backquoted with embedded backquotes doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+@dataclass
+class MySqlConnConfig:
+    ENVIRONMENT_KEYS: ClassVar[tuple[str, ...]] = tuple(_MY_ENV)
+
+    #: null: $MYSQL_HOST, else 127.0.0.1
+    host: str | None = None
+    #: null: $MYSQL_TCP_PORT, else 3306
+    port: int | None = None
+    #: null: $MYSQL_USER, else root
+    user: str | None = None
+    #: the database (schema) holding the table; null: $MYSQL_DATABASE
+    database: str | None = None
+    #: the environment variable holding the password (MySQL's client reads MYSQL_PWD), read where the connection opens
+    password_env: str = "MYSQL_PWD"
+    #: or a file holding it (first line), read where the connection opens
+    password_file: str | None = None
+    connect_timeout: int = 10
+    #: extra connection settings for DuckDB's mysql extension, e.g. {ssl_mode: required}
+    options: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        for key, (var, default) in _MY_ENV.items():
+            if getattr(self, key) in (None, ""):
+                value = os.environ.get(var) or default
+                if key == "port":
+                    if not value.isdigit():
+                        raise ValueError(f"port: ${var}={value!r} is not a port number")
+                    value = int(value)
+                setattr(self, key, value)
+        if not self.database:
+            raise ValueError("database: name the MySQL database (schema) that holds the table, or set $MYSQL_DATABASE")
+
+    def password(self) -> str | None:
+        if self.password_file:
+            try:
+                with open(self.password_file, encoding="utf-8") as f:
+                    return f.readline().rstrip("\r\n")
+            except OSError as exc:
+                raise ConfigError(f"password_file {self.password_file!r}: {exc.strerror}", key="password_file") from None
+        value = os.environ.get(self.password_env) if self.password_env else None
+        if value is None and self.password_env and self.password_env != "MYSQL_PWD":
+            raise ConfigError(f"password_env: the environment variable {self.password_env} is not set",
+                              key="password_env", hint=f"export {self.password_env}=..., or use password_file")
+        return value
+
+    def where(self) -> str:
+        return f"mysql {self.user}@{self.host}:{self.port}/{self.database}"
+
+    def scrub(self, text: str) -> str:
+        try:
+            pw = self.password()
+        except ConfigError:
+            return text
+        return scrub_value(text, pw)
+
+    def translate(self, exc: BaseException, doing: str, partition: str | None = None) -> ConveyorError:
+        """A driver error as one Conveyor error, classified and scrubbed of the password."""
+        if isinstance(exc, ConveyorError):
+            return exc
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        msg = self.scrub(lines[0])
+        text = f"{self.where()}: {doing}: {msg}"
+        if "1045" in msg or "Access denied" in msg:
+            return ConnectError(text, hint=f"check the user and the password in ${self.password_env or 'MYSQL_PWD'} "
+                                           "(or password_file) where this connection opened")
+        if "1146" in msg or "doesn't exist" in msg or "1049" in msg or "Unknown database" in msg:
+            return SchemaError(text, hint="check the database and table names")
+        if any(m in msg for m in ("2002", "2003", "Can't connect")) and partition is None:
+            return ConnectError(text, hint=f"is the server running and reachable at {self.host}:{self.port}?")
+        return TransferError(text, partition=partition, retriable=any(m in msg for m in _RETRIABLE))
+
+    def connect(self, autocommit: bool = True, partition: str | None = None) -> Any:
+        """A PyMySQL connection (planning, DDL, the final swap)."""
+        import pymysql
+
+        try:
+            return pymysql.connect(host=self.host, port=int(self.port or 3306), user=self.user, password=self.password() or "",
+                                   database=self.database, connect_timeout=self.connect_timeout, autocommit=autocommit,
+                                   charset="utf8mb4", init_command="SET time_zone = '+00:00'")
+        except Exception as exc:
+            raise self.translate(exc, "cannot connect", partition) from None
+
+    def run(self, *statements: str, partition: str | None = None, doing: str = "running SQL") -> list[tuple[Any, ...]]:
+        """Statements in autocommit; the last one's rows."""
+        con = self.connect(partition=partition)
+        try:
+            rows: list[tuple[Any, ...]] = []
+            with con.cursor() as cur:
+                for stmt in statements:
+                    cur.execute(stmt)
+                    rows = list(cur.fetchall())
+            return rows
+        except Exception as exc:
+            raise self.translate(exc, doing, partition) from None
+        finally:
+            con.close()
+
+
+# --- DuckDB with the server attached: one per process and server ------------------------------------
+
+_LOCK = threading.Lock()
+_DATABASES: dict[tuple[Any, ...], Any] = {}
+
+
+def _duck(conf: MySqlConnConfig, write: bool) -> tuple[tuple[Any, ...], Any]:
+    import duckdb
+
+    pw = conf.password()
+    key = (conf.host, conf.port, conf.user, conf.database, conf.connect_timeout, tuple(sorted((conf.options or {}).items())), pw, write)
+    with _LOCK:
+        db = _DATABASES.get(key)
+    if db is not None:
+        return key, db
+    try:
+        extdir = duckext.extension_dir("mysql")
+    except RuntimeError as exc:
+        raise ConfigError(f"mysql: DuckDB's mysql extension does not load: {exc}",
+                          hint="pip install 'conveyor[mysql]' (duckdb-extension-mysql, the same version as duckdb)") from None
+    db = duckdb.connect(config={"extension_directory": extdir, "threads": 1, "autoinstall_known_extensions": False,
+                                "autoload_known_extensions": False})
+    try:
+        db.execute("LOAD mysql")
+        db.execute("SET TimeZone = 'UTC'")
+        q = duckext.quote
+        fields = [f"HOST {q(conf.host)}", f"PORT {int(conf.port or 3306)}", f"USER {q(conf.user)}", f"DATABASE {q(conf.database)}"]
+        if pw is not None:
+            fields.append(f"PASSWORD {q(pw)}")
+        db.execute(f"CREATE TEMPORARY SECRET conveyor_my (TYPE mysql, {', '.join(fields)})")
+        extra = " ".join(f"{k}={v}" for k, v in (conf.options or {}).items())
+        db.execute(f"ATTACH {q(extra)} AS my (TYPE mysql, SECRET conveyor_my{'' if write else ', READ_ONLY'})")
+    except BaseException as exc:
+        db.close()
+        if isinstance(exc, Exception):
+            raise conf.translate(exc, "cannot connect") from None
+        raise
+    with _LOCK:
+        kept = _DATABASES.setdefault(key, db)
+    if kept is not db:
+        db.close()
+    return key, kept
+
+
+def _forget(key: tuple[Any, ...]) -> None:
+    with _LOCK:
+        db = _DATABASES.pop(key, None)
+    if db is not None:
+        with contextlib.suppress(Exception):
+            db.close()
+
+
+@contextlib.contextmanager
+def _duck_connection(conf: MySqlConnConfig, write: bool = False) -> Iterator[Any]:
+    key, db = _duck(conf, write)
+    con = db.cursor()
+    ok = False
+    try:
+        yield con
+        ok = True
+    finally:
+        with contextlib.suppress(Exception):
+            con.close()
+        if not ok:
+            _forget(key)
+
+
+# --- source ----------------------------------------------------------------------------------------
+
+
+class MySqlDialect(Dialect):
+    name = "mysql"
+    binds = False  # mysql_query takes SQL text: values go in as literals
+
+    def quote(self, name: str) -> str:
+        return qident(name)
+
+    def literal(self, value: Any) -> str:
+        import datetime
+        import decimal
+
+        if value is None:
+            return "NULL"
+        if isinstance(value, bool):
+            return "TRUE" if value else "FALSE"
+        if isinstance(value, (int, decimal.Decimal)):
+            return str(value)
+        if isinstance(value, float):
+            return repr(value)
+        if isinstance(value, datetime.datetime):
+            return f"TIMESTAMP'{value.replace(tzinfo=None).isoformat(sep=' ')}'"
+        if isinstance(value, datetime.date):
+            return f"DATE'{value.isoformat()}'"
+        if isinstance(value, bytes):
+            return f"X'{value.hex()}'" if value else "''"
+        text = str(value)
+        # a hex literal with a charset introducer: no escaping rules (NO_BACKSLASH_ESCAPES or not)
+        return f"_utf8mb4 X'{text.encode().hex()}'" if text else "''"
+
+    def count_where(self, cond: str) -> str:
+        return f"COUNT(CASE WHEN {cond} THEN 1 END)"
+
+
+MYSQL_DIALECT = MySqlDialect()
+
+
+@dataclass
+class MySqlSourceConfig(MySqlConnConfig):
+    #: read a table ...
+    table: str | None = None
+    #: ... or any query
+    query: str | None = None
+    #: zero dates ('0000-00-00', '2024-00-15': MySQL without NO_ZERO_DATE) have no Arrow form: error (the
+    #: default) names the column; null reads them as NULL
+    zero_dates: str = "error"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if bool(self.table) == bool(self.query):
+            raise ValueError("set exactly one of table or query")
+        if self.zero_dates not in ("error", "null"):
+            raise ValueError(f"zero_dates: {self.zero_dates!r} is not one of error, null")
+
+
+@dataclass(frozen=True)
+class MyColumn:
+    """A result column as the server describes it (PyMySQL's field: type code, character set, flags)."""
+
+    name: str
+    code: int
+    charset: int
+    flags: int
+    length: int
+    scale: int
+
+    @property
+    def typ(self) -> str:
+        if self.flags & 256:
+            return "enum"
+        if self.flags & 2048:
+            return "set"
+        return _FIELD_TYPES.get(self.code, f"type {self.code}")
+
+    @property
+    def text(self) -> bool:
+        """Characters (any text type, ENUM, SET, JSON), not bytes: read as Arrow strings."""
+        return self.code == 245 or (self.code in (15, 252, 253, 254, 249, 250, 251) and self.charset != 63)
+
+    @property
+    def wide_decimal(self) -> bool:
+        """DECIMAL beyond Arrow's decimal128 (38 digits): DuckDB would read a double; read as exact text."""
+        return self.code in (0, 246) and self.length - (1 if self.scale else 0) - 1 > 38
+
+    @property
+    def dated(self) -> bool:
+        return self.code in (7, 10, 12)
+
+
+# column types DuckDB's mysql extension cannot carry exactly, refused by name before a row moves
+_UNFIT = {"geometry": "a spatial type has no Arrow form", "point": "a spatial type has no Arrow form",
+          "linestring": "a spatial type has no Arrow form", "polygon": "a spatial type has no Arrow form"}
+
+
+class MySqlSource(SqlSource):
+    """Reads a MySQL / MariaDB table or query as Arrow batches; serves the keyed partition methods."""
+
+    config_class = MySqlSourceConfig
+    dialect = MYSQL_DIALECT
+
+    def __init__(self, config: MySqlSourceConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+        self._schema = None
+        self._cols: tuple[MyColumn, ...] = ()
+        self.window = None
+
+    def _from(self) -> str:
+        if self.config.table:
+            return f"{qident(self.config.database or '')}.{qident(self.config.table)}"
+        return f"({self.config.query}) AS _conveyor_q"
+
+    def _relation(self) -> str:
+        cond = self._predicate_window()
+        return f"(SELECT * FROM {self._from()} WHERE {cond}) AS _conveyor_w" if cond else self._from()
+
+    def _predicate_window(self) -> str:
+        if self.window is None:
+            return ""
+        return self._window_cond(1)[0]
+
+    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self.config.run(sql, doing="planning")
+
+    def describe(self) -> SourceInfo:
+        import pyarrow as pa
+
+        conf = self.config
+        estimate = size = None
+        if conf.table:
+            rows = conf.run("SELECT table_rows, data_length FROM information_schema.tables WHERE table_schema = DATABASE() "
+                            f"AND table_name = {MYSQL_DIALECT.literal(conf.table)}", doing="describing the source")
+            if not rows:
+                raise SchemaError(f"mysql source: table {conf.database}.{conf.table} does not exist",
+                                  hint=f"check source.database and source.table on {conf.where()}")
+            estimate, size = (int(rows[0][0]) if rows[0][0] else None), (int(rows[0][1]) if rows[0][1] else None)
+        # the server's own column types, from an empty result's metadata
+        con = conf.connect()
+        try:
+            with con.cursor() as cur:
+                cur.execute(f"SELECT * FROM {self._from()} LIMIT 0")
+                self._cols = tuple(MyColumn(f.name, f.type_code, f.charsetnr, f.flags, f.length, f.scale) for f in cur._result.fields)
+        except Exception as exc:
+            raise conf.translate(exc, "describing the source") from None
+        finally:
+            con.close()
+        for col in self._cols:
+            if col.typ in _UNFIT:
+                raise SchemaError(f"mysql column {col.name} ({col.typ}): {_UNFIT[col.typ]}", hint="cast it in source.query (e.g. to CHAR)")
+        with _duck_connection(conf) as duck:
+            try:
+                raw = duck.execute(f"SELECT * FROM mysql_query('my', {duckext.quote(self.select_sql(None, limit0=True))})").arrow().schema
+            except Exception as exc:
+                raise conf.translate(exc, "describing the source") from None
+        self._schema = pa.schema([pa.field(c.name, _arrow_type(c, f.type)) for c, f in zip(self._cols, raw)])
+        label = f"mysql table {conf.database}.{conf.table}" if conf.table else "mysql query"
+        return SourceInfo(schema=self._schema, label=label, estimated_rows=estimate, estimated_bytes=size,
+                          reader="Arrow batches decoded by DuckDB's mysql extension")
+
+    def select_sql(self, part: Partition | None, limit0: bool = False) -> str:
+        where = "" if part is None else self._predicate(part)[0]
+        cols = [self._select_expr(c) for c in self._cols]
+        flags = self._flags()
+        if flags and not limit0:
+            cols.append(f"({flags}) AS _conveyor_flags")
+        return f"SELECT {', '.join(cols)} FROM {self._from()}{where}" + (" LIMIT 0" if limit0 else "")
+
+    def _select_expr(self, col: MyColumn) -> str:
+        """TIME and DECIMAL wider than 38 digits are read as their exact text (MySQL's TIME spans
+        -838:59:59..838:59:59, beyond a time of day); TIMESTAMP as its UTC time."""
+        q = qident(col.name)
+        if col.typ == "time" or col.wide_decimal:
+            return f"CAST({q} AS CHAR) AS {q}"
+        if col.dated:  # a zero date (or month, or day): NULL here, refused by name through the flags unless zero_dates=null
+            value = f"CONVERT_TZ({q}, @@session.time_zone, '+00:00')" if col.code == 7 else q
+            return f"IF(MONTH({q}) = 0 OR DAYOFMONTH({q}) = 0, NULL, {value}) AS {q}"
+        if col.code == 1:  # TINYINT(1) (BOOL) holds -128..127: DuckDB would read 5 as true
+            return f"CAST({q} AS {'UNSIGNED' if col.flags & 32 else 'SIGNED'}) AS {q}"
+        return q
+
+    def _checked(self) -> list[tuple[MyColumn, str, str]]:
+        """(column, server-side condition, what it means) for the values DuckDB would turn into NULL."""
+        out = []
+        for col in self._cols:
+            q = qident(col.name)
+            if col.dated and self.config.zero_dates == "error":
+                out.append((col, f"(MONTH({q}) = 0 OR DAYOFMONTH({q}) = 0)", "a zero date (0000-00-00, or a zero month or day)"))
+            if col.code == 7:
+                out.append((col, f"({q} IS NOT NULL AND CONVERT_TZ({q}, @@session.time_zone, '+00:00') IS NULL)",
+                            "a TIMESTAMP the session's time zone cannot convert to UTC (load the server's time zone tables)"))
+        return out[:63]
+
+    def _flags(self) -> str:
+        return " + ".join(f"COALESCE({cond}, 0) * {1 << i}" for i, (_, cond, _) in enumerate(self._checked()))
+
+    def _refuse(self, flags: Any, key: str) -> None:
+        import pyarrow.compute as pc
+
+        if not pc.max(flags).as_py():
+            return
+        hit = flags.filter(pc.not_equal(flags, 0))[0].as_py()
+        col, _, what = next(c for i, c in enumerate(self._checked()) if hit & (1 << i))
+        raise TransferError(f"mysql column {col.name} ({col.typ}) holds {what}, which Arrow (and Parquet, PostgreSQL) cannot hold",
+                            partition=key, hint="set source.zero_dates=null to read zero dates as NULL, or filter or cast them "
+                                                "in source.query")
+
+    def read(self, part: Partition) -> Iterator[Any]:
+        import pyarrow as pa
+
+        if self._schema is None:
+            self.describe()
+        sql = self.select_sql(part)
+        with _duck_connection(self.config) as duck:
+            try:
+                reader = duck.execute(f"SELECT * FROM mysql_query('my', {duckext.quote(sql)})").to_arrow_reader(self.options.batch_size)
+                checked = bool(self._flags())
+                for batch in rebatch(reader, self.options.batch_size):
+                    if checked:
+                        self._refuse(batch.column(len(self._cols)), part.key)
+                    # bytes of a text column -> string (checked UTF-8); a naive UTC time -> timestamp with time zone
+                    yield pa.RecordBatch.from_arrays([c if c.type == f.type else c.cast(f.type)
+                                                      for c, f in zip(batch.columns, self._schema)], schema=self._schema)
+            except ConveyorError:
+                raise
+            except Exception as exc:
+                raise self.config.translate(exc, f"reading {part.key}", part.key) from None
+
+    def primary_key(self) -> str | None:
+        """The table's primary key when it is one column (``auto`` ranges on it)."""
+        if not self.config.table:
+            return None
+        rows = self.config.run("SELECT column_name FROM information_schema.key_column_usage WHERE table_schema = DATABASE() "
+                               f"AND table_name = {MYSQL_DIALECT.literal(self.config.table)} AND constraint_name = 'PRIMARY'",
+                               doing="planning")
+        return rows[0][0] if len(rows) == 1 else None
+
+    def key_values(self, column: str) -> list[tuple[Any, int]]:
+        self._key_kind(column)
+        q = qident(column)
+        rows = self._rows(f"SELECT {q}, count(*) FROM {self._relation()} GROUP BY {q} ORDER BY {q}")  # NULL sorts first in MySQL
+        return [(r[0], int(r[1])) for r in rows]
+
+
+def _arrow_type(col: MyColumn, read: Any) -> Any:
+    """The Arrow type a column's batches carry: DuckDB's, with text as strings and TIMESTAMP as UTC."""
+    import pyarrow as pa
+
+    if col.text and (pa.types.is_binary(read) or pa.types.is_large_binary(read)):
+        return pa.string()
+    if col.code == 7 and pa.types.is_timestamp(read):
+        return pa.timestamp(read.unit, tz="UTC")
+    if col.code == 1:
+        return pa.uint8() if col.flags & 32 else pa.int8()
+    return read
+
+
+# PyMySQL's field type codes -> MySQL type names (those the source treats specially, and the usual ones)
+_FIELD_TYPES = {0: "decimal", 1: "tinyint", 2: "smallint", 3: "int", 4: "float", 5: "double", 7: "timestamp", 8: "bigint",
+                9: "mediumint", 10: "date", 11: "time", 12: "datetime", 13: "year", 15: "varchar", 16: "bit", 245: "json",
+                246: "decimal", 247: "enum", 248: "set", 249: "blob", 250: "blob", 251: "blob", 252: "blob", 253: "varchar",
+                254: "char", 255: "geometry"}
+
+
+# --- sink ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MySqlSinkConfig(MySqlConnConfig):
+    table: str = "???"
+    #: target columns whose values MySQL may convert by its own rules (``[*]``: all)
+    allow_cast: list[str] = field(default_factory=list)
+
+
+def arrow_to_mysql(f: Any) -> str:
+    """The MySQL column type ``create`` gives an Arrow field (values kept exactly, or refused by name)."""
+    import pyarrow.types as t
+
+    typ = f.type
+    if t.is_dictionary(typ):
+        typ = typ.value_type
+    simple = [(t.is_boolean, "BOOLEAN"), (t.is_int8, "TINYINT"), (t.is_int16, "SMALLINT"), (t.is_int32, "INT"), (t.is_int64, "BIGINT"),
+              (t.is_uint8, "TINYINT UNSIGNED"), (t.is_uint16, "SMALLINT UNSIGNED"), (t.is_uint32, "INT UNSIGNED"),
+              (t.is_uint64, "BIGINT UNSIGNED"), (t.is_float32, "FLOAT"), (t.is_float64, "DOUBLE"), (t.is_date, "DATE"),
+              (t.is_string, "LONGTEXT"), (t.is_large_string, "LONGTEXT"), (t.is_binary, "LONGBLOB"), (t.is_large_binary, "LONGBLOB"),
+              (t.is_fixed_size_binary, "LONGBLOB")]
+    if hasattr(t, "is_string_view") and (t.is_string_view(typ) or t.is_binary_view(typ)):
+        return "LONGTEXT" if t.is_string_view(typ) else "LONGBLOB"
+    for test, sql in simple:
+        if test(typ):
+            return sql
+    if t.is_timestamp(typ):
+        if typ.unit == "ns":
+            raise SchemaError(f"column {f.name}: {typ} has nanoseconds; MySQL keeps microseconds",
+                              hint="cast it to microseconds in the source")
+        return "DATETIME(6)"  # a timestamp with a time zone is kept as its UTC wall-clock time
+    if t.is_time(typ) and typ.unit in ("s", "ms", "us"):
+        return "TIME(6)"
+    if t.is_decimal(typ) and typ.precision <= 65 and typ.scale <= 30:
+        return f"DECIMAL({typ.precision},{typ.scale})"
+    raise SchemaError(f"column {f.name}: Arrow type {typ} has no exact MySQL type",
+                      hint="cast it in the source (e.g. to text), or create the target table yourself")
+
+
+def _dq(name: str) -> str:
+    """A DuckDB identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _in_duck(conf: MySqlConnConfig, table: str) -> str:
+    """A MySQL table as DuckDB names it through the attached server."""
+    return f"my.{_dq(conf.database or '')}.{_dq(table)}"
+
+
+class MySqlSink(StagedSink):
+    """One MySQL transaction per partition (InnoDB); truncate/create/replace through a staging table."""
+
+    config_class = MySqlSinkConfig
+    empty = "DELETE FROM"  # TRUNCATE commits on its own in MySQL: DELETE keeps the swap in one transaction
+
+    def __init__(self, config: MySqlSinkConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+        self.table = config.table
+
+    def _where(self) -> str:
+        return f"mysql table {self.config.database}.{self.config.table}"
+
+    def _qualified(self, table: str | None = None) -> str:
+        return f"{qident(self.config.database or '')}.{qident(table or self.config.table)}"
+
+    def _quote(self, name: str) -> str:
+        return qident(name)
+
+    def _target_columns(self) -> list[TargetColumn] | None:
+        rows = self.config.run("SELECT column_name, column_type, is_nullable = 'YES', column_default IS NOT NULL "
+                               "FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = "
+                               f"{MYSQL_DIALECT.literal(self.config.table)} ORDER BY ordinal_position", doing="reading the target")
+        return [TargetColumn(r[0], r[1], bool(r[2]), bool(r[3])) for r in rows] or None
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan:
+        schema, mode, where = request.schema, self.options.load_mode, self._where()
+        if mode == "merge":
+            raise ConfigError("mysql sink: load_mode=merge is not built yet", hint="use append, truncate, create or replace")
+        target = self._target_columns()
+        check_mode(mode, target is not None, where)
+        stage = f"_conveyor_stage_{self.options.run_id}"
+        write_target = self.config.table
+        if mode in ("create", "replace"):
+            pairs = [(n, n) for n in schema.names]
+            cols = ", ".join(f"{qident(f.name)} {arrow_to_mysql(f)}" for f in schema)
+            self.config.run(f"CREATE TABLE {self._qualified(stage)} ({cols}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+                            doing=f"load_mode={mode}")
+            write_target = stage
+        else:
+            assert target is not None
+            pairs = map_columns(schema.names, target, self.options.map_method, where)
+            if mode == "truncate":
+                self.config.run(f"CREATE TABLE {self._qualified(stage)} LIKE {self._qualified()}", doing="load_mode=truncate")
+                write_target = stage
+        try:
+            self._check_types(pairs, schema, write_target, where)
+        except BaseException:
+            if write_target != self.config.table:
+                self._drop(write_target)
+            raise
+        before = self._count(self.config.table) if mode == "append" and self.options.verify != "none" else 0
+        return SinkPlan(rows_before=before, target=f"{self.config.where()}.{self.config.table}", write_target=write_target,
+                        load_mode=mode, columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema)
+
+    def _check_types(self, pairs: list[tuple[str, str]], schema: Any, table: str, where: str) -> None:
+        """The cast policy (conveyor/casts.py) against the target's columns as DuckDB sees them."""
+        import pyarrow as pa
+
+        from conveyor.casts import ColumnType, check_casts
+
+        with _duck_connection(self.config, write=True) as duck:
+            try:
+                duck.execute("CALL mysql_clear_cache()")
+                target = duck.execute(f"SELECT * FROM {_in_duck(self.config, table)} LIMIT 0").arrow().schema
+            except Exception as exc:
+                raise self.config.translate(exc, "reading the target's columns") from None
+        sources = [ColumnType.of_field(schema.field(s)) for s, _ in pairs]
+        targets = [ColumnType(target.field(t).type) for _, t in pairs]
+        if self.options.load_mode in ("create", "replace"):  # our own DATETIME(6) holds a UTC time: the documented mapping
+            targets = [s if pa.types.is_timestamp(s.arrow) and s.arrow.tz else t for s, t in zip(sources, targets)]
+        check_casts(pairs, sources, targets, where, self.config.allow_cast)
+
+    def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+        import pyarrow as pa
+
+        start = time.perf_counter()
+        counted = CountingBatches(batches, plan.schema)
+        reader = pa.RecordBatchReader.from_batches(plan.schema, counted)
+        dq, into = _dq, _in_duck(self.config, plan.write_target)
+        sql = (f"INSERT INTO {into} ({', '.join(dq(c) for c in plan.columns)}) "
+               f"SELECT {', '.join(dq(c) for c in plan.source_columns)} FROM __conveyor_batches")
+        with _duck_connection(self.config, write=True) as duck:
+            duck.register("__conveyor_batches", reader)
+            duck.execute("BEGIN")
+            try:
+                duck.execute(sql)
+                duck.execute("COMMIT")
+            except Exception as exc:
+                with contextlib.suppress(Exception):
+                    duck.execute("ROLLBACK")
+                if counted.error is not None:  # the source failed; DuckDB only wrapped it
+                    raise counted.error from None
+                raise self.config.translate(exc, f"writing {part.key}", part.key) from None
+            finally:
+                duck.unregister("__conveyor_batches")
+        return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
+
+    def _count(self, table: str) -> int:
+        return int(self.config.run(f"SELECT count(*) FROM {self._qualified(table)}", doing="counting")[0][0])
+
+    def count_rows(self, plan: SinkPlan) -> int:
+        return self._count(plan.write_target)
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        if not self.staged(plan, self.table):
+            return
+        stage = self._qualified(plan.write_target)
+        if plan.load_mode == "truncate":
+            return super().finalize(plan, results)  # DELETE + INSERT ... SELECT in one transaction
+        # create / replace: RENAME TABLE swaps atomically (MySQL's DDL commits on its own: no transaction)
+        if plan.load_mode == "replace" and self._target_columns() is not None:
+            old = self._qualified(f"_conveyor_old_{self.options.run_id}")
+            self.config.run(f"RENAME TABLE {self._qualified()} TO {old}, {stage} TO {self._qualified()}", f"DROP TABLE {old}",
+                            doing="load_mode=replace")
+        else:
+            self.config.run(f"RENAME TABLE {stage} TO {self._qualified()}", doing=f"load_mode={plan.load_mode}")
+
+    def _in_one_transaction(self, plan: SinkPlan, steps: list[str]) -> None:
+        con = self.config.connect(autocommit=False)
+        try:
+            with con.cursor() as cur:
+                for step in steps:
+                    cur.execute(step)
+            con.commit()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                con.rollback()
+            raise self.config.translate(exc, f"finishing load_mode={plan.load_mode}") from None
+        finally:
+            con.close()
+
+    def _drop(self, table: str) -> None:
+        with contextlib.suppress(Exception):  # best effort: the run's own error matters more
+            self.config.run(f"DROP TABLE IF EXISTS {self._qualified(table)}")
