@@ -76,11 +76,14 @@ def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders:
     assert ds.dataset(box / "out" / "orders").count_rows() == 15000
 
 
-def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3, tmp_path: Path) -> None:
+def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3, mysql_server, tmp_path: Path) -> None:
     """The commands the shipped pipelines suggest in their comments (on main: parquet_to_duckdb
     without load_mode=create failed, pg_to_pg named hosts that do not exist)."""
     box = sandbox(tmp_path, tpch_orders)
-    env = {"PGHOST": "127.0.0.1", "PGPORT": str(pg_source.port)}
+    env = {"PGHOST": "127.0.0.1", "PGPORT": str(pg_source.port), "MYSQL_HOST": "127.0.0.1", "MYSQL_TCP_PORT": str(mysql_server.port),
+           "MYSQL_USER": mysql_server.user, "MYSQL_DATABASE": mysql_server.database, "MYSQL_PWD": mysql_server.password}
+    mysql_server.execute("DROP TABLE IF EXISTS orders")
+    pg_exec(pg_source, "DROP TABLE IF EXISTS orders_from_mysql")
     client = s3.client()
     if "bucket" not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
         client.create_bucket(Bucket="bucket")
@@ -92,7 +95,8 @@ def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3
     # the DuckDB example reads the table the README's own example made; order them as a user would
     first = ["conveyor run source=parquet source.path='demo-data/orders/*.parquet' sink=duckdb sink.database=my.duckdb "
              "sink.table=orders load_mode=replace runtime=local"]
-    order = ["parquet_to_postgres", "pg_to_pg", "postgres_to_parquet", "parquet_to_duckdb", "duckdb_to_parquet", "s3_parquet_to_postgres"]
+    order = ["parquet_to_postgres", "pg_to_pg", "postgres_to_parquet", "pg_to_mysql", "mysql_to_pg", "mysql_to_parquet",
+             "parquet_to_duckdb", "duckdb_to_parquet", "s3_parquet_to_postgres"]
     examples.sort(key=lambda e: order.index(e.split()[2].split("=")[1]))
     for command in first + examples:
         proc = run_block(command, box, env)
@@ -100,6 +104,8 @@ def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3
     assert checksum(pg_source, "orders_copy")[0] == 15000
     assert pg_exec(pg_source, "SELECT count(*) FROM orders")[0][0] == 30000  # replaced, then the S3 files appended
     assert ds.dataset(box / "out" / "from_duckdb").count_rows() == 15000
+    assert checksum(pg_source, "orders_from_mysql") == checksum(pg_source, "orders_copy")  # PostgreSQL -> MySQL -> PostgreSQL
+    assert ds.dataset(box / "out" / "from_mysql").count_rows() == 15000
 
 
 def test_the_readme_connector_template_commands_run_as_written(tmp_path: Path) -> None:
