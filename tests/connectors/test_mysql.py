@@ -49,9 +49,10 @@ def types_table(mysql_server):
     return mysql_server
 
 
-@pytest.mark.parametrize("via", ["parquet", "postgres"])
-def test_every_type_survives_a_round_trip_through_arrow(types_table, pg_target, tmp_path: Path, via: str) -> None:
-    """MySQL -> Parquet (or PostgreSQL) -> MySQL with load_mode=create: every value prints the same."""
+@pytest.mark.parametrize("via,bulk", [("parquet", "load_data"), ("parquet", "insert"), ("postgres", "load_data")])
+def test_every_type_survives_a_round_trip_through_arrow(types_table, pg_target, tmp_path: Path, via: str, bulk: str) -> None:
+    """MySQL -> Parquet (or PostgreSQL) -> MySQL with load_mode=create, through LOAD DATA or INSERTs: every
+    value prints the same (the text with a newline, quotes and a backslash; bytes with NUL; the unsigned maximum)."""
     m = types_table
     m.execute("DROP TABLE IF EXISTS types_back")
     if via == "parquet":
@@ -64,7 +65,8 @@ def test_every_type_survives_a_round_trip_through_arrow(types_table, pg_target, 
         # PostgreSQL holds them as its own types: the unsigned 64-bit value as numeric(20,0), TIME's range as text
         assert pg_exec(pg_target, "SELECT bu::text, tm, vc, d65 FROM my_types WHERE id = 1")[0] == (
             "18446744073709551615", "-838:59:59.000000", "héllo 🦆", "12345678901234567890123456789012345.123456789012345678901234567891")
-    job(middle_src, _my(m, table="types_back"), load_mode="create")
+    report = job(middle_src, _my(m, table="types_back", bulk=bulk), load_mode="create")
+    assert report.sink_plan.own == bulk
     names = [r[0] for r in m.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = DATABASE() "
                                      "AND table_name = 'types' ORDER BY ordinal_position")]
     back, orig = _text(m, "types_back"), _text(m, "types")
@@ -183,6 +185,21 @@ def test_a_failed_load_leaves_the_old_rows(target, tmp_path: Path, mode: str) ->
         job({"type": "parquet", "path": str(src)}, _my(target, table="tgt"), "files", load_mode=mode, degree=2)
     assert target.execute("SELECT * FROM tgt ORDER BY id") == before
     assert not target.execute("SHOW TABLES LIKE '\\_conveyor%'")
+
+
+@pytest.mark.parametrize("bulk", ["load_data", "insert"])
+def test_a_value_mysql_would_truncate_fails_the_partition_by_name(target, tmp_path: Path, bulk: str) -> None:
+    """LOAD DATA LOCAL turns a too-long string into a warning and loads it cut: here the partition rolls back."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "long").mkdir()
+    pq.write_table(pa.table({"id": pa.array([7, 8], pa.int64()), "grp": ["ok", "much too long"], "v": [1.0, 2.0]}),
+                   tmp_path / "long" / "a.parquet")
+    before = target.execute("SELECT * FROM tgt ORDER BY id")
+    with pytest.raises(TransferError, match=r"grp|Data too long|truncated"):
+        job({"type": "parquet", "path": str(tmp_path / "long")}, _my(target, table="tgt", bulk=bulk), "files", load_mode="append")
+    assert target.execute("SELECT * FROM tgt ORDER BY id") == before
 
 
 def test_append_commits_whole_partitions_and_a_failed_one_says_so(keyed, target, tmp_path: Path) -> None:
