@@ -170,6 +170,73 @@ class Bench:
                         self.measure(group, f"conveyor {path} {method} degree={degree}", lambda c=cfg: conveyor(c), reset, verify,
                                      method=method, degree=degree, path=path, **({"goal": goal} if goal else {}))
 
+    # MySQL (MariaDB) <-> PostgreSQL (issue 18): against DuckDB's mysql + postgres extensions and the raw files path
+    def mysql(self, table: str, files: Path, degrees: list[int], duck: Any, key: str) -> None:
+        from conveyor.testing.mysqlserver import MySqlServer
+
+        with MySqlServer("bench-mysql", settings={"innodb-buffer-pool-size": "1G"}) as my:
+            os.environ["MYSQL_PWD"] = my.password
+            conn = {"type": "mysql", "port": my.port, "user": my.user, "database": my.database}
+            conveyor({"source": {"type": "parquet", "path": str(files)}, "sink": {**conn, "table": table}, "strategy": {"type": "files"},
+                      "load_mode": "create", "degree": 2})
+            my.execute(f"ALTER TABLE `{table}` ADD INDEX ({key})", f"ANALYZE TABLE `{table}`", f"CREATE TABLE `{table}_tpl` LIKE `{table}`")
+            rows = my.execute(f"SELECT count(*) FROM `{table}`")[0][0]
+            if duck is not None:
+                duck.attach_mysql(my)
+            # MySQL -> PostgreSQL
+            target = f"from_my_{table}"
+            reset, verify = self.fresh_target(self.dst, table, target)
+            group = f"mysql->pg {table}"
+            outfile = Path(str(my.root)) / "out.tsv"
+
+            def raw_to_pg() -> None:  # the server writes a file, psql loads it (MySQL's and PostgreSQL's text formats agree: tab, \N)
+                outfile.unlink(missing_ok=True)
+                my.execute(f"SELECT * FROM `{table}` INTO OUTFILE '{outfile}'")
+                env = {**os.environ, "PGPASSWORD": self.dst.password}
+                subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(self.dst.port), "-U", "postgres", "-d", "postgres", "-q",
+                                "-c", f"\\copy {target} FROM '{outfile}'"], env=env, check=True)
+
+            self.measure(group, "baseline SELECT INTO OUTFILE + psql \\copy", raw_to_pg, reset, verify, method="raw", degree=1)
+            if duck is not None:
+                self.measure(group, "baseline duckdb mysql+postgres extensions", lambda: duck.run(
+                    f"INSERT INTO dst.public.{target} SELECT * FROM my.{my.database}.{table}"), reset, verify, method="duckdb", degree=1)
+            for degree in degrees:
+                cfg = {"source": {**conn, "table": table}, "sink": {"type": "postgres", "port": self.dst.port, "table": target},
+                       "strategy": {"type": "rangeid", "distribute_key": key} if degree > 1 else {"type": "none"},
+                       "load_mode": "append", "degree": degree}
+                self.measure(group, f"conveyor degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method="rangeid", degree=degree)
+            # PostgreSQL -> MySQL
+            group = f"pg->mysql {table}"
+            dest = f"{table}_in"
+
+            def my_reset() -> None:
+                my.execute(f"DROP TABLE IF EXISTS `{dest}`", f"CREATE TABLE `{dest}` LIKE `{table}_tpl`")
+
+            def my_verify() -> bool:
+                return my.execute(f"SELECT count(*) FROM `{dest}`")[0][0] == rows
+
+            def raw_to_my() -> None:  # psql writes PostgreSQL's text COPY (tab, \N, backslash escapes: MySQL's LOAD DATA defaults)
+                env = {**os.environ, "PGPASSWORD": self.src.password}
+                with open(outfile, "wb") as f:
+                    subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(self.src.port), "-U", "postgres", "-d", "postgres", "-q",
+                                    "-c", f"COPY {table} TO STDOUT"], env=env, stdout=f, check=True)
+                my.execute(f"LOAD DATA INFILE '{outfile}' INTO TABLE `{dest}`")
+
+            outfile.unlink(missing_ok=True)
+            self.measure(group, "baseline psql COPY TO file + LOAD DATA INFILE", raw_to_my, my_reset, my_verify, method="raw", degree=1)
+            if duck is not None:
+                self.measure(group, "baseline duckdb postgres+mysql extensions", lambda: duck.run(
+                    "CALL mysql_clear_cache()", f"INSERT INTO my.{my.database}.{dest} SELECT * FROM src.public.{table}"),
+                    my_reset, my_verify, method="duckdb", degree=1)
+            for degree in degrees:
+                for bulk in ("load_data", "insert") if degree == degrees[-1] else ("load_data",):
+                    cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table}, "sink": {**conn, "table": dest, "bulk": bulk},
+                           "strategy": {"type": "ctid"}, "load_mode": "append", "degree": degree}
+                    self.measure(group, f"conveyor ctid degree={degree} bulk={bulk}", lambda c=cfg: conveyor(c), my_reset, my_verify,
+                                 method="ctid", degree=degree)
+            if duck is not None:
+                duck.run("DETACH my")
+
     def _pipe(self, table: str, target: str, streams: int, truncate_first: bool = False) -> None:
         pages = int(psql(self.src, f"SELECT pg_relation_size('{table}') / current_setting('block_size')::int"))
         step = -(-pages // streams)
@@ -524,6 +591,7 @@ class DuckBaseline:
         import duckdb
         import duckdb_extension_postgres  # noqa: F401 - the package that carries the extension file
 
+        self.work = work
         pkg = Path(sys.modules["duckdb_extension_postgres"].__file__).parent
         ext = next(pkg.rglob("*.duckdb_extension"))
         target = work / "ext" / "postgres_scanner.duckdb_extension"
@@ -544,6 +612,20 @@ class DuckBaseline:
             self.con.execute(f"INSERT INTO dst.public.{target} SELECT * FROM dk.main.{table}")
         finally:
             self.con.execute("DETACH dk")
+
+    def attach_mysql(self, my: Any) -> None:
+        import duckdb_extension_mysql  # noqa: F401 - the package that carries the extension file
+
+        ext = next(Path(sys.modules["duckdb_extension_mysql"].__file__).parent.rglob("*.duckdb_extension"))
+        target = self.work / "ext" / "mysql_scanner.duckdb_extension"
+        target.write_bytes(ext.read_bytes())
+        self.con.execute(f"FORCE INSTALL '{target}'")
+        self.con.execute("LOAD mysql")
+        self.con.execute(f"ATTACH 'host=127.0.0.1 port={my.port} user={my.user} password={my.password} database={my.database}' AS my (TYPE mysql)")
+
+    def run(self, *sql: str) -> None:
+        for stmt in sql:
+            self.con.execute(stmt)
 
     def pg_to_parquet(self, table: str, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -573,10 +655,10 @@ def main() -> int:
     ap.add_argument("--parts", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--groups", default="defaults,pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,recipes,partitioned,merge,"
-                                        "runtime,memory",
+                                        "runtime,memory,mysql",
                     help="comma-separated: defaults (the shipped pipelines as a user runs them), pg_to_pg, parquet_to_pg, pg_to_parquet, "
                          "duckdb_to_pg, wal_minimal, recipes, partitioned, "
-                         "merge (the last three lineitem only), runtime, memory")
+                         "merge (the last three lineitem only), runtime, memory, mysql (MariaDB <-> PostgreSQL)")
     ap.add_argument("--memory-sfs", default="1,3", help="scale factors of lineitem for the memory group")
     ap.add_argument("--out", default=f".bench/{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
@@ -618,6 +700,8 @@ def main() -> int:
                 bench.partitioned(t, max(d for d in degrees if d <= 2))
             if "merge" in groups:
                 bench.merge(t, max(d for d in degrees if d <= 2))
+            if "mysql" in groups:
+                bench.mysql(t, work / t, [d for d in degrees if d <= 2], duck, keys.get(t, "1"))
         if "runtime" in groups:
             bench.runtime(tables[0], 8)
         if "memory" in groups:
