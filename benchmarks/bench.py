@@ -261,7 +261,7 @@ class Bench:
 
     # Parquet -> PostgreSQL
     def parquet_to_pg(self, table: str, files: Path, degrees: list[int], duck: Any) -> None:
-        key = ddl(self.src, table).split()[0]
+        key = {"lineitem": "l_orderkey, l_linenumber"}.get(table, ddl(self.src, table).split()[0])  # the table's real primary key
         for logged in (True, False):
             for pk in (False, True):
                 target = f"pq_{table}_{'l' if logged else 'u'}{'_pk' if pk else ''}"
@@ -669,46 +669,49 @@ def main() -> int:
     keys = {"orders": "o_orderkey", "lineitem": "l_orderkey"}
     subprocess.run([str(Path(sys.executable).parent / "tpchgen-cli"), "parquet", "-s", str(args.sf), f"--tables={','.join(tables)}",
                     f"--parts={args.parts}", f"--output-dir={work}"], check=True)
-    with PgServer("bench-src") as src, PgServer("bench-dst", settings={"max_locks_per_transaction": "1024"}) as dst:
-        os.environ["PGPASSWORD"] = src.password
-        for t in tables:
-            conveyor({"source": {"type": "parquet", "path": str(work / t)}, "sink": {"type": "postgres", "port": src.port, "table": t},
-                      "strategy": {"type": "files"}, "load_mode": "create", "degree": 2})
-            psql(src, f"VACUUM ANALYZE {t}")
-        try:
-            duck = DuckBaseline(src, dst, work)
-        except Exception as exc:  # reported, the rest of the matrix still runs
-            print(f"duckdb postgres extension unavailable: {exc}")
-            duck = None
-        bench = Bench(src, dst, args.repeat, work)
-        for t in tables:
-            if "defaults" in groups:
-                bench.defaults(t, work / t, duck)
-            if "pg_to_pg" in groups:
-                bench.pg_to_pg(t, args.methods.split(","), degrees, keys.get(t, "1"))
-            if "parquet_to_pg" in groups:
-                bench.parquet_to_pg(t, work / t, degrees, duck)
-            if "pg_to_parquet" in groups:
-                bench.pg_to_parquet(t, degrees, duck)
-            if "duckdb_to_pg" in groups:
-                bench.duckdb_to_pg(t, work / t, degrees, duck, keys.get(t, "1"))
-            if "wal_minimal" in groups:
-                bench.wal_minimal(t, [d for d in degrees if d <= 2])
-            if "recipes" in groups:
-                bench.recipes(t, max(d for d in degrees if d <= 2))
-            if "partitioned" in groups:
-                bench.partitioned(t, max(d for d in degrees if d <= 2))
-            if "merge" in groups:
-                bench.merge(t, max(d for d in degrees if d <= 2))
-            if "mysql" in groups:
-                bench.mysql(t, work / t, [d for d in degrees if d <= 2], duck, keys.get(t, "1"))
-        if "runtime" in groups:
-            bench.runtime(tables[0], 8)
-        if "memory" in groups:
-            bench.memory([float(x) for x in args.memory_sfs.split(",")], args.parts)
-    results = {"settings": vars(args), "versions": versions(), "cells": bench.cells,
-               "server_settings": {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_wal_size": "2GB"}}
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    bench = None
+    try:
+        with PgServer("bench-src") as src, PgServer("bench-dst", settings={"max_locks_per_transaction": "1024"}) as dst:
+            os.environ["PGPASSWORD"] = src.password
+            for t in tables:
+                conveyor({"source": {"type": "parquet", "path": str(work / t)}, "sink": {"type": "postgres", "port": src.port, "table": t},
+                          "strategy": {"type": "files"}, "load_mode": "create", "degree": 2})
+                psql(src, f"VACUUM ANALYZE {t}")
+            try:
+                duck = DuckBaseline(src, dst, work)
+            except Exception as exc:  # reported, the rest of the matrix still runs
+                print(f"duckdb postgres extension unavailable: {exc}")
+                duck = None
+            bench = Bench(src, dst, args.repeat, work)
+            for t in tables:
+                if "defaults" in groups:
+                    bench.defaults(t, work / t, duck)
+                if "pg_to_pg" in groups:
+                    bench.pg_to_pg(t, args.methods.split(","), degrees, keys.get(t, "1"))
+                if "parquet_to_pg" in groups:
+                    bench.parquet_to_pg(t, work / t, degrees, duck)
+                if "pg_to_parquet" in groups:
+                    bench.pg_to_parquet(t, degrees, duck)
+                if "duckdb_to_pg" in groups:
+                    bench.duckdb_to_pg(t, work / t, degrees, duck, keys.get(t, "1"))
+                if "wal_minimal" in groups:
+                    bench.wal_minimal(t, [d for d in degrees if d <= 2])
+                if "recipes" in groups:
+                    bench.recipes(t, max(d for d in degrees if d <= 2))
+                if "partitioned" in groups:
+                    bench.partitioned(t, max(d for d in degrees if d <= 2))
+                if "merge" in groups:
+                    bench.merge(t, max(d for d in degrees if d <= 2))
+                if "mysql" in groups:
+                    bench.mysql(t, work / t, [d for d in degrees if d <= 2], duck, keys.get(t, "1"))
+            if "runtime" in groups:
+                bench.runtime(tables[0], 8)
+            if "memory" in groups:
+                bench.memory([float(x) for x in args.memory_sfs.split(",")], args.parts)
+    finally:  # what was measured is kept even when a later cell fails
+        results = {"settings": vars(args), "versions": versions(), "cells": bench.cells if bench is not None else [],
+                   "server_settings": {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_wal_size": "2GB"}}
+        (out / "results.json").write_text(json.dumps(results, indent=2))
     sys.path.insert(0, str(Path(__file__).parent))
     from report import render  # benchmarks/report.py, beside this script
 

@@ -29,9 +29,11 @@ from typing import Any, ClassVar
 
 from conveyor.arrowutil import CountingBatches, rebatch
 from conveyor.connectors import duckext
+from conveyor.connectors import merge as merging
+from conveyor.connectors.merge import MergeOptions
 from conveyor.connectors.sql import Dialect, SqlSource
 from conveyor.connectors.staged import StagedSink, check_mode
-from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, SourceInfo, WriteStats
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
 from conveyor.mapping import TargetColumn, map_columns
 
@@ -498,7 +500,7 @@ _FIELD_TYPES = {0: "decimal", 1: "tinyint", 2: "smallint", 3: "int", 4: "float",
 
 
 @dataclass
-class MySqlSinkConfig(MySqlConnConfig):
+class MySqlSinkConfig(MergeOptions, MySqlConnConfig):
     table: str = "???"
     #: target columns whose values MySQL may convert by its own rules (``[*]``: all)
     allow_cast: list[str] = field(default_factory=list)
@@ -511,6 +513,15 @@ class MySqlSinkConfig(MySqlConnConfig):
         super().__post_init__()
         if self.bulk not in ("auto", "load_data", "insert"):
             raise ValueError(f"bulk: {self.bulk!r} is not one of auto, load_data, insert")
+        self.check_merge_options()
+
+
+@dataclass(frozen=True)
+class MyPlan:
+    """The MySQL sink's own decisions (``SinkPlan.own``): how rows go in, and a merge's plan."""
+
+    bulk: str
+    merge: merging.MergePlan | None = None
 
 
 def arrow_to_mysql(f: Any) -> str:
@@ -541,6 +552,18 @@ def arrow_to_mysql(f: Any) -> str:
         return f"DECIMAL({typ.precision},{typ.scale})"
     raise SchemaError(f"column {f.name}: Arrow type {typ} has no exact MySQL type",
                       hint="cast it in the source (e.g. to text), or create the target table yourself")
+
+
+class _Rows:
+    """A PyMySQL connection with the ``execute(...).fetchone()/fetchall()`` shape merging.check_keys uses."""
+
+    def __init__(self, con: Any) -> None:
+        self.con = con
+
+    def execute(self, sql: str) -> Any:
+        cur = self.con.cursor()
+        cur.execute(sql)
+        return cur
 
 
 def _drain(fifo: str, writer: threading.Thread) -> None:
@@ -574,9 +597,10 @@ def _in_duck(conf: MySqlConnConfig, table: str) -> str:
 
 
 class MySqlSink(StagedSink):
-    """One MySQL transaction per partition (InnoDB); truncate/create/replace through a staging table."""
+    """One MySQL transaction per partition (InnoDB); truncate/create/replace/merge through a staging table."""
 
     config_class = MySqlSinkConfig
+    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"))
     empty = "DELETE FROM"  # TRUNCATE commits on its own in MySQL: DELETE keeps the swap in one transaction
 
     def __init__(self, config: MySqlSinkConfig, options: JobOptions) -> None:
@@ -601,8 +625,6 @@ class MySqlSink(StagedSink):
 
     def prepare(self, request: PrepareRequest) -> SinkPlan:
         schema, mode, where = request.schema, self.options.load_mode, self._where()
-        if mode == "merge":
-            raise ConfigError("mysql sink: load_mode=merge is not built yet", hint="use append, truncate, create or replace")
         target = self._target_columns()
         check_mode(mode, target is not None, where)
         stage = f"_conveyor_stage_{self.options.run_id}"
@@ -616,8 +638,13 @@ class MySqlSink(StagedSink):
         else:
             assert target is not None
             pairs = map_columns(schema.names, target, self.options.map_method, where)
-            if mode == "truncate":
-                self.config.run(f"CREATE TABLE {self._qualified(stage)} LIKE {self._qualified()}", doing="load_mode=truncate")
+            merge = self._merge_plan(pairs, target) if mode == "merge" else None
+            if mode == "truncate":  # the target's indexes too: a duplicate key fails its partition, as it would the target
+                self.config.run(f"CREATE TABLE {self._qualified(stage)} LIKE {self._qualified()}", doing=f"load_mode={mode}")
+                write_target = stage
+            elif mode == "merge":  # no unique index: duplicated source keys reach the check that names them
+                self.config.run(f"CREATE TABLE {self._qualified(stage)} ENGINE=InnoDB AS SELECT * FROM {self._qualified()} WHERE 1 = 0",
+                                doing=f"load_mode={mode}")
                 write_target = stage
         try:
             self._check_types(pairs, schema, write_target, where)
@@ -629,7 +656,25 @@ class MySqlSink(StagedSink):
         bulk, reason = self._bulk()
         return SinkPlan(rows_before=before, target=f"{self.config.where()}.{self.config.table}", write_target=write_target,
                         load_mode=mode, columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
-                        own=bulk, path_reason=reason)
+                        own=MyPlan(bulk, merge if mode == "merge" else None), path_reason=reason)
+
+    def _merge_plan(self, pairs: list[tuple[str, str]], target: list[TargetColumn]) -> merging.MergePlan:
+        """merge's keys, which must be exactly a unique index of the target, and the target's only one:
+        INSERT ... ON DUPLICATE KEY UPDATE matches rows by any unique index."""
+        rows = self.config.run("SELECT index_name, GROUP_CONCAT(column_name ORDER BY seq_in_index) FROM information_schema.statistics "
+                               f"WHERE table_schema = DATABASE() AND table_name = {MYSQL_DIALECT.literal(self.config.table)} "
+                               "AND non_unique = 0 GROUP BY index_name", doing="reading the target's keys")
+        uniques = {name: tuple(cols.split(",")) for name, cols in rows}
+        plan = merging.plan(self.config, list(uniques.get("PRIMARY", ())), [t for _, t in pairs], [c.name for c in target], self._where())
+        if sorted(plan.keys) not in [sorted(u) for u in uniques.values()]:
+            raise ConfigError(f"load_mode=merge into {self._where()}: no unique index is exactly ({', '.join(plan.keys)})",
+                              key="sink.merge_keys", hint="MySQL upserts by a unique index: add one on the merge keys, or merge on the "
+                                                          "primary key")
+        if len(uniques) > 1:
+            raise ConfigError(f"load_mode=merge into {self._where()}: it has {len(uniques)} unique indexes "
+                              f"({', '.join(sorted(uniques))}); ON DUPLICATE KEY UPDATE would match a row by any of them",
+                              key="sink.merge_keys", hint="merge into a table whose only unique index is the merge key")
+        return plan
 
     def _bulk(self) -> tuple[str, str]:
         """(load_data | insert, why) for ``sink.bulk``."""
@@ -663,7 +708,7 @@ class MySqlSink(StagedSink):
         check_casts(pairs, sources, targets, where, self.config.allow_cast)
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
-        if plan.own == "load_data":
+        if plan.own.bulk == "load_data":
             return self._load_data(plan, part, batches)
         return self._insert(plan, part, batches)
 
@@ -796,6 +841,8 @@ class MySqlSink(StagedSink):
         if not self.staged(plan, self.table):
             return
         stage = self._qualified(plan.write_target)
+        if plan.load_mode == "merge":
+            return self._merge(plan, stage)
         if plan.load_mode == "truncate":
             return super().finalize(plan, results)  # DELETE + INSERT ... SELECT in one transaction
         # create / replace: RENAME TABLE swaps atomically (MySQL's DDL commits on its own: no transaction)
@@ -805,6 +852,38 @@ class MySqlSink(StagedSink):
                             doing="load_mode=replace")
         else:
             self.config.run(f"RENAME TABLE {stage} TO {self._qualified()}", doing=f"load_mode={plan.load_mode}")
+
+    def _merge(self, plan: SinkPlan, stage: str) -> None:
+        """The staged keys checked, then upsert (and deletes) in one transaction; the stage dropped after."""
+        merge = plan.own.merge
+        con = self.config.connect(autocommit=False)
+        try:
+            merging.check_keys(_Rows(con), merge, stage, self._where(), qident)
+            cols = ", ".join(qident(c) for c in merge.columns)
+            soft = qident(merge.soft_column) if merge.soft_column else None
+            sets = [f"{qident(c)} = VALUES({qident(c)})" for c in merge.update] + ([f"{soft} = FALSE"] if soft else [])
+            values = ", ".join(f"s.{qident(c)}" for c in merge.columns)
+            if soft and merge.soft_column not in merge.columns:
+                cols, values = f"{cols}, {soft}", f"{values}, FALSE"
+            keep = sets or [f"{qident(merge.keys[0])} = {qident(merge.keys[0])}"]  # no column to update: a no-op, not IGNORE
+            steps = [f"INSERT INTO {self._qualified()} ({cols}) SELECT {values} FROM {stage} AS s ON DUPLICATE KEY UPDATE {', '.join(keep)}"]
+            gone = "NOT EXISTS (SELECT 1 FROM {} AS s WHERE {})".format(
+                stage, " AND ".join(f"s.{qident(k)} = t.{qident(k)}" for k in merge.keys))
+            if merge.delete == "hard":
+                steps.append(f"DELETE t FROM {self._qualified()} AS t WHERE {gone}")
+            elif merge.delete == "soft":
+                steps.append(f"UPDATE {self._qualified()} AS t SET t.{soft} = TRUE WHERE {gone} AND NOT (t.{soft} <=> TRUE)")
+            with con.cursor() as cur:
+                for step in steps:
+                    cur.execute(step)
+            con.commit()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                con.rollback()
+            raise self.config.translate(exc, "finishing load_mode=merge") from None
+        finally:
+            con.close()
+        self._drop(plan.write_target)
 
     def _in_one_transaction(self, plan: SinkPlan, steps: list[str]) -> None:
         con = self.config.connect(autocommit=False)

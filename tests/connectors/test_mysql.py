@@ -66,7 +66,7 @@ def test_every_type_survives_a_round_trip_through_arrow(types_table, pg_target, 
         assert pg_exec(pg_target, "SELECT bu::text, tm, vc, d65 FROM my_types WHERE id = 1")[0] == (
             "18446744073709551615", "-838:59:59.000000", "héllo 🦆", "12345678901234567890123456789012345.123456789012345678901234567891")
     report = job(middle_src, _my(m, table="types_back", bulk=bulk), load_mode="create")
-    assert report.sink_plan.own == bulk
+    assert report.sink_plan.own.bulk == bulk
     names = [r[0] for r in m.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = DATABASE() "
                                      "AND table_name = 'types' ORDER BY ordinal_position")]
     back, orig = _text(m, "types_back"), _text(m, "types")
@@ -261,3 +261,56 @@ def test_postgres_to_mysql_and_back_keeps_tpch_orders(mysql_server, pg_source, p
         {"distribute_key": "o_orderkey"}, load_mode="create", degree=2)
     assert checksum(pg_target, "my_orders_back") == checksum(pg_source, "my_orders")
     assert checksum(pg_source, "my_orders")[0] == 15000
+
+
+@pytest.fixture()
+def merge_target(mysql_server):
+    m = mysql_server
+    m.execute("DROP TABLE IF EXISTS mt", "CREATE TABLE mt (id BIGINT PRIMARY KEY, name VARCHAR(20), v DOUBLE, gone BOOL DEFAULT FALSE)",
+              "INSERT INTO mt (id, name, v) VALUES (1, 'one', 1), (2, 'two', 2), (3, 'three', 3)")
+    return m
+
+
+def _changes(tmp_path: Path, ids: list[int], names: list[str]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "chg").mkdir(exist_ok=True)
+    half = len(ids) // 2
+    for i, (a, b) in enumerate(((0, half), (half, len(ids)))):
+        pq.write_table(pa.table({"id": pa.array(ids[a:b], pa.int64()), "name": names[a:b], "v": pa.array([float(x) * 10 for x in ids[a:b]])}),
+                       tmp_path / "chg" / f"{i}.parquet")
+    return tmp_path / "chg"
+
+
+@pytest.mark.parametrize("delete", ["none", "hard", "soft"])
+def test_merge_updates_inserts_and_deletes_by_the_primary_key(merge_target, tmp_path: Path, delete: str) -> None:
+    m = merge_target
+    src = _changes(tmp_path, [2, 3, 4, 5], ["TWO", "THREE", "four", "five"])
+    extra = {"merge_delete": delete, **({"merge_soft_delete_column": "gone"} if delete == "soft" else {})}
+    job({"type": "parquet", "path": str(src)}, _my(m, table="mt", **extra), "files", load_mode="merge", degree=2)
+    got = m.execute("SELECT id, name, v, gone FROM mt ORDER BY id")
+    kept = {"none": [(1, "one", 1.0, 0)], "hard": [], "soft": [(1, "one", 1.0, 1)]}[delete]
+    assert list(got) == [*kept, (2, "TWO", 20.0, 0), (3, "THREE", 30.0, 0), (4, "four", 40.0, 0), (5, "five", 50.0, 0)]
+    assert not m.execute("SHOW TABLES LIKE '\\\\_conveyor%'")
+
+
+def test_merge_refuses_duplicated_source_keys_by_value_and_changes_nothing(merge_target, tmp_path: Path) -> None:
+    m = merge_target
+    before = m.execute("SELECT * FROM mt ORDER BY id")
+    src = _changes(tmp_path, [2, 7, 7, 2, 9, 7], ["a", "b", "c", "d", "e", "f"])
+    with pytest.raises(SchemaError, match=r"the source has the same key \(id\) more than once: \(7\) x3; \(2\) x2"):
+        job({"type": "parquet", "path": str(src)}, _my(m, table="mt"), "files", load_mode="merge", degree=2)
+    assert m.execute("SELECT * FROM mt ORDER BY id") == before
+    assert not m.execute("SHOW TABLES LIKE '\\\\_conveyor%'")
+
+
+def test_merge_keys_must_be_the_targets_only_unique_index(merge_target, tmp_path: Path) -> None:
+    m = merge_target
+    src = _changes(tmp_path, [2, 4], ["x", "y"])
+    with pytest.raises(ConfigError, match=r"no unique index is exactly \(name\)"):
+        job({"type": "parquet", "path": str(src)}, _my(m, table="mt", merge_keys=["name"]), "files", load_mode="merge")
+    m.execute("CREATE UNIQUE INDEX by_name ON mt (name)")
+    with pytest.raises(ConfigError, match="it has 2 unique indexes"):
+        job({"type": "parquet", "path": str(src)}, _my(m, table="mt"), "files", load_mode="merge")
+    assert not m.execute("SHOW TABLES LIKE '\\\\_conveyor%'")
