@@ -23,13 +23,14 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from conveyor.arrowutil import CountingBatches, rebatch
 from conveyor.connectors import duckext
 from conveyor.connectors import merge as merging
+from conveyor.connectors.credentials import fill_from_env, read_password
 from conveyor.connectors.merge import MergeOptions
 from conveyor.connectors.sql import Dialect, SqlSource
 from conveyor.connectors.staged import StagedSink, check_mode
@@ -69,29 +70,12 @@ class MySqlConnConfig:
     options: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
-        for key, (var, default) in _MY_ENV.items():
-            if getattr(self, key) in (None, ""):
-                value = os.environ.get(var) or default
-                if key == "port":
-                    if not value.isdigit():
-                        raise ValueError(f"port: ${var}={value!r} is not a port number")
-                    value = int(value)
-                setattr(self, key, value)
+        fill_from_env(self, _MY_ENV)
         if not self.database:
             raise ValueError("database: name the MySQL database (schema) that holds the table, or set $MYSQL_DATABASE")
 
     def password(self) -> str | None:
-        if self.password_file:
-            try:
-                with open(self.password_file, encoding="utf-8") as f:
-                    return f.readline().rstrip("\r\n")
-            except OSError as exc:
-                raise ConfigError(f"password_file {self.password_file!r}: {exc.strerror}", key="password_file") from None
-        value = os.environ.get(self.password_env) if self.password_env else None
-        if value is None and self.password_env and self.password_env != "MYSQL_PWD":
-            raise ConfigError(f"password_env: the environment variable {self.password_env} is not set",
-                              key="password_env", hint=f"export {self.password_env}=..., or use password_file")
-        return value
+        return read_password(self.password_env, self.password_file, "MYSQL_PWD")
 
     def where(self) -> str:
         return f"mysql {self.user}@{self.host}:{self.port}/{self.database}"
@@ -148,54 +132,40 @@ class MySqlConnConfig:
 
 # --- DuckDB with the server attached: one per process and server ------------------------------------
 
-_LOCK = threading.Lock()
-_DATABASES: dict[tuple[Any, ...], Any] = {}
-
-
 def _duck(conf: MySqlConnConfig, write: bool) -> tuple[tuple[Any, ...], Any]:
+    """This process's DuckDB with the server attached as ``my`` (read-only unless ``write``)."""
     import duckdb
 
     pw = conf.password()
-    key = (conf.host, conf.port, conf.user, conf.database, conf.connect_timeout, tuple(sorted((conf.options or {}).items())), pw, write)
-    with _LOCK:
-        db = _DATABASES.get(key)
-    if db is not None:
-        return key, db
-    try:
-        extdir = duckext.extension_dir("mysql")
-    except RuntimeError as exc:
-        raise ConfigError(f"mysql: DuckDB's mysql extension does not load: {exc}",
-                          hint="pip install 'conveyor[mysql]' (duckdb-extension-mysql, the same version as duckdb)") from None
-    db = duckdb.connect(config={"extension_directory": extdir, "threads": 1, "autoinstall_known_extensions": False,
-                                "autoload_known_extensions": False})
-    try:
-        db.execute("LOAD mysql")
-        db.execute("SET TimeZone = 'UTC'")
-        q = duckext.quote
-        fields = [f"HOST {q(conf.host)}", f"PORT {int(conf.port or 3306)}", f"USER {q(conf.user)}", f"DATABASE {q(conf.database)}"]
-        if pw is not None:
-            fields.append(f"PASSWORD {q(pw)}")
-        db.execute(f"CREATE TEMPORARY SECRET conveyor_my (TYPE mysql, {', '.join(fields)})")
-        extra = " ".join(f"{k}={v}" for k, v in (conf.options or {}).items())
-        db.execute(f"ATTACH {q(extra)} AS my (TYPE mysql, SECRET conveyor_my{'' if write else ', READ_ONLY'})")
-    except BaseException as exc:
-        db.close()
-        if isinstance(exc, Exception):
-            raise conf.translate(exc, "cannot connect") from None
-        raise
-    with _LOCK:
-        kept = _DATABASES.setdefault(key, db)
-    if kept is not db:
-        db.close()
-    return key, kept
+    key = ("mysql", conf.host, conf.port, conf.user, conf.database, conf.connect_timeout, tuple(sorted((conf.options or {}).items())),
+           pw, write)
 
-
-def _forget(key: tuple[Any, ...]) -> None:
-    with _LOCK:
-        db = _DATABASES.pop(key, None)
-    if db is not None:
-        with contextlib.suppress(Exception):
+    def make() -> Any:
+        try:
+            extdir = duckext.extension_dir("mysql")
+        except RuntimeError as exc:
+            raise ConfigError(f"mysql: DuckDB's mysql extension does not load: {exc}",
+                              hint="pip install 'conveyor[mysql]' (duckdb-extension-mysql, the same version as duckdb)") from None
+        db = duckdb.connect(config={"extension_directory": extdir, "threads": 1, "autoinstall_known_extensions": False,
+                                    "autoload_known_extensions": False})
+        try:
+            db.execute("LOAD mysql")
+            db.execute("SET TimeZone = 'UTC'")
+            q = duckext.quote
+            fields = [f"HOST {q(conf.host)}", f"PORT {int(conf.port or 3306)}", f"USER {q(conf.user)}", f"DATABASE {q(conf.database)}"]
+            if pw is not None:
+                fields.append(f"PASSWORD {q(pw)}")
+            db.execute(f"CREATE TEMPORARY SECRET conveyor_my (TYPE mysql, {', '.join(fields)})")
+            extra = " ".join(f"{k}={v}" for k, v in (conf.options or {}).items())
+            db.execute(f"ATTACH {q(extra)} AS my (TYPE mysql, SECRET conveyor_my{'' if write else ', READ_ONLY'})")
+        except BaseException as exc:
             db.close()
+            if isinstance(exc, Exception):
+                raise conf.translate(exc, "cannot connect") from None
+            raise
+        return db
+
+    return key, duckext.attached(key, make)
 
 
 @contextlib.contextmanager
@@ -210,7 +180,7 @@ def _duck_connection(conf: MySqlConnConfig, write: bool = False) -> Iterator[Any
         with contextlib.suppress(Exception):
             con.close()
         if not ok:
-            _forget(key)
+            duckext.forget(key)
 
 
 # --- source ----------------------------------------------------------------------------------------
@@ -856,38 +826,29 @@ class MySqlSink(StagedSink):
     def _merge(self, plan: SinkPlan, stage: str) -> None:
         """The staged keys checked, then upsert (and deletes) in one transaction; the stage dropped after."""
         merge = plan.own.merge
-        con = self.config.connect(autocommit=False)
-        try:
-            merging.check_keys(_Rows(con), merge, stage, self._where(), qident)
-            cols = ", ".join(qident(c) for c in merge.columns)
-            soft = qident(merge.soft_column) if merge.soft_column else None
-            sets = [f"{qident(c)} = VALUES({qident(c)})" for c in merge.update] + ([f"{soft} = FALSE"] if soft else [])
-            values = ", ".join(f"s.{qident(c)}" for c in merge.columns)
-            if soft and merge.soft_column not in merge.columns:
-                cols, values = f"{cols}, {soft}", f"{values}, FALSE"
-            keep = sets or [f"{qident(merge.keys[0])} = {qident(merge.keys[0])}"]  # no column to update: a no-op, not IGNORE
-            steps = [f"INSERT INTO {self._qualified()} ({cols}) SELECT {values} FROM {stage} AS s ON DUPLICATE KEY UPDATE {', '.join(keep)}"]
-            gone = "NOT EXISTS (SELECT 1 FROM {} AS s WHERE {})".format(
-                stage, " AND ".join(f"s.{qident(k)} = t.{qident(k)}" for k in merge.keys))
-            if merge.delete == "hard":
-                steps.append(f"DELETE t FROM {self._qualified()} AS t WHERE {gone}")
-            elif merge.delete == "soft":
-                steps.append(f"UPDATE {self._qualified()} AS t SET t.{soft} = TRUE WHERE {gone} AND NOT (t.{soft} <=> TRUE)")
-            with con.cursor() as cur:
-                for step in steps:
-                    cur.execute(step)
-            con.commit()
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                con.rollback()
-            raise self.config.translate(exc, "finishing load_mode=merge") from None
-        finally:
-            con.close()
+        cols = ", ".join(qident(c) for c in merge.columns)
+        soft = qident(merge.soft_column) if merge.soft_column else None
+        sets = [f"{qident(c)} = VALUES({qident(c)})" for c in merge.update] + ([f"{soft} = FALSE"] if soft else [])
+        values = ", ".join(f"s.{qident(c)}" for c in merge.columns)
+        if soft and merge.soft_column not in merge.columns:
+            cols, values = f"{cols}, {soft}", f"{values}, FALSE"
+        keep = sets or [f"{qident(merge.keys[0])} = {qident(merge.keys[0])}"]  # no column to update: a no-op, not IGNORE
+        steps = [f"INSERT INTO {self._qualified()} ({cols}) SELECT {values} FROM {stage} AS s ON DUPLICATE KEY UPDATE {', '.join(keep)}"]
+        gone = "NOT EXISTS (SELECT 1 FROM {} AS s WHERE {})".format(
+            stage, " AND ".join(f"s.{qident(k)} = t.{qident(k)}" for k in merge.keys))
+        if merge.delete == "hard":
+            steps.append(f"DELETE t FROM {self._qualified()} AS t WHERE {gone}")
+        elif merge.delete == "soft":
+            steps.append(f"UPDATE {self._qualified()} AS t SET t.{soft} = TRUE WHERE {gone} AND NOT (t.{soft} <=> TRUE)")
+        self._in_one_transaction(plan, steps, first=lambda con: merging.check_keys(_Rows(con), merge, stage, self._where(), qident))
         self._drop(plan.write_target)
 
-    def _in_one_transaction(self, plan: SinkPlan, steps: list[str]) -> None:
+    def _in_one_transaction(self, plan: SinkPlan, steps: list[str], first: Callable[[Any], None] | None = None) -> None:
+        """``steps`` in one transaction, after ``first`` (a check inside it: merge's staged keys)."""
         con = self.config.connect(autocommit=False)
         try:
+            if first is not None:
+                first(con)
             with con.cursor() as cur:
                 for step in steps:
                     cur.execute(step)

@@ -78,6 +78,42 @@ def run_s3_parquet_to_postgres(cli, tmp_path, tpch_orders, pg_source, pg_target,
     return pg_exec(pg_target, "SELECT count(*) FROM orders_s3")[0][0]
 
 
+def _mysql_env(request) -> tuple:
+    """The test MariaDB, and the MySQL client variables that point the pipelines at it (the CLI reads them)."""
+    m = request.getfixturevalue("mysql_server")
+    return m, {"MYSQL_HOST": "127.0.0.1", "MYSQL_TCP_PORT": str(m.port), "MYSQL_USER": m.user,
+                                          "MYSQL_DATABASE": m.database, "MYSQL_PWD": m.password}
+
+
+def run_pg_to_mysql(cli, tmp_path, tpch_orders, pg_source, pg_target, request=None):
+    m, env = _mysql_env(request)
+    _load_orders_into_source(cli, tpch_orders, pg_source)
+    m.execute("DROP TABLE IF EXISTS p_orders")
+    res = cli("run", "pipeline=pg_to_mysql", f"source.port={pg_source.port}", "source.table=orders", "sink.table=p_orders",
+              "load_mode=create", env=env)
+    assert res.code == 0, res.err
+    return m.execute("SELECT count(*) FROM p_orders")[0][0]
+
+
+def run_mysql_to_pg(cli, tmp_path, tpch_orders, pg_source, pg_target, request=None):
+    m, env = _mysql_env(request)
+    run_pg_to_mysql(cli, tmp_path, tpch_orders, pg_source, pg_target, request)
+    m.execute("ALTER TABLE p_orders ADD PRIMARY KEY (o_orderkey)")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS orders_my")
+    res = cli("run", "pipeline=mysql_to_pg", "source.table=p_orders", f"sink.port={pg_target.port}", "sink.table=orders_my",
+              "load_mode=create", env=env)
+    assert res.code == 0, res.err
+    return pg_exec(pg_target, "SELECT count(*) FROM orders_my")[0][0]
+
+
+def run_mysql_to_parquet(cli, tmp_path, tpch_orders, pg_source, pg_target, request=None):
+    m, env = _mysql_env(request)
+    run_pg_to_mysql(cli, tmp_path, tpch_orders, pg_source, pg_target, request)
+    res = cli("run", "pipeline=mysql_to_parquet", "source.table=p_orders", f"sink.path={tmp_path}/myout", env=env)
+    assert res.code == 0, res.err
+    return pq.read_table(tmp_path / "myout").num_rows
+
+
 def test_every_pipeline_has_a_run() -> None:
     assert PIPELINES and all(f"run_{name}" in globals() for name in PIPELINES), PIPELINES
 

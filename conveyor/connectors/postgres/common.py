@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote
 
+from conveyor.connectors.credentials import fill_from_env, read_password
 from conveyor.connectors.sql import Dialect
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
 
@@ -59,34 +60,10 @@ class PgConnConfig:
 
     def __post_init__(self) -> None:
         """Unset connection keys from libpq's variables, once, on the driver (workers get the values)."""
-        for key, (var, default) in _LIBPQ_ENV.items():
-            if getattr(self, key) in (None, ""):
-                value = os.environ.get(var) or default
-                if key == "port":
-                    if not value.isdigit():
-                        raise ValueError(f"port: ${var}={value!r} is not a port number")
-                    value = int(value)
-                setattr(self, key, value)
+        fill_from_env(self, _LIBPQ_ENV)
 
     def password(self) -> str | None:
-        if self.password_file:
-            try:
-                with open(self.password_file, encoding="utf-8") as f:
-                    return f.readline().rstrip("\r\n")
-            except OSError as exc:
-                from conveyor.errors import ConfigError
-
-                raise ConfigError(f"password_file {self.password_file!r}: {exc.strerror}", key="password_file") from None
-        if not self.password_env:
-            return None
-        value = os.environ.get(self.password_env)
-        if value is None and self.password_env != "PGPASSWORD":
-            # a variable the user named on purpose: unset is a mistake, not "no password"
-            from conveyor.errors import ConfigError
-
-            raise ConfigError(f"password_env: the environment variable {self.password_env} is not set",
-                              key="password_env", hint=f"export {self.password_env}=..., or use password_file")
-        return value
+        return read_password(self.password_env, self.password_file, "PGPASSWORD")
 
     def password_hint(self) -> str:
         """Where this process looked for the password: the hint of an authentication error. The

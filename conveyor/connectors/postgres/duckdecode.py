@@ -21,7 +21,6 @@ version) and is installed offline into a per-user cache folder: no download.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
 EXACT = {"int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar", "bytea", "date", "timestamp", "timestamptz"}
 # not: bpchar (DuckDB trims char(n)'s padding), time/interval/uuid/json/enums/arrays (not compared yet)
 
-_LOCK = threading.Lock()
 
 
 def unfit_column(columns: tuple[PgColumn, ...]) -> PgColumn | None:
@@ -69,9 +67,6 @@ def _libpq_value(value: Any) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-_DATABASES: dict[tuple[Any, ...], Any] = {}  # one in-memory DuckDB with the server attached, per server and process
-
-
 def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Any]:
     """This process's DuckDB database with the server attached as ``src`` (LOAD costs 0.1 s: once per process).
 
@@ -79,39 +74,26 @@ def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Any]:
     import duckdb
 
     pw = conf.password()
-    key = (conf.host, conf.port, conf.user, conf.dbname, conf.connect_timeout, tuple(sorted((conf.options or {}).items())), pw)
-    with _LOCK:
-        db = _DATABASES.get(key)
-    if db is not None:
-        return key, db
-    db = duckdb.connect(config={"extension_directory": duckext.extension_dir("postgres"), "threads": 1, "autoinstall_known_extensions": False,
-                                "autoload_known_extensions": False})
-    try:
-        db.execute("LOAD postgres")
-        db.execute("SET pg_connection_cache = false")  # a server connection per read, closed after it: none left idle
-        fields = [f"HOST {_quote(conf.host)}", f"PORT {int(conf.port or 5432)}", f"USER {_quote(conf.user)}",
-                  f"DATABASE {_quote(conf.dbname)}"] + ([f"PASSWORD {_quote(pw)}"] if pw is not None else [])
-        db.execute(f"CREATE TEMPORARY SECRET conveyor_src (TYPE postgres, {', '.join(fields)})")
-        extra = {"connect_timeout": conf.connect_timeout, "application_name": "conveyor", **(conf.options or {})}
-        dsn = " ".join(f"{k}={_libpq_value(v)}" for k, v in extra.items())
-        db.execute(f"ATTACH {_quote(dsn)} AS src (TYPE postgres, SECRET conveyor_src, READ_ONLY)")
-    except BaseException:
-        db.close()
-        raise
-    with _LOCK:
-        kept = _DATABASES.setdefault(key, db)
-    if kept is not db:
-        db.close()
-    return key, kept
+    key = ("postgres", conf.host, conf.port, conf.user, conf.dbname, conf.connect_timeout, tuple(sorted((conf.options or {}).items())), pw)
 
-
-def _forget(key: tuple[Any, ...]) -> None:
-    """Drop a database whose connections may be broken (a failed read): the next one starts afresh."""
-    with _LOCK:
-        db = _DATABASES.pop(key, None)
-    if db is not None:
-        with contextlib.suppress(Exception):
+    def make() -> Any:
+        db = duckdb.connect(config={"extension_directory": duckext.extension_dir("postgres"), "threads": 1,
+                                    "autoinstall_known_extensions": False, "autoload_known_extensions": False})
+        try:
+            db.execute("LOAD postgres")
+            db.execute("SET pg_connection_cache = false")  # a server connection per read, closed after it: none left idle
+            fields = [f"HOST {_quote(conf.host)}", f"PORT {int(conf.port or 5432)}", f"USER {_quote(conf.user)}",
+                      f"DATABASE {_quote(conf.dbname)}"] + ([f"PASSWORD {_quote(pw)}"] if pw is not None else [])
+            db.execute(f"CREATE TEMPORARY SECRET conveyor_src (TYPE postgres, {', '.join(fields)})")
+            extra = {"connect_timeout": conf.connect_timeout, "application_name": "conveyor", **(conf.options or {})}
+            dsn = " ".join(f"{k}={_libpq_value(v)}" for k, v in extra.items())
+            db.execute(f"ATTACH {_quote(dsn)} AS src (TYPE postgres, SECRET conveyor_src, READ_ONLY)")
+        except BaseException:
             db.close()
+            raise
+        return db
+
+    return key, duckext.attached(key, make)
 
 
 @contextlib.contextmanager
@@ -132,7 +114,7 @@ def connection(conf: PgConnConfig, snapshot: str | None) -> Iterator[Any]:
             con.execute("ROLLBACK")
         con.close()
         if not ok:
-            _forget(key)
+            duckext.forget(key)
 
 
 def batches(con: Any, sql: str, batch_size: int) -> Iterator[Any]:
