@@ -3,6 +3,7 @@ servers, a table's content checksum, and jobs built and run in-process from plai
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,3 +73,29 @@ def pg_exec(server, *statements: str, dbname: str = "postgres") -> list[tuple]:
 def checksum(server, table: str) -> tuple[int, str]:
     """Row count and an order-independent digest of every row as PostgreSQL prints it."""
     return tuple(pg_exec(server, f"SELECT count(*), md5(coalesce(string_agg(_r::text, '|' ORDER BY _r::text), '')) FROM {table} _r")[0])
+
+
+def lose_manifest_lines(run_dir: Path) -> Path:
+    """Make a finished run's manifest say what a driver killed just after its commits (or file
+    writes) would have left: every partition pending, no journal lines."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    for entry in manifest["partitions"].values():
+        entry.update(status="pending", rows=0)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    (run_dir / "partitions.jsonl").unlink()
+    return run_dir
+
+
+def popen_run(args: list[str], tmp_path: Path, run: str) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "conveyor"), *args, f"hydra.run.dir={tmp_path}/{run}"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def ray_address(ray_instance) -> str:
+    return ray_instance.get_runtime_context().gcs_address
+
+
+def runtime_args(kind: str, request) -> list[str]:
+    if kind == "ray":  # the CLI joins the test's Ray instance: tasks run in its workers, not in the CLI
+        return ["runtime=ray", f"runtime.address={ray_address(request.getfixturevalue('ray_instance'))}"]
+    return ["runtime=local"]

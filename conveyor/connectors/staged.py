@@ -9,7 +9,10 @@ was. A connector gives its SQL spelling and how it runs statements in one transa
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from conveyor.core import SinkPlan, WriteStats
 from conveyor.errors import SchemaError
@@ -75,3 +78,37 @@ class StagedSink:
         if self.staged(plan, self.table):
             self._drop(plan.write_target)
 
+
+# --- staging tables of runs that are gone ---------------------------------------------------------
+
+
+def stage_label(run_id: str, target: str) -> str:
+    """What a staging table's comment says: whose it is, for which target, since when."""
+    return json.dumps({"conveyor": "staging table", "run_id": run_id, "target": target,
+                       "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A staging table found in a target's schema (or database), and whether its run still holds its guard."""
+
+    schema: str
+    name: str
+    run_id: str
+    target: str
+    started: str
+    bytes: int
+    active: bool
+
+    @classmethod
+    def read(cls, schema: str, name: str, run_id: str, comment: str | None, size: int, active: bool) -> Stage:
+        try:
+            note = json.loads(comment) if comment else {}
+        except ValueError:
+            note = {}
+        return cls(schema, name, run_id, note.get("target", ""), note.get("started", ""), size, active)
+
+    def describe(self) -> str:
+        state = "in use by a running job" if self.active else "stale (its run is gone)"
+        return (f"{self.schema}.{self.name}: run {self.run_id}, target {self.target or '?'}, started {self.started or '?'}, "
+                f"{self.bytes / 1e6:,.1f} MB, {state}")

@@ -236,10 +236,9 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
     if sink_plan.keeps and isinstance(source, SupportsSpecialValues):
         source = source.keeping(sink_plan.keeps)  # e.g. infinity passed on, not refused
     try:
-        done = _already_done(plan, spec.sink, sink_plan)
+        done, whose = _already_done(plan, spec.sink, sink_plan)
         report.committed_before = set(done)
         if plan.resumed_from:
-            whose = "the target's commit markers" if isinstance(spec.sink, SupportsCommitMarkers) else "its manifest"
             say(f"resume: {len(done)} of {len(plan.partitions)} partitions finished in {plan.resumed_from} "
                 f"(per {whose}); running the other {len(plan.partitions) - len(done)}")
         todo = [p for p in plan.partitions if p.key not in done]
@@ -349,17 +348,18 @@ def _log_results(results: list[TaskResult]) -> None:
             note(f"partition {r.partition}: the task's traceback:\n{r.traceback.rstrip()}")
 
 
-def _already_done(plan: JobPlan, sink: Any, sink_plan: SinkPlan) -> dict[str, int]:
-    """Partitions committed before this run: the target's own commit markers where the sink keeps
-    them (they commit with the rows, so they are right whatever died when), else the manifest's word."""
+def _already_done(plan: JobPlan, sink: Any, sink_plan: SinkPlan) -> tuple[dict[str, int], str]:
+    """Partitions committed before this run, and whose word that is: the target's own commit markers
+    where the sink keeps them (they commit with the rows, so they are right whatever died when),
+    else the manifest's."""
     if not plan.resumed_from:
-        return {}
+        return {}, ""
     if isinstance(sink, SupportsCommitMarkers):
         marked = sink.committed(sink_plan)
         if marked is not None:
             keys = {p.key for p in plan.partitions}
-            return {k: n for k, n in marked.items() if k in keys}
-    return dict(plan.previously_done)
+            return {k: n for k, n in marked.items() if k in keys}, "the target's commit markers"
+    return dict(plan.previously_done), "its manifest"
 
 
 RESUME_HINT = "resume=<run dir>"

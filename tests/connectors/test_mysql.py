@@ -39,6 +39,14 @@ def _text(m, table: str, like: str = "types") -> list[tuple]:
     return m.execute(f"SELECT {', '.join(exprs)} FROM `{table}` ORDER BY id")
 
 
+def _leftovers(m) -> list:
+    """Staging (or swapped-out) tables left in the database, and runs still registered (a run's row
+    goes when it ends); the marker and run tables themselves stay."""
+    tables = [r[0] for r in m.execute("SHOW TABLES LIKE '\\_conveyor%'") if r[0] not in ("_conveyor_commits", "_conveyor_runs")]
+    runs = m.execute("SELECT run_id FROM _conveyor_runs") if m.execute("SHOW TABLES LIKE '\\_conveyor\\_runs'") else []
+    return tables + [f"run {r[0]}" for r in runs]
+
+
 def _my(m, **kw) -> dict:
     return {"type": "mysql", "port": m.port, "user": m.user, "database": m.database, **kw}
 
@@ -153,7 +161,7 @@ def _keyed_parquet(keyed, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("mode", ["append", "truncate", "replace"])
 def test_load_modes_into_mysql(keyed, target, tmp_path: Path, mode: str) -> None:
     src = _keyed_parquet(keyed, tmp_path)
-    job({"type": "parquet", "path": str(src)}, _my(target, table="tgt"), "files", load_mode=mode, degree=2, verify="count")
+    report = job({"type": "parquet", "path": str(src)}, _my(target, table="tgt"), "files", load_mode=mode, degree=2, verify="count")
     want = keyed.execute("SELECT count(*), sum(id) FROM keyed WHERE id IS NOT NULL AND v IS NOT NULL")[0]
     got = target.execute("SELECT count(*), sum(id), sum(grp = 'old') FROM tgt")[0]
     old = 2 if mode == "append" else 0
@@ -161,8 +169,11 @@ def test_load_modes_into_mysql(keyed, target, tmp_path: Path, mode: str) -> None
     if mode == "truncate":  # the same table object: its primary key is kept
         assert target.execute("SELECT count(*) FROM information_schema.statistics WHERE table_schema = DATABASE() "
                               "AND table_name = 'tgt' AND index_name = 'PRIMARY'")[0][0] == 1
-    left = target.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE '\\_conveyor%'")
-    assert left[0][0] == 0
+    assert not _leftovers(target)
+    # append keeps a marker per partition (the target knows what it holds); a staged load's go with its swap
+    marks = target.execute(f"SELECT count(*), coalesce(sum(committed_rows), 0) FROM _conveyor_commits WHERE target = "
+                           f"'{target.database}.tgt' AND load_id = '{report.plan.spec.options.load}'")[0]
+    assert tuple(marks) == ((4, want[0]) if mode == "append" else (0, 0))
 
 
 @pytest.mark.parametrize("mode", ["truncate", "replace"])
@@ -184,7 +195,7 @@ def test_a_failed_load_leaves_the_old_rows(target, tmp_path: Path, mode: str) ->
     with pytest.raises(ConveyorError):
         job({"type": "parquet", "path": str(src)}, _my(target, table="tgt"), "files", load_mode=mode, degree=2)
     assert target.execute("SELECT * FROM tgt ORDER BY id") == before
-    assert not target.execute("SHOW TABLES LIKE '\\_conveyor%'")
+    assert not _leftovers(target)
 
 
 @pytest.mark.parametrize("bulk", ["load_data", "insert"])
@@ -243,7 +254,7 @@ def test_a_column_without_an_exact_mysql_type_is_refused_by_name(mysql_server, p
     mysql_server.execute("DROP TABLE IF EXISTS to_my")
     with pytest.raises(SchemaError, match=r"column iv: Arrow type month_day_nano_interval has no exact MySQL type"):
         job({"type": "postgres", "port": pg_source.port, "table": "to_my"}, _my(mysql_server, table="to_my"), load_mode="create")
-    assert not mysql_server.execute("SHOW TABLES LIKE '\\_conveyor%'")
+    assert not _leftovers(mysql_server)
 
 
 def test_postgres_to_mysql_and_back_keeps_tpch_orders(mysql_server, pg_source, pg_target, tpch_orders: Path) -> None:
@@ -292,7 +303,7 @@ def test_merge_updates_inserts_and_deletes_by_the_primary_key(merge_target, tmp_
     got = m.execute("SELECT id, name, v, gone FROM mt ORDER BY id")
     kept = {"none": [(1, "one", 1.0, 0)], "hard": [], "soft": [(1, "one", 1.0, 1)]}[delete]
     assert list(got) == [*kept, (2, "TWO", 20.0, 0), (3, "THREE", 30.0, 0), (4, "four", 40.0, 0), (5, "five", 50.0, 0)]
-    assert not m.execute("SHOW TABLES LIKE '\\\\_conveyor%'")
+    assert not _leftovers(m)
 
 
 def test_merge_refuses_duplicated_source_keys_by_value_and_changes_nothing(merge_target, tmp_path: Path) -> None:
@@ -302,7 +313,7 @@ def test_merge_refuses_duplicated_source_keys_by_value_and_changes_nothing(merge
     with pytest.raises(SchemaError, match=r"the source has the same key \(id\) more than once: \(7\) x3; \(2\) x2"):
         job({"type": "parquet", "path": str(src)}, _my(m, table="mt"), "files", load_mode="merge", degree=2)
     assert m.execute("SELECT * FROM mt ORDER BY id") == before
-    assert not m.execute("SHOW TABLES LIKE '\\\\_conveyor%'")
+    assert not _leftovers(m)
 
 
 def test_merge_keys_must_be_the_targets_only_unique_index(merge_target, tmp_path: Path) -> None:
@@ -313,4 +324,4 @@ def test_merge_keys_must_be_the_targets_only_unique_index(merge_target, tmp_path
     m.execute("CREATE UNIQUE INDEX by_name ON mt (name)")
     with pytest.raises(ConfigError, match="it has 2 unique indexes"):
         job({"type": "parquet", "path": str(src)}, _my(m, table="mt"), "files", load_mode="merge")
-    assert not m.execute("SHOW TABLES LIKE '\\\\_conveyor%'")
+    assert not _leftovers(m)

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from conveyor.config import build_job
 from conveyor.errors import TransferError
 from conveyor.pipelines.job import run_job
-from tests.helpers import BIN, checksum, pg_exec
+from tests.helpers import BIN, checksum, lose_manifest_lines, pg_exec, popen_run, runtime_args
 
 RUNTIMES = ["local", "ray"]
 
@@ -94,17 +94,6 @@ def test_a_failing_partition_with_others_queued_ends_the_run(ex_src, pg_target, 
 # --- exactly once: commit markers ----------------------------------------------------------------
 
 
-def _lose_manifest_lines(run_dir: Path) -> Path:
-    """Make a finished run's manifest say what a driver killed just after its commits (or file
-    writes) would have left: every partition pending, no journal lines."""
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    for entry in manifest["partitions"].values():
-        entry.update(status="pending", rows=0)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest))
-    (run_dir / "partitions.jsonl").unlink()
-    return run_dir
-
-
 def test_resume_asks_the_target_not_the_manifest(ex_src, pg_target, cli, tmp_path: Path) -> None:
     """A driver killed between a partition's commit and its manifest line: the manifest says
     pending, the target has the rows. Resume must not load them again."""
@@ -113,7 +102,7 @@ def test_resume_asks_the_target_not_the_manifest(ex_src, pg_target, cli, tmp_pat
             "sink.table=ex_marked", "load_mode=append", "runtime=local", "degree=2", "strategy.partitions=6"]
     first = cli(*args)
     assert first.code == 0, first.err
-    run_dir = _lose_manifest_lines(tmp_path / "hydra-run")
+    run_dir = lose_manifest_lines(tmp_path / "hydra-run")
     res = cli(*args, f"resume={run_dir}")
     assert res.code == 0, res.err
     assert "resume: 6 of 6 partitions finished" in res.err and "commit markers" in res.err
@@ -135,7 +124,7 @@ def test_a_resumed_file_append_replaces_its_own_files(ex_src, cli, tmp_path: Pat
     first = cli(*args)
     assert first.code == 0, first.err
     files = sorted(p.relative_to(out) for p in out.rglob("*.parquet"))
-    run_dir = _lose_manifest_lines(tmp_path / "hydra-run")
+    run_dir = lose_manifest_lines(tmp_path / "hydra-run")
     res = cli(*args, f"resume={run_dir}")
     assert res.code == 0, res.err
     assert sorted(p.relative_to(out) for p in out.rglob("*.parquet")) == files  # the same files, none added
@@ -168,11 +157,6 @@ def test_a_retried_partition_that_had_committed_is_not_written_again(ex_src, pg_
     assert pg_exec(pg_target, "SELECT count(*) FROM ex_twice")[0][0] == 200000
 
 
-def _popen(args: list[str], tmp_path: Path, run: str) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "conveyor"), *args, f"hydra.run.dir={tmp_path}/{run}"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def _wait_for_copy(server, table: str, seconds: float = 90) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -195,23 +179,13 @@ def _wait_until_idle(server, seconds: float = 90) -> None:
     assert quiet >= 10, "conveyor sessions still busy"
 
 
-def _ray_address(ray_instance) -> str:
-    return ray_instance.get_runtime_context().gcs_address
-
-
-def _runtime_args(kind: str, request) -> list[str]:
-    if kind == "ray":  # the CLI joins the test's Ray instance: tasks run in its workers, not in the CLI
-        return ["runtime=ray", f"runtime.address={_ray_address(request.getfixturevalue('ray_instance'))}"]
-    return ["runtime=local"]
-
-
 @pytest.mark.parametrize("kind", RUNTIMES)
 def test_driver_killed_mid_copy_then_resumed_is_exact(ex_src, pg_target, tmp_path: Path, kind: str, request) -> None:
     pg_exec(pg_target, "DROP TABLE IF EXISTS ex_killed", "CREATE TABLE ex_killed (id int, grp int, h text)")
     args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",
             "sink.table=ex_killed", "load_mode=append", "degree=2", "strategy.partitions=8", "sink.copy_path=arrow",
-            "batch_size=2000", *_runtime_args(kind, request)]
-    proc = _popen(args, tmp_path, "first")
+            "batch_size=2000", *runtime_args(kind, request)]
+    proc = popen_run(args, tmp_path, "first")
     _wait_for_copy(pg_target, "ex_killed")
     time.sleep(0.3)
     proc.kill()  # SIGKILL: no handler, no report, no manifest update
@@ -233,8 +207,8 @@ def test_one_ctrl_c_with_partitions_queued_stops_within_seconds(ex_src, pg_targe
     report_path = tmp_path / "r.json"
     args = ["--report", str(report_path), "run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src",
             f"sink.port={pg_target.port}", "sink.table=ex_cancel", "load_mode=append", "degree=1", "strategy.partitions=20",
-            "sink.copy_path=arrow", "batch_size=1000", *_runtime_args(kind, request)]
-    proc = _popen(args, tmp_path, "run")
+            "sink.copy_path=arrow", "batch_size=1000", *runtime_args(kind, request)]
+    proc = popen_run(args, tmp_path, "run")
     _wait_for_copy(pg_target, "ex_cancel")
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -260,8 +234,8 @@ def test_ctrl_c_during_a_merge_leaves_the_target_as_it_was(ex_src, pg_target, tm
     before = checksum(pg_target, "ex_merge")
     args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",
             "sink.table=ex_merge", "load_mode=merge", "degree=1", "strategy.partitions=20", "sink.copy_path=arrow",
-            "batch_size=1000", *_runtime_args(kind, request)]
-    proc = _popen(args, tmp_path, "run")
+            "batch_size=1000", *runtime_args(kind, request)]
+    proc = popen_run(args, tmp_path, "run")
     _wait_for_copy(pg_target, "_conveyor_stage")
     _ctrl_c_left_the_target_as_it_was(proc)
     _wait_until_idle(pg_target)
@@ -283,8 +257,8 @@ def test_a_truncate_in_one_transaction_stopped_mid_copy_leaves_the_old_rows(ex_s
     before, source = checksum(pg_target, "ex_inplace"), checksum(ex_src, "ex_src")
     args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",
             "sink.table=ex_inplace", "load_mode=truncate", "strategy=none", "degree=1", "sink.copy_path=arrow",
-            "batch_size=200", *_runtime_args(kind, request)]
-    proc = _popen(args, tmp_path, "run")
+            "batch_size=200", *runtime_args(kind, request)]
+    proc = popen_run(args, tmp_path, "run")
     _wait_for_copy(pg_target, "ex_inplace")
     if stop == "kill":
         proc.kill()
@@ -316,7 +290,7 @@ def test_a_second_ctrl_c_quits_at_once_without_a_traceback(ex_src, pg_target, tm
     args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",
             "sink.table=ex_cancel2", "load_mode=append", "degree=1", "strategy.partitions=20", "sink.copy_path=arrow",
             "batch_size=1000", "runtime=local"]
-    proc = _popen(args, tmp_path, "run")
+    proc = popen_run(args, tmp_path, "run")
     _wait_for_copy(pg_target, "ex_cancel2")
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGINT)
@@ -362,7 +336,7 @@ def test_a_killed_staged_run_leaves_a_labelled_stage_that_the_next_run_removes(e
     args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",
             "sink.table=ex_stage", "load_mode=truncate", "degree=1", "strategy.partitions=20", "sink.copy_path=arrow",
             "batch_size=1000", "runtime=local"]
-    proc = _popen(args, tmp_path, "killed")
+    proc = popen_run(args, tmp_path, "killed")
     _wait_for_copy(pg_target, "_conveyor_stage")
     proc.kill()
     proc.communicate(timeout=30)

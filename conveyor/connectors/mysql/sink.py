@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches
-from conveyor.connectors import duckext
+from conveyor.connectors import duckext, guard
 from conveyor.connectors import merge as merging
 from conveyor.connectors.merge import MergeOptions
+from conveyor.connectors.mysql import commits
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, _duck_connection, qident
 from conveyor.connectors.staged import StagedSink, check_mode
 from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats
-from conveyor.errors import ConfigError, SchemaError, TransferError
+from conveyor.errors import ConfigError, ConveyorError, SchemaError, TransferError
+from conveyor.log import warn
 from conveyor.mapping import TargetColumn, map_columns
 
 
@@ -32,6 +34,11 @@ class MySqlSinkConfig(MergeOptions, MySqlConnConfig):
     #: insert path's speed here; any warning MySQL raises fails the partition), insert (DuckDB's mysql
     #: extension, batched INSERTs), or auto: load_data where the server allows LOCAL INFILE, else insert
     bulk: str = "auto"
+    #: record each partition's commit in `_conveyor_commits` (and the run in `_conveyor_runs`) in the
+    #: target's database, in the partition's own transaction: exactly once whatever died when, and
+    #: resume asks the target. false: where you may not create tables (the run's state is then
+    #: checked by named locks just before COMMIT, with a small window; resume trusts the manifest)
+    commit_markers: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -45,6 +52,7 @@ class MyPlan:
     """The MySQL sink's own decisions (``SinkPlan.own``): how rows go in, and a merge's plan."""
 
     bulk: str
+    once: commits.Once
     merge: merging.MergePlan | None = None
 
 
@@ -148,10 +156,22 @@ class MySqlSink(StagedSink):
         return [TargetColumn(r[0], r[1], bool(r[2]), bool(r[3])) for r in rows] or None
 
     def prepare(self, request: PrepareRequest) -> SinkPlan:
+        try:
+            if self.config.commit_markers:  # before the type check below, whose DuckDB then knows the tables
+                commits.ensure_tables(self.config)
+            commits.hold_guard(self.config, self.options.run_id, self.config.commit_markers)
+            for stale in commits.drop_stale(self.config, self._marked_as()):
+                warn(f"removed a staging table left by a run that is gone: {stale.describe()}")
+            return self._prepare(request)
+        except BaseException:
+            guard.release(self.options.run_id)
+            raise
+
+    def _prepare(self, request: PrepareRequest) -> SinkPlan:
         schema, mode, where = request.schema, self.options.load_mode, self._where()
         target = self._target_columns()
         check_mode(mode, target is not None, where)
-        stage = f"_conveyor_stage_{self.options.run_id}"
+        stage = f"{commits.STAGE_PREFIX}{self.options.run_id}"
         write_target = self.config.table
         if mode in ("create", "replace"):
             pairs = [(n, n) for n in schema.names]
@@ -171,16 +191,37 @@ class MySqlSink(StagedSink):
                                 doing=f"load_mode={mode}")
                 write_target = stage
         try:
+            if write_target != self.config.table:  # whose it is: a run that dies leaves it to the next one, or conveyor clean
+                commits.label_stage(self.config, write_target, self.options.run_id, self._marked_as())
             self._check_types(pairs, schema, write_target, where)
+            before = self._count(self.config.table) if mode == "append" and self.options.verify != "none" else 0
+            bulk, reason = self._bulk()
         except BaseException:
             if write_target != self.config.table:
                 self._drop(write_target)
             raise
-        before = self._count(self.config.table) if mode == "append" and self.options.verify != "none" else 0
-        bulk, reason = self._bulk()
+        once = commits.Once(self._marked_as(), self.options.load, self.config.commit_markers, self.options.run_id)
         return SinkPlan(rows_before=before, target=f"{self.config.where()}.{self.config.table}", write_target=write_target,
                         load_mode=mode, columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
-                        own=MyPlan(bulk, merge if mode == "merge" else None), path_reason=reason)
+                        own=MyPlan(bulk, once, merge if mode == "merge" else None), path_reason=reason,
+                        checks_before_commit=mode == "append")
+
+    def _marked_as(self) -> str:
+        """The target as its commit markers name it."""
+        return f"{self.config.database}.{self.config.table}"
+
+    def leftovers(self, remove: bool) -> list[str]:
+        """Conveyor's staging tables in the target's database; with ``remove``, drop those whose run is gone."""
+        found = commits.stages(self.config)
+        if not remove:
+            return [s.describe() for s in found]
+        dropped = {s.name for s in commits.drop_stale(self.config)}
+        return [("dropped " if s.name in dropped else "kept (in use) ") + s.describe() for s in found]
+
+    def committed(self, plan: SinkPlan) -> dict[str, int] | None:
+        """{partition: rows} committed into this target under the plan's load id (None: no markers kept)."""
+        once: commits.Once = plan.own.once
+        return commits.committed(self.config, once.load_id, once.target) if once.markers else None
 
     def _merge_plan(self, pairs: list[tuple[str, str]], target: list[TargetColumn]) -> merging.MergePlan:
         """merge's keys, which must be exactly a unique index of the target, and the target's only one:
@@ -232,11 +273,21 @@ class MySqlSink(StagedSink):
         check_casts(pairs, sources, targets, where, self.config.allow_cast)
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
-        if plan.own.bulk == "load_data":
-            return self._load_data(plan, part, batches)
-        return self._insert(plan, part, batches)
+        attempt = commits.Attempt(self.config, plan.own.once, part.key, (plan.expected_rows or {}).get(part.key))
+        done = attempt.committed_before()
+        if done is not None:  # committed by an earlier attempt or run under this load id: nothing to write
+            return done
+        try:
+            if plan.own.bulk == "load_data":
+                return self._load_data(plan, part, batches, attempt)
+            return self._insert(plan, part, batches, attempt)
+        except BaseException as exc:  # rolled back
+            outcome = attempt.failed(exc)
+            if isinstance(outcome, WriteStats):
+                return outcome
+            raise outcome from None
 
-    def _load_data(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+    def _load_data(self, plan: SinkPlan, part: Partition, batches: Iterable[Any], attempt: commits.Attempt) -> WriteStats:
         """LOAD DATA LOCAL INFILE in one transaction, fed through a named pipe by DuckDB's CSV writer.
 
         Every non-NULL field is quoted (a bare NULL is NULL; ``ESCAPED BY ''``: no backslash rules),
@@ -312,6 +363,12 @@ class MySqlSink(StagedSink):
                 if loaded != counted.rows:
                     raise TransferError(f"{self.config.where()}: writing {part.key}: MySQL took {loaded} rows of {counted.rows}",
                                         partition=part.key, retriable=False)
+
+                def fetch(sql: str) -> Any:
+                    cur.execute(sql)
+                    return cur.fetchone()
+
+                attempt.seal(loaded, cur.execute, fetch)
             con.commit()
         except BaseException:
             if con is not None:
@@ -330,7 +387,7 @@ class MySqlSink(StagedSink):
                 os.rmdir(folder)
         return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
 
-    def _insert(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+    def _insert(self, plan: SinkPlan, part: Partition, batches: Iterable[Any], attempt: commits.Attempt) -> WriteStats:
         import pyarrow as pa
 
         start = time.perf_counter()
@@ -343,14 +400,22 @@ class MySqlSink(StagedSink):
             duck.register("__conveyor_batches", reader)
             duck.execute("BEGIN")
             try:
-                duck.execute(sql)
+                inserted = duck.execute(sql).fetchone()[0]
+                if inserted != counted.rows:
+                    raise TransferError(f"{self.config.where()}: writing {part.key}: MySQL took {inserted} rows of {counted.rows}",
+                                        partition=part.key, retriable=False)
+                once = plan.own.once
+                attempt.seal(inserted, lambda q: duck.execute(f"CALL mysql_execute('my', {duckext.quote(q)})") and None,
+                             lambda q: duck.execute(f"SELECT * FROM mysql_query('my', {duckext.quote(q)})").fetchone(),
+                             lambda: duck.execute(f"SELECT count(*) FROM {_in_duck(self.config, commits.MARKERS)} WHERE load_id = ? "
+                                                  "AND target = ? AND part = ?", [once.load_id, once.target, part.key]).fetchone()[0])
                 duck.execute("COMMIT")
-            except Exception as exc:
+            except BaseException:
                 with contextlib.suppress(Exception):
                     duck.execute("ROLLBACK")
                 if counted.error is not None:  # the source failed; DuckDB only wrapped it
                     raise counted.error from None
-                raise self.config.translate(exc, f"writing {part.key}", part.key) from None
+                raise  # translated by write()
             finally:
                 duck.unregister("__conveyor_batches")
         return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
@@ -362,8 +427,18 @@ class MySqlSink(StagedSink):
         return self._count(plan.write_target)
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
-        if not self.staged(plan, self.table):
-            return
+        try:
+            if self.staged(plan, self.table):
+                self._swap_in(plan, results)
+        finally:
+            guard.release(self.options.run_id)
+
+    def _forget(self, plan: SinkPlan) -> list[str]:
+        """A staged load made visible, or dropped, no longer needs its markers."""
+        once: commits.Once = plan.own.once
+        return [commits.forget_sql(once.load_id, once.target)] if once.markers and self.staged(plan, self.table) else []
+
+    def _swap_in(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         stage = self._qualified(plan.write_target)
         if plan.load_mode == "merge":
             return self._merge(plan, stage)
@@ -371,11 +446,25 @@ class MySqlSink(StagedSink):
             return super().finalize(plan, results)  # DELETE + INSERT ... SELECT in one transaction
         # create / replace: RENAME TABLE swaps atomically (MySQL's DDL commits on its own: no transaction)
         if plan.load_mode == "replace" and self._target_columns() is not None:
-            old = self._qualified(f"_conveyor_old_{self.options.run_id}")
+            old = self._qualified(f"{commits.OLD_PREFIX}{self.options.run_id}")
             self.config.run(f"RENAME TABLE {self._qualified()} TO {old}, {stage} TO {self._qualified()}", f"DROP TABLE {old}",
                             doing="load_mode=replace")
         else:
             self.config.run(f"RENAME TABLE {stage} TO {self._qualified()}", doing=f"load_mode={plan.load_mode}")
+        forget = self._forget(plan)
+        if forget:  # DDL commits on its own: the markers go after it, best effort
+            with contextlib.suppress(ConveyorError):
+                self.config.run(*forget)
+
+    def abort(self, plan: SinkPlan) -> None:
+        try:
+            super().abort(plan)  # the staging table dropped
+            forget = self._forget(plan)
+            if forget:
+                with contextlib.suppress(ConveyorError):
+                    self.config.run(*forget)
+        finally:
+            guard.release(self.options.run_id)
 
     def _merge(self, plan: SinkPlan, stage: str) -> None:
         """The staged keys checked, then upsert (and deletes) in one transaction; the stage dropped after."""
@@ -404,7 +493,7 @@ class MySqlSink(StagedSink):
             if first is not None:
                 first(con)
             with con.cursor() as cur:
-                for step in steps:
+                for step in [*steps, *self._forget(plan)]:
                     cur.execute(step)
             con.commit()
         except Exception as exc:

@@ -20,70 +20,22 @@ run into the same target drops it and says so, and ``conveyor clean`` lists or d
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import json
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.connectors import guard
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, sqlstate, translate
-from conveyor.core import WriteStats, cancel_requested, wait_for_cancel
+from conveyor.connectors.staged import Stage, stage_label
+from conveyor.core import WriteStats, cancel_requested
 from conveyor.errors import Cancelled, ConveyorError, TransferError, VerificationError
 
 MARKERS = "_conveyor_commits"
 STAGE_PREFIX = "_conveyor_stage_"
 
-_GUARDS: dict[str, Any] = {}
-_GUARDS_LOCK = threading.Lock()
-
-
 def guard_key_sql(run_id_sql: str) -> str:
     """The advisory lock key (bigint) of a run, from an SQL expression giving its run id."""
     return f"hashtextextended('conveyor:' || {run_id_sql}, 0)"
-
-
-class _Guard:
-    """The run's advisory lock on a connection of its own, taken again if the connection is lost
-    (a target server restarted mid-run): checked every second by a daemon thread."""
-
-    def __init__(self, conf: PgConnConfig, run_id: str) -> None:
-        self.conf, self.run_id = conf, run_id
-        self.stopping = False
-        self.con = self._lock()
-        self.stop = threading.Event()
-        threading.Thread(target=self._watch, name="conveyor-guard", daemon=True).start()
-
-    def _lock(self) -> Any:
-        con = connect(self.conf, autocommit=True)
-        con.execute(f"SELECT pg_advisory_lock({guard_key_sql('%s')})", [self.run_id])
-        if self.stopping:
-            con.execute(f"SELECT pg_advisory_lock({stop_key_sql('%s')})", [self.run_id])
-        return con
-
-    def _watch(self) -> None:
-        while not self.stop.is_set():
-            if not self.stopping and wait_for_cancel(1.0):
-                # Ctrl-C (or SIGTERM): from now on no partition commits, wherever it runs; the tasks
-                # see this lock in their last check before COMMIT and roll back
-                self.stopping = True
-                with contextlib.suppress(Exception):
-                    self.con.execute(f"SELECT pg_advisory_lock({stop_key_sql('%s')})", [self.run_id])
-            elif self.stopping and self.stop.wait(1.0):
-                return
-            try:
-                self.con.execute("SELECT 1")
-            except Exception:  # lost: take the lock again as soon as the server answers
-                with contextlib.suppress(Exception):
-                    self.con.close()
-                with contextlib.suppress(Exception):
-                    if not self.stop.is_set():
-                        self.con = self._lock()
-
-    def close(self) -> None:
-        self.stop.set()
-        with contextlib.suppress(Exception):
-            self.con.close()
 
 
 def stop_key_sql(run_id_sql: str) -> str:
@@ -91,18 +43,31 @@ def stop_key_sql(run_id_sql: str) -> str:
     return f"hashtextextended('conveyor-stop:' || {run_id_sql}, 0)"
 
 
+class _Guard(guard.RunGuard):
+    """The run's session advisory lock; on Ctrl-C the stop lock, which the tasks' last check before
+    COMMIT takes shared: a commit is either before the stop (and waited for) or refused."""
+
+    def __init__(self, conf: PgConnConfig, run_id: str) -> None:
+        self.conf = conf
+        super().__init__(run_id)
+
+    def _lock(self) -> Any:
+        con = connect(self.conf, autocommit=True)
+        con.execute(f"SELECT pg_advisory_lock({guard_key_sql('%s')})", [self.run_id])
+        if self.stopping:
+            self._mark_stopping(con)
+        return con
+
+    def _mark_stopping(self, con: Any = None) -> None:
+        (con or self.con).execute(f"SELECT pg_advisory_lock({stop_key_sql('%s')})", [self.run_id])
+
+
 def hold_guard(conf: PgConnConfig, run_id: str) -> None:
     """Take the run's advisory lock on a connection kept (and kept locked) until :func:`release_guard`."""
-    with _GUARDS_LOCK:
-        if run_id not in _GUARDS:
-            _GUARDS[run_id] = _Guard(conf, run_id)
+    guard.hold(run_id, lambda: _Guard(conf, run_id))
 
 
-def release_guard(run_id: str) -> None:
-    with _GUARDS_LOCK:
-        guard = _GUARDS.pop(run_id, None)
-    if guard is not None:
-        guard.close()
+release_guard = guard.release
 
 
 def driver_state_sql(run_id: str) -> str:
@@ -205,25 +170,7 @@ def stage_name(run_id: str) -> str:
 
 
 def label_stage(con: Any, schema: str, run_id: str, target: str) -> None:
-    note = json.dumps({"conveyor": "staging table", "run_id": run_id, "target": target,
-                       "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
-    con.execute(f"COMMENT ON TABLE {ident(schema, stage_name(run_id))} IS {literal(note)}")
-
-
-@dataclass(frozen=True)
-class Stage:
-    schema: str
-    name: str
-    run_id: str
-    target: str
-    started: str
-    bytes: int
-    active: bool
-
-    def describe(self) -> str:
-        state = "in use by a running job" if self.active else "stale (its run is gone)"
-        return (f"{self.schema}.{self.name}: run {self.run_id}, target {self.target or '?'}, started {self.started or '?'}, "
-                f"{self.bytes / 1e6:,.1f} MB, {state}")
+    con.execute(f"COMMENT ON TABLE {ident(schema, stage_name(run_id))} IS {literal(stage_label(run_id, target))}")
 
 
 def stages(con: Any, schema: str | None = None) -> list[Stage]:
@@ -237,11 +184,7 @@ def stages(con: Any, schema: str | None = None) -> list[Stage]:
     out = []
     for nsp, name, comment, size in rows:
         run_id = name[len(STAGE_PREFIX):]
-        try:
-            note = json.loads(comment) if comment else {}
-        except ValueError:
-            note = {}
-        out.append(Stage(nsp, name, run_id, note.get("target", ""), note.get("started", ""), int(size or 0), _active(con, run_id)))
+        out.append(Stage.read(nsp, name, run_id, comment, int(size or 0), _active(con, run_id)))
     return out
 
 
