@@ -7,12 +7,13 @@ file is copied to that name first, then ``FORCE INSTALL``-ed into an extension d
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,22 @@ def attached(key: tuple[object, ...], make: Callable[[], Any]) -> Any:
     if kept is not db:
         db.close()
     return kept
+
+
+@contextlib.contextmanager
+def cursor(key: tuple[object, ...], make: Callable[[], Any]) -> Iterator[Any]:
+    """A cursor of this process's DuckDB for ``key`` (:func:`attached`), closed after the block; a block
+    that failed makes the DuckDB forgotten (its server connections may be broken)."""
+    con = attached(key, make).cursor()
+    ok = False
+    try:
+        yield con
+        ok = True
+    finally:
+        with contextlib.suppress(Exception):
+            con.close()
+        if not ok:
+            forget(key)
 
 
 def forget(key: tuple[object, ...]) -> None:

@@ -4,7 +4,7 @@ server attached (what the source, the sink and the commit markers share)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -107,8 +107,8 @@ class MySqlConnConfig:
 
 # --- DuckDB with the server attached: one per process and server ------------------------------------
 
-def _duck(conf: MySqlConnConfig, write: bool) -> tuple[tuple[Any, ...], Any]:
-    """This process's DuckDB with the server attached as ``my`` (read-only unless ``write``)."""
+def _duck(conf: MySqlConnConfig, write: bool) -> tuple[tuple[Any, ...], Callable[[], Any]]:
+    """The key and maker of this process's DuckDB with the server attached as ``my`` (read-only unless ``write``)."""
     import duckdb
 
     pw = conf.password()
@@ -140,22 +140,12 @@ def _duck(conf: MySqlConnConfig, write: bool) -> tuple[tuple[Any, ...], Any]:
             raise
         return db
 
-    return key, duckext.attached(key, make)
+    return key, make
 
 
-@contextlib.contextmanager
-def _duck_connection(conf: MySqlConnConfig, write: bool = False) -> Iterator[Any]:
-    key, db = _duck(conf, write)
-    con = db.cursor()
-    ok = False
-    try:
-        yield con
-        ok = True
-    finally:
-        with contextlib.suppress(Exception):
-            con.close()
-        if not ok:
-            duckext.forget(key)
+def _duck_connection(conf: MySqlConnConfig, write: bool = False) -> contextlib.AbstractContextManager[Any]:
+    """A cursor of this process's DuckDB with the server attached as ``my`` (read-only unless ``write``)."""
+    return duckext.cursor(*_duck(conf, write))
 
 
 # --- the dialect ----------------------------------------------------------------------------------

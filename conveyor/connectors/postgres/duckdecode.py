@@ -21,7 +21,7 @@ version) and is installed offline into a per-user cache folder: no download.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from conveyor.connectors import duckext
@@ -67,8 +67,8 @@ def _libpq_value(value: Any) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Any]:
-    """This process's DuckDB database with the server attached as ``src`` (LOAD costs 0.1 s: once per process).
+def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Callable[[], Any]]:
+    """The key and maker of this process's DuckDB with the server attached as ``src`` (LOAD costs 0.1 s: once per process).
 
     The password goes into an in-memory DuckDB secret (never into a string DuckDB could print)."""
     import duckdb
@@ -93,28 +93,22 @@ def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Any]:
             raise
         return db
 
-    return key, duckext.attached(key, make)
+    return key, make
 
 
 @contextlib.contextmanager
 def connection(conf: PgConnConfig, snapshot: str | None) -> Iterator[Any]:
     """A DuckDB connection whose transaction reads the attached server (``src``) in ``snapshot``."""
-    key, db = _database(conf)
-    con = db.cursor()
-    ok = False
-    try:
-        con.execute("BEGIN")
-        # the extension's transaction on the server is REPEATABLE READ; its first statement takes the snapshot
-        if snapshot:
-            con.execute(f"CALL postgres_execute('src', {_quote('SET TRANSACTION SNAPSHOT ' + _quote(snapshot))})")
-        yield con
-        ok = True
-    finally:
-        with contextlib.suppress(Exception):
-            con.execute("ROLLBACK")
-        con.close()
-        if not ok:
-            duckext.forget(key)
+    with duckext.cursor(*_database(conf)) as con:
+        try:
+            con.execute("BEGIN")
+            # the extension's transaction on the server is REPEATABLE READ; its first statement takes the snapshot
+            if snapshot:
+                con.execute(f"CALL postgres_execute('src', {_quote('SET TRANSACTION SNAPSHOT ' + _quote(snapshot))})")
+            yield con
+        finally:
+            with contextlib.suppress(Exception):
+                con.execute("ROLLBACK")
 
 
 def batches(con: Any, sql: str, batch_size: int) -> Iterator[Any]:
