@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,3 +102,22 @@ def runtime_args(kind: str, request) -> list[str]:
     if kind == "ray":  # the CLI joins the test's Ray instance: tasks run in its workers, not in the CLI
         return ["runtime=ray", f"runtime.address={ray_address(request.getfixturevalue('ray_instance'))}"]
     return ["runtime=local"]
+
+
+def ctrl_c_run(args: list[str], tmp_path: Path, started: Callable[[], None]) -> tuple[dict[str, Any], str, float]:
+    """`conveyor --report ... ARGS` stopped by one Ctrl-C once ``started()`` returns (rows are moving):
+    it must exit 130 within 30 s, in one line and a resume hint, with a report saying cancelled.
+    Returns (the report, stderr, seconds from the signal to the exit)."""
+    report_path = tmp_path / "r.json"
+    proc = popen_run(["--report", str(report_path), *args], tmp_path, "run")
+    started()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, err
+    assert took < 30, f"Ctrl-C took {took:.1f} s"
+    assert "Traceback" not in err and "error: cancelled:" in err and "resume=" in err
+    report = json.loads(report_path.read_text())
+    assert report["status"] == "cancelled"
+    return report, err, took

@@ -11,7 +11,6 @@ on the rows counted twice).
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import threading
 import time
@@ -22,7 +21,7 @@ from omegaconf import OmegaConf
 
 from conveyor.config import build_job
 from conveyor.core import PrepareRequest, WholeSource
-from tests.helpers import BIN, lose_manifest_lines, popen_run, runtime_args
+from tests.helpers import BIN, ctrl_c_run, lose_manifest_lines, popen_run, runtime_args
 
 ROWS = 200_000
 
@@ -177,20 +176,8 @@ def test_driver_killed_mid_load_then_resumed_is_exact(my, tmp_path: Path, kind: 
 @pytest.mark.parametrize("kind", ["local", "ray"])
 def test_ctrl_c_with_partitions_queued_leaves_whole_partitions_the_report_counts(my, tmp_path: Path, kind: str, request) -> None:
     _fresh(my, "eo_cancel")
-    report_path = tmp_path / "r.json"
-    args = ["--report", str(report_path), *_run_args(my, "eo_cancel", "degree=1", "strategy.partitions=20",
-                                                     *runtime_args(kind, request))]
-    proc = popen_run(args, tmp_path, "run")
-    _wait_for_load(my, "eo_cancel")
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    took = time.monotonic() - sent
-    assert proc.returncode == 130, err
-    assert took < 30, f"Ctrl-C took {took:.1f} s"
-    assert "Traceback" not in err and "error: cancelled:" in err and "resume=" in err
-    report = json.loads(report_path.read_text())
-    assert report["status"] == "cancelled"
+    args = _run_args(my, "eo_cancel", "degree=1", "strategy.partitions=20", *runtime_args(kind, request))
+    report, _, _ = ctrl_c_run(args, tmp_path, lambda: _wait_for_load(my, "eo_cancel"))
     committed = sum(p["rows"] for p in report["partitions"] if p["error"] is None)
     _wait_until_idle(my)
     assert my.execute("SELECT count(*) FROM eo_cancel")[0][0] == committed < ROWS  # what the report says, and no more

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from conveyor.config import build_job
 from conveyor.errors import TransferError
 from conveyor.pipelines.job import run_job
-from tests.helpers import BIN, checksum, lose_manifest_lines, pg_exec, popen_run, runtime_args
+from tests.helpers import BIN, checksum, ctrl_c_run, lose_manifest_lines, pg_exec, popen_run, runtime_args
 
 RUNTIMES = ["local", "ray"]
 
@@ -204,21 +204,10 @@ def test_driver_killed_mid_copy_then_resumed_is_exact(ex_src, pg_target, tmp_pat
 @pytest.mark.parametrize("kind", RUNTIMES)
 def test_one_ctrl_c_with_partitions_queued_stops_within_seconds(ex_src, pg_target, tmp_path: Path, kind: str, request) -> None:
     pg_exec(pg_target, "DROP TABLE IF EXISTS ex_cancel", "CREATE TABLE ex_cancel (id int, grp int, h text)")
-    report_path = tmp_path / "r.json"
-    args = ["--report", str(report_path), "run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src",
+    args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src",
             f"sink.port={pg_target.port}", "sink.table=ex_cancel", "load_mode=append", "degree=1", "strategy.partitions=20",
             "sink.copy_path=arrow", "batch_size=1000", *runtime_args(kind, request)]
-    proc = popen_run(args, tmp_path, "run")
-    _wait_for_copy(pg_target, "ex_cancel")
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    took = time.monotonic() - sent
-    assert proc.returncode == 130, err
-    assert took < 30, f"Ctrl-C took {took:.1f} s"
-    assert "Traceback" not in err and "error: cancelled:" in err and "resume=" in err
-    report = json.loads(report_path.read_text())
-    assert report["status"] == "cancelled"
+    report, _, took = ctrl_c_run(args, tmp_path, lambda: _wait_for_copy(pg_target, "ex_cancel"))
     committed = sum(p["rows"] for p in report["partitions"] if p["error"] is None)
     _wait_until_idle(pg_target)
     assert pg_exec(pg_target, "SELECT count(*) FROM ex_cancel")[0][0] == committed < 200000  # whole partitions only
