@@ -437,6 +437,51 @@ class Bench:
         self.measure(group, f"conveyor merge of the changed rows degree={degree}", lambda: conveyor(merge), reset,
                      lambda: checksum(self.dst, target) == expect_after, method="merge", degree=degree)
 
+    # a whole schema (issue 17): TPC-H's 8 tables in one job, against pg_dump | pg_restore --jobs and one job per table
+    def schema(self, sf: float, degree: int) -> None:
+        import shutil
+
+        names = ["lineitem", "orders", "partsupp", "part", "customer", "supplier", "nation", "region"]
+        files = self.work / "schema"
+        subprocess.run([str(Path(sys.executable).parent / "tpchgen-cli"), "parquet", "-s", str(sf), f"--tables={','.join(names)}",
+                        "--parts=4", f"--output-dir={files}"], check=True)
+        psql(self.src, "DROP SCHEMA IF EXISTS tpch CASCADE; CREATE SCHEMA tpch")
+        for t in names:
+            conveyor({"source": {"type": "parquet", "path": str(files / t)}, "sink": {"type": "postgres", "port": self.src.port,
+                      "schema": "tpch", "table": t}, "strategy": {"type": "files"}, "load_mode": "create", "degree": 2})
+        psql(self.src, "VACUUM ANALYZE")
+        expect = {t: checksum(self.src, f"tpch.{t}") for t in names}
+        group = f"schema tpch sf{sf:g}: 8 tables degree={degree}"
+        dump = self.work / "dump"
+        env = {**os.environ, "PGPASSWORD": self.src.password}
+
+        def dropped() -> None:  # pg_restore makes the schema itself
+            psql(self.dst, "DROP SCHEMA IF EXISTS tpch CASCADE")
+
+        def empty() -> None:
+            psql(self.dst, "DROP SCHEMA IF EXISTS tpch CASCADE; CREATE SCHEMA tpch")
+
+        def verify() -> bool:
+            return all(checksum(self.dst, f"tpch.{t}") == expect[t] for t in names)
+
+        def dump_restore() -> None:  # --jobs needs the directory format: dump to a folder, restore from it
+            shutil.rmtree(dump, ignore_errors=True)
+            subprocess.run(["pg_dump", "-h", "127.0.0.1", "-p", str(self.src.port), "-U", "postgres", "-n", "tpch", "-Fd", "-Z", "0",
+                            "-j", str(degree), "-f", str(dump), "postgres"], env=env, check=True)
+            subprocess.run(["pg_restore", "-h", "127.0.0.1", "-p", str(self.dst.port), "-U", "postgres", "-d", "postgres", "--no-owner",
+                            "-j", str(degree), str(dump)], env=env, check=True)
+
+        base = self.measure(group, f"baseline pg_dump -Fd -j {degree} + pg_restore -j {degree}", dump_restore, dropped, verify,
+                            method="pg_dump", degree=degree)
+        one = {"source": {"type": "postgres", "port": self.src.port}, "sink": {"type": "postgres", "port": self.dst.port, "schema": "tpch"},
+               "strategy": {"type": "auto"}, "load_mode": "create", "degree": degree}
+        self.measure(group, "conveyor one job per table, one after the other", lambda: [
+            conveyor({**one, "source": {**one["source"], "schema": "tpch", "table": t}, "sink": {**one["sink"], "table": t}}) for t in names],
+            empty, verify, method="apart", degree=degree)
+        self.measure(group, "conveyor one job: source.tables=[tpch.*]", lambda: conveyor({**one, "source": {**one["source"], "tables": ["tpch.*"]}}),
+                     empty, verify, method="tables", degree=degree,
+                     goal={"against": base["name"], "what": "no slower than pg_dump | pg_restore", "at_most": 1.0})
+
     # local vs Ray on the same job
     def runtime(self, table: str, partitions: int) -> None:
         import logging
@@ -658,7 +703,8 @@ def main() -> int:
                                         "runtime,memory,mysql",
                     help="comma-separated: defaults (the shipped pipelines as a user runs them), pg_to_pg, parquet_to_pg, pg_to_parquet, "
                          "duckdb_to_pg, wal_minimal, recipes, partitioned, "
-                         "merge (the last three lineitem only), runtime, memory, mysql (MariaDB <-> PostgreSQL)")
+                         "merge (the last three lineitem only), runtime, memory, mysql (MariaDB <-> PostgreSQL), "
+                         "schema (TPC-H's 8 tables in one job against pg_dump | pg_restore and one job per table; not in the default list)")
     ap.add_argument("--memory-sfs", default="1,3", help="scale factors of lineitem for the memory group")
     ap.add_argument("--out", default=f".bench/{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
@@ -706,6 +752,8 @@ def main() -> int:
                     bench.mysql(t, work / t, [d for d in degrees if d <= 2], duck, keys.get(t, "1"))
             if "runtime" in groups:
                 bench.runtime(tables[0], 8)
+            if "schema" in groups:
+                bench.schema(args.sf, max(d for d in degrees if d <= 2))
             if "memory" in groups:
                 bench.memory([float(x) for x in args.memory_sfs.split(",")], args.parts)
     finally:  # what was measured is kept even when a later cell fails

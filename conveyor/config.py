@@ -202,8 +202,25 @@ def build_plugin(kind: str, cfg: DictConfig, options: JobOptions) -> tuple[str, 
     schema = getattr(cls, "config_class", None)
     if schema is None:
         raise ConfigError(f"{kind} {name!r} declares no config_class", key=f"{kind}.type")
-    conf = to_dataclass(_without_siblings_keys(kind, name, node, schema), schema, kind)
+    node = _without_siblings_keys(kind, name, node, schema)
+    node = _many_tables_defaults(kind, cfg, node, schema)
+    conf = to_dataclass(node, schema, kind)
     return name, cls(conf, options)
+
+
+def _many_tables_defaults(kind: str, cfg: DictConfig, node: Any, schema: type) -> Any:
+    """A job over several tables (``source.tables``): a pipeline's required ``source.table`` is not
+    required then, and a sink that names no table loads each source table into the table of its
+    own name (``sink.table='{table}'``)."""
+    import dataclasses
+
+    source = cfg.get("source")
+    tables = source.get("tables") if isinstance(source, DictConfig) else None
+    if not tables or not dataclasses.is_dataclass(schema) or "table" not in {f.name for f in dataclasses.fields(schema)}:
+        return node
+    if "table" not in node or OmegaConf.is_missing(node, "table"):
+        node = OmegaConf.merge(node, {"table": "{table}" if kind == "sink" else None})
+    return node
 
 
 def _without_siblings_keys(kind: str, name: str, node: Any, schema: type) -> Any:

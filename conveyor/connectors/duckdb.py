@@ -11,6 +11,7 @@ tasks in the driver's process (``runtime=local``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from conveyor.connectors import merge as merging
 from conveyor.connectors.merge import MergeOptions
 from conveyor.connectors.sql import Dialect, SqlSource
 from conveyor.connectors.staged import StagedSink, check_mode
-from conveyor.core import INFINITY, JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats
+from conveyor.core import INFINITY, JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats, target_for
 from conveyor.errors import ConnectError, SchemaError, TransferError
 from conveyor.mapping import TargetColumn, map_columns
 
@@ -191,6 +192,10 @@ class DuckDBSink(StagedSink):
         self.config = config
         self.options = options
         self.table = config.table
+
+    def for_table(self, schema: str, table: str, options: JobOptions) -> DuckDBSink:
+        """This sink aimed at the target for one table of a job over several (``sink.table`` a template)."""
+        return DuckDBSink(dataclasses.replace(self.config, table=target_for(self.config.table, schema, table, "sink.table")), options)
 
     @property
     def _target(self) -> str:

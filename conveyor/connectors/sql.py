@@ -7,8 +7,39 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.core import CursorWindow, KeyRange, KeyStats, ModuloBucket, Partition, ValueSet, WholeSource
+from conveyor.core import CursorWindow, KeyRange, KeyStats, ModuloBucket, Partition, SourceTable, ValueSet, WholeSource
 from conveyor.errors import PlanningError, SchemaError
+
+
+def pick_tables(found: list[tuple[SourceTable, bool]], patterns: list[str], exclude: list[str], schema: str,
+                where: str) -> list[SourceTable]:
+    """The tables ``source.tables`` names, less ``exclude``, largest first.
+
+    ``found``: every relation of the database with whether it is a table (views, foreign tables
+    and materialized views are read only when named exactly). A pattern without a schema is one of
+    ``schema``; ``*``, ``?`` and ``[...]`` match as in shell globs. A name without wildcards that
+    matches nothing is an error, and so is a job left with no table. Conveyor's own tables
+    (``_conveyor_*``: markers, staging) are never matched by a wildcard."""
+    import fnmatch
+
+    def full(pattern: str) -> str:
+        return pattern if "." in pattern else f"{schema}.{pattern}"
+
+    picked: dict[str, SourceTable] = {}
+    for pattern in patterns:
+        exact = not any(ch in pattern for ch in "*?[")
+        hits = [t for t, is_table in found if fnmatch.fnmatchcase(t.qualified, full(pattern))
+                and (exact or (is_table and not t.name.startswith("_conveyor_")))]
+        if exact and not hits:
+            raise SchemaError(f"source.tables: {full(pattern)} is not a table on {where}",
+                              hint="check the name (schema.table; a bare name is one of source.schema)")
+        picked.update((t.qualified, t) for t in hits)
+    for pattern in exclude:
+        picked = {k: t for k, t in picked.items() if not fnmatch.fnmatchcase(k, full(pattern))}
+    if not picked:
+        raise SchemaError(f"source.tables: {', '.join(patterns)} (less {', '.join(exclude) or 'nothing'}) names no table on {where}",
+                          hint="check the patterns: schema.table, with * and ? as in shell globs")
+    return sorted(picked.values(), key=lambda t: (-t.bytes, t.qualified))
 
 
 def where_clause(part: Partition, ident: Callable[[str], str], placeholder: Callable[[int], str] = lambda i: "?",

@@ -22,12 +22,15 @@ class Partition:
     index: int
     count: int
     estimated_rows: int | None = field(default=None, compare=False)
+    #: in a job over several tables (``source.tables``), the source table it reads (schema.table)
+    table: str = ""
 
     kind: ClassVar[str] = "partition"
 
     @property
     def key(self) -> str:
-        return f"{self.kind}-{self.index:05d}"
+        own = f"{self.kind}-{self.index:05d}"
+        return f"{self.table}/{own}" if self.table else own
 
     def describe(self) -> str:
         """A short human description for ``conveyor plan``."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from conveyor.core.partitions import Partition
-from conveyor.core.sources import CursorWindow, NativeStream, SourceInfo
+from conveyor.core.sources import CursorWindow, ForeignKey, NativeStream, SourceInfo
 
 if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
     import pyarrow as pa
@@ -137,6 +137,36 @@ class SupportsCommitMarkers(Protocol):
 
 
 @runtime_checkable
+class SupportsManyTargets(Protocol):
+    """A sink that can load each table of a job over several tables into a target of its own:
+    ``for_table(schema, table, options)`` is this sink aimed at the target for that source table
+    (its table or path setting taken as a template: ``{table}`` and ``{schema}`` are replaced)."""
+
+    def for_table(self, schema: str, table: str, options: Any) -> Any: ...
+
+
+@runtime_checkable
+class SupportsForeignKeys(Protocol):
+    """A sink that can make a source's foreign keys between the targets of one job over several
+    tables, once every table is loaded: ``keys`` pairs each foreign key of this target's source
+    table with the sink of the table it references. Returns what it made (empty: nothing, e.g.
+    switched off by config)."""
+
+    def add_foreign_keys(self, plan: SinkPlan, keys: Sequence[tuple[ForeignKey, Any]]) -> list[str]: ...
+
+
+def target_for(template: str, schema: str, table: str, what: str) -> str:
+    """A table's target from a sink setting: ``{table}`` / ``{schema}`` replaced; a setting without
+    them names one target, which several tables cannot share."""
+    if "{table}" not in template:
+        from conveyor.errors import ConfigError
+
+        raise ConfigError(f"{what}={template!r} names one target, and source.tables names several tables",
+                          key=what, hint=f"use a template such as {what}='{{table}}' (or leave it unset): each table gets its own")
+    return template.replace("{schema}", schema).replace("{table}", table)
+
+
+@runtime_checkable
 class SupportsCleanup(Protocol):
     """A sink that can list, and remove, what runs that are gone left behind (staging tables)."""
 
@@ -221,6 +251,9 @@ __all__ = [
     "SinkCapabilities",
     "sink_capabilities",
     "SupportsCommitMarkers",
+    "SupportsManyTargets",
+    "SupportsForeignKeys",
+    "target_for",
     "SupportsCleanup",
     "SupportsTargetCount",
     "SupportsTargetChecksum",

@@ -41,6 +41,22 @@ class NativeExport:
 
 
 @dataclass(frozen=True)
+class ForeignKey:
+    """A source table's foreign key: its columns reference ``columns_referenced`` of ``schema.table``."""
+
+    columns: tuple[str, ...]
+    schema: str
+    table: str
+    columns_referenced: tuple[str, ...]
+    #: what a delete or update of a referenced row does, in SQL ("ON DELETE CASCADE"; "": no action)
+    actions: str = ""
+
+    @property
+    def referenced(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+@dataclass(frozen=True)
 class SourceInfo:
     """What planning knows of a source: its Arrow schema, size estimates, a human label."""
 
@@ -52,6 +68,10 @@ class SourceInfo:
     native: NativeExport | None = None
     #: how the source reads Arrow batches, where it has a choice (the job's log says it)
     reader: str = ""
+    #: the source table's primary key columns (a sink creating its target may make the same key)
+    primary_key: tuple[str, ...] = ()
+    #: the source table's foreign keys (a job over several tables may make them between its targets)
+    foreign_keys: tuple[ForeignKey, ...] = ()
 
 
 @runtime_checkable
@@ -151,6 +171,37 @@ def open_session(source: Any) -> Any:
     return source.session() if isinstance(source, SupportsSession) else contextlib.nullcontext(source)
 
 
+@dataclass(frozen=True)
+class SourceTable:
+    """One table of a job over several tables (``source.tables``): its schema, its name, and its size
+    (bytes; the largest tables start first)."""
+
+    schema: str
+    name: str
+    bytes: int = 0
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}" if self.schema else self.name
+
+
+@runtime_checkable
+class SupportsManyTables(Protocol):
+    """A database source that reads several tables in one job, all in one snapshot.
+
+    ``many()``: whether this source is configured with several tables (no connection made).
+    ``tables()`` the tables its patterns match (asked of the session's source, so they are the
+    tables of the job's snapshot). ``for_table(table, options)`` is a source of that one table,
+    built from this one's settings (its own ``options``: each table's load has its own run id),
+    reading in this source's snapshot."""
+
+    def many(self) -> bool: ...
+
+    def tables(self) -> list[SourceTable]: ...
+
+    def for_table(self, table: SourceTable, options: Any) -> Any: ...
+
+
 @runtime_checkable
 class SupportsSnapshot(Protocol):
     """A source whose partitions all read one snapshot; its id goes into the manifest."""
@@ -247,6 +298,9 @@ class SupportsWindow(Protocol):
 
 
 __all__ = [
+    "ForeignKey",
+    "SourceTable",
+    "SupportsManyTables",
     "CursorWindow",
     "encode_cursor",
     "decode_cursor",

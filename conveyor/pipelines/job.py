@@ -31,6 +31,7 @@ from conveyor.core import (
     SourceInfo,
     SupportsCommitMarkers,
     SupportsCursorState,
+    SupportsManyTables,
     SupportsPartitionCounts,
     SupportsSpecialValues,
     SupportsTargetLayout,
@@ -67,6 +68,9 @@ class JobPlan:
     previously_done: dict[str, int] = field(default_factory=dict)
     #: incremental.cursor: the rows this run reads (past the cursor the target last committed)
     window: CursorWindow | None = None
+    #: a job over several tables (``source.tables``): each table's own plan (its source, target and
+    #: partitions); ``partitions`` is then all of theirs, largest table first
+    tables: tuple[JobPlan, ...] = ()
 
 
 @dataclass
@@ -88,6 +92,8 @@ class JobReport:
     phases: dict[str, float] = field(default_factory=dict)
     #: where the tasks ran, when the runtime chose other than its usual (Ray running one task in the driver)
     runtime_note: str = ""
+    #: a job over several tables: each table's report (its target, partitions, verification)
+    tables: list[JobReport] = field(default_factory=list)
 
     @property
     def transfer_seconds(self) -> float:
@@ -120,13 +126,19 @@ def opened(spec: JobSpec) -> Iterator[tuple[JobPlan, Any]]:
     the same snapshot as every partition and the verification, so a row written meanwhile is
     either in all of them or in none.
     """
-    _check(spec)
+    check(spec)
+    if isinstance(spec.source, SupportsManyTables) and spec.source.many():
+        from conveyor.pipelines.tables import plan_tables
+
+        with open_session(spec.source) as session:  # one snapshot: every table's partitions read it
+            yield plan_tables(spec, session), session
+        return
     info = spec.source.describe()
     with open_session(spec.source) as source:
         window = _window(spec, source)
         if window is not None:
             source = source.windowed(window)
-        yield dataclasses.replace(_plan(spec, info, source), window=window), source
+        yield dataclasses.replace(plan_one(spec, info, source), window=window), source
 
 
 def _window(spec: JobSpec, source: Any) -> CursorWindow | None:
@@ -140,7 +152,8 @@ def _window(spec: JobSpec, source: Any) -> CursorWindow | None:
                           hint="SQL sources can (PostgreSQL, DuckDB, ADBC); or load every row (leave incremental.cursor unset)")
     if not isinstance(spec.sink, SupportsCursorState):
         raise ConfigError(f"incremental.cursor: sink {spec.names['sink']} keeps no cursor where its loads commit", key="incremental.cursor",
-                          hint="a PostgreSQL sink can (it keeps the cursor in <schema>._conveyor_cursors)")
+                          hint="PostgreSQL sinks can (the cursor in <schema>._conveyor_cursors), and Parquet and CSV sinks "
+                               "(beside their files, in _conveyor_cursors.json)")
     state = spec.sink.cursor_state(column)
     if state.pending is not None:
         if spec.options.load_id and state.pending_load == spec.options.load_id:
@@ -162,7 +175,7 @@ def plan_job(spec: JobSpec) -> JobPlan:
         return plan
 
 
-def _check(spec: JobSpec) -> None:
+def check(spec: JobSpec) -> None:
     modes = sink_capabilities(spec.sink).load_modes
     if spec.options.load_mode not in modes:
         raise ConfigError(f"load_mode={spec.options.load_mode}: sink {spec.names['sink']} does not do it", key="load_mode",
@@ -172,7 +185,7 @@ def _check(spec: JobSpec) -> None:
     check_mode(spec.options.verify, spec.source, spec.sink)
 
 
-def _plan(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
+def plan_one(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
     degree = resolve_degree(spec.runtime, spec.options.degree)
     layout = None
     if isinstance(spec.sink, SupportsTargetLayout):  # the target's range partitions, for a plan aligned with them
@@ -217,61 +230,33 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
 
 
 def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> JobReport:
-    spec = plan.spec
     report = JobReport(plan=plan)
     report.phases["plan"] = round(time.perf_counter() - start, 4)  # describing and planning, since the job's start
+    if plan.tables:
+        from conveyor.pipelines.tables import execute_tables
+
+        return execute_tables(plan, report, progress, start)
     clock = _Phases(report.phases)
+    load = Load(plan, source, progress, report)
     try:
-        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, partitions=len(plan.partitions),
-                                                     window=plan.window))
+        load.prepare()
     except Exception as exc:  # nothing was prepared: nothing to abort
         report.error, report.seconds = exc, time.perf_counter() - start
         return report
     clock.lap("prepare")
-    report.target, report.sink_plan = sink_plan.target, sink_plan
-    if sink_plan.path_reason:
-        note(f"path: {sink_plan.path_reason}")
-    if plan.info.reader and not sink_plan.native:
-        note(f"source: {plan.info.reader}")
-    if sink_plan.keeps and isinstance(source, SupportsSpecialValues):
-        source = source.keeping(sink_plan.keeps)  # e.g. infinity passed on, not refused
     try:
-        done, whose = _already_done(plan, spec.sink, sink_plan)
-        report.committed_before = set(done)
-        if plan.resumed_from:
-            say(f"resume: {len(done)} of {len(plan.partitions)} partitions finished in {plan.resumed_from} "
-                f"(per {whose}); running the other {len(plan.partitions) - len(done)}")
-        todo = [p for p in plan.partitions if p.key not in done]
-        # the partitions this run writes (a resumed file append counts only their files)
-        sink_plan = dataclasses.replace(sink_plan, to_write=tuple(p.index for p in todo))
-        before = [TaskResult(p.key, p.index, rows=done[p.key], already_committed=True) for p in plan.partitions if p.key in done]
-        for result in before:
-            progress.finished(result)
-        sink_plan = _expected_rows(spec, sink_plan, todo, source)
-        if sink_plan.expected_rows is not None:
+        tasks = load.tasks()
+        if load.counted:
             clock.lap("count source")
-        tasks = [Task(source, spec.sink, sink_plan, part) for part in todo]
-        report.results = _reconciled(sorted(before + spec.runtime.run(tasks, plan.degree, progress), key=lambda r: r.index),
-                                     spec.sink, sink_plan)
+        load.conclude(plan.spec.runtime.run(tasks, plan.degree, progress))
         clock.lap("tasks")
-        _log_results(report.results)
-        if cancel_requested():
-            raise _cancelled(report)
-        failed = first_failure(report.results)
-        if failed is not None:
-            err = failed.error
-            assert err is not None
-            err.task_traceback = failed.traceback  # shown by --verbose
-            raise _with_committed(err, report)
-        ran = [r for r in report.results if r.partition not in done]
-        report.verification = verify(spec.options.verify, todo, ran, source, spec.sink, sink_plan, sink_plan.expected_rows)
+        stopped(report)
+        load.verify()
         clock.lap("verify")
-        raise_if_failed(report.verification, report.target)
-        stats = [WriteStats(r.partition, r.rows, r.bytes, r.seconds) for r in report.results]
-        spec.sink.finalize(sink_plan, stats)
+        load.finalize()
         clock.lap("finalize")
     except BaseException as exc:
-        _abort(spec.sink, sink_plan)
+        load.abort()
         _stop_clock(report, start)
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not a failed run but a leaving process
             raise
@@ -279,6 +264,91 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         return report
     _stop_clock(report, start)
     return report
+
+
+def stopped(report: JobReport) -> None:
+    """Raise what stops the run after its tasks: a Ctrl-C, or the first failed partition (with what
+    the run left in the target)."""
+    if cancel_requested():
+        raise _cancelled(report)
+    failed = first_failure(report.results)
+    if failed is not None:
+        err = failed.error
+        assert err is not None
+        err.task_traceback = failed.traceback  # shown by --verbose
+        raise _with_committed(err, report)
+
+
+class Load:
+    """One target's load within a run: its sink prepared, its tasks, their results reconciled with
+    the target, verified, then finalized (or aborted). A job over several tables has one per table."""
+
+    def __init__(self, plan: JobPlan, source: Any, progress: Progress, report: JobReport) -> None:
+        self.plan, self.source, self.progress, self.report = plan, source, progress, report
+        self.sink_plan: SinkPlan | None = None
+        self.todo: list[Partition] = []
+        self.before: list[TaskResult] = []
+        self.counted = False
+
+    def prepare(self) -> None:
+        spec, plan = self.plan.spec, self.plan
+        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, partitions=len(plan.partitions),
+                                                     window=plan.window))
+        self.report.target, self.report.sink_plan, self.sink_plan = sink_plan.target, sink_plan, sink_plan
+        if sink_plan.path_reason:
+            note(f"path: {sink_plan.path_reason}")
+        if plan.info.reader and not sink_plan.native:
+            note(f"source: {plan.info.reader}")
+        if sink_plan.keeps and isinstance(self.source, SupportsSpecialValues):
+            self.source = self.source.keeping(sink_plan.keeps)  # e.g. infinity passed on, not refused
+
+    def tasks(self) -> list[Task]:
+        """The tasks of the partitions not committed before (by the run this one resumes)."""
+        spec, plan = self.plan.spec, self.plan
+        assert self.sink_plan is not None
+        done, whose = _already_done(plan, spec.sink, self.sink_plan)
+        self.report.committed_before = set(done)
+        if plan.resumed_from:
+            of = f" of {plan.info.label}" if _in_many(plan) else ""
+            say(f"resume: {len(done)} of {len(plan.partitions)} partitions{of} finished in {plan.resumed_from} (per {whose}); "
+                f"running the other {len(plan.partitions) - len(done)}")
+        self.todo = [p for p in plan.partitions if p.key not in done]
+        # the partitions this run writes (a resumed file append counts only their files)
+        sink_plan = dataclasses.replace(self.sink_plan, to_write=tuple(p.index for p in self.todo))
+        self.before = [TaskResult(p.key, p.index, rows=done[p.key], already_committed=True) for p in plan.partitions if p.key in done]
+        for result in self.before:
+            self.progress.finished(result)
+        self.sink_plan = _expected_rows(spec, sink_plan, self.todo, self.source)
+        self.report.sink_plan = self.sink_plan
+        self.counted = self.sink_plan.expected_rows is not None
+        return [Task(self.source, spec.sink, self.sink_plan, part) for part in self.todo]
+
+    def conclude(self, results: list[TaskResult]) -> None:
+        """The tasks' results, as the target has them (commit markers), logged."""
+        assert self.sink_plan is not None
+        self.report.results = _reconciled(sorted(self.before + results, key=lambda r: r.index), self.plan.spec.sink, self.sink_plan)
+        _log_results(self.report.results)
+
+    def verify(self) -> None:
+        spec, report = self.plan.spec, self.report
+        assert self.sink_plan is not None
+        ran = [r for r in report.results if r.partition not in report.committed_before]
+        report.verification = verify(spec.options.verify, self.todo, ran, self.source, spec.sink, self.sink_plan,
+                                     self.sink_plan.expected_rows)
+        raise_if_failed(report.verification, report.target)
+
+    def finalize(self) -> None:
+        assert self.sink_plan is not None
+        self.plan.spec.sink.finalize(self.sink_plan, [WriteStats(r.partition, r.rows, r.bytes, r.seconds) for r in self.report.results])
+
+    def abort(self) -> None:
+        if self.sink_plan is not None:
+            _abort(self.plan.spec.sink, self.sink_plan)
+
+
+def _in_many(plan: JobPlan) -> bool:
+    """A table's plan within a job over several tables (its partitions name their table)."""
+    return bool(plan.partitions) and bool(plan.partitions[0].table)
 
 
 class _Phases:

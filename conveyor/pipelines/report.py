@@ -67,7 +67,8 @@ def plan_table(plan: JobPlan) -> Any:
         f"degree={_degree(plan)}, sink={spec.names['sink']}, load_mode={spec.options.load_mode}",
         title_justify="left",
         caption="\n".join(x for x in (f"strategy: {plan.note}" if plan.note else "", f"path: {plan.path}" if plan.path else "",
-                                      f"incremental: {plan.window.describe()}" if plan.window else "") if x),
+                                      f"incremental: {plan.window.describe()}" if plan.window else "",
+                                      *(_table_line(t) for t in plan.tables)) if x),
         caption_justify="left",
     )
     table.add_column("partition")
@@ -79,6 +80,13 @@ def plan_table(plan: JobPlan) -> Any:
         rest = plan.partitions[PLAN_ROWS:]
         table.add_row("...", f"{len(rest):,} more ({rest[0].key} .. {rest[-1].key})", "")
     return table
+
+
+def _table_line(plan: JobPlan) -> str:
+    """One table of a job over several: what it reads, how it is split, the path its rows take."""
+    rows = sum(p.estimated_rows or 0 for p in plan.partitions)
+    return (f"{plan.info.label}: {len(plan.partitions)} partition(s), ~{rows:,} rows; {plan.note or plan.spec.names['strategy']}"
+            + (f"; path: {plan.path}" if plan.path else ""))
 
 
 #: a plan shows its first partitions, then how many more (a plan of thousands stays readable)
@@ -154,6 +162,11 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
             out["runtime_note"] = report.runtime_note
         if report.verification is not None:
             out["verification"] = report.verification.as_dict()
+        if report.tables:
+            out["tables"] = [{"table": t.plan.partitions[0].table if t.plan.partitions else t.plan.info.label, "source": t.plan.info.label,
+                              "target": t.target, "partitions": len(t.plan.partitions), "rows": t.rows, "bytes": t.bytes,
+                              "path": t.sink_plan.path_reason if t.sink_plan else "", "strategy_note": t.plan.note,
+                              "verification": t.verification.as_dict() if t.verification else None} for t in report.tables]
     return out
 
 

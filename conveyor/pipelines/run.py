@@ -107,6 +107,10 @@ def _resumed(plan: JobPlan, resume: str, previous: Previous | None) -> JobPlan:
     """The plan of the run being resumed: its partitions (saved predicates) and what it finished."""
     if previous is None:
         return plan
+    if plan.tables:
+        from conveyor.pipelines.tables import resumed
+
+        return resumed(plan, resume, previous.partitions, previous.done)
     return dataclasses.replace(plan, partitions=previous.partitions, resumed_from=resume,
                                previously_done=previous.done, note=f"resumed from {resume}")
 

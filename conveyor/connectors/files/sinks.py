@@ -4,6 +4,7 @@ renamed when whole; truncate/replace/create stage into a folder swapped in at th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -11,12 +12,15 @@ from typing import Any
 
 from conveyor.arrowutil import CountingBatches, cast_batches, without_views
 from conveyor.connectors import fs as fs_util
+from conveyor.connectors.files import cursors
 from conveyor.core import (
+    CursorState,
     JobOptions,
     Partition,
     PrepareRequest,
     SinkPlan,
     WriteStats,
+    target_for,
 )
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
 
@@ -52,6 +56,13 @@ class _FileSink:
         self.config = config
         self.options = options
 
+    def for_table(self, schema: str, table: str, options: JobOptions) -> _FileSink:
+        """This sink writing one table of a job over several into a folder of its own: ``sink.path``
+        with ``{table}`` (and ``{schema}``) replaced, or the table's name as a folder under it."""
+        path = self.config.path
+        path = target_for(path, schema, table, "sink.path") if "{table}" in path else f"{path.rstrip('/')}/{table}"
+        return type(self)(dataclasses.replace(self.config, path=path), options)
+
     def _fs(self) -> tuple[Any, str]:
         fs, root = fs_util.filesystem(self.config.path, self.config.storage_options)
         return fs, root.rstrip("/")
@@ -83,14 +94,28 @@ class _FileSink:
                 raise SchemaError(f"{where} already holds {len(existing)} {self.extension} file(s)", hint="use load_mode=replace or append")
             write_to = root if mode == "append" else posixpath.join(root, f"_conveyor_staging_{self.options.run_id}")
             fs.makedirs(write_to, exist_ok=True)
+            if request.window is not None:  # before any file of the load: a run that stops half way is known to the next
+                cursors.record_pending(fs, root, request.window, self.options.load, mode, self.options.run_id)
         except ConveyorError:
             raise
         except Exception as exc:
             raise fs_util.translate(exc, where) from None
         return SinkPlan(
             target=fs_util.display(fs, root), write_target=write_to, load_mode=mode,
-            columns=tuple(schema.names), source_columns=tuple(schema.names), schema=schema,
+            columns=tuple(schema.names), source_columns=tuple(schema.names), schema=schema, own=request.window,
         )
+
+    def cursor_state(self, column: str) -> CursorState:
+        """The cursor the last finished load committed here (beside the files), and an unfinished run's window."""
+        fs, root = self._fs()
+        try:
+            return cursors.state(fs, root, column, lambda load: len(self._files_of(fs, root, load)))
+        except Exception as exc:
+            raise fs_util.translate(exc, f"sink.path {self.config.path!r}: reading {cursors.STATE}") from None
+
+    def _files_of(self, fs: Any, root: str, load: str) -> list[str]:
+        """The appended files of one load (a partition's file, or its hive files, carry the load id)."""
+        return [p for p in self._existing(fs, root) if posixpath.basename(p).startswith(f"{self.config.prefix}-{load}-")]
 
     def _name(self, part: Partition) -> str:
         """A partition's file name. Appended files carry the load id (the first run's id, kept by
@@ -192,7 +217,12 @@ class _FileSink:
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         fs, root = self._fs()
-        if plan.write_target == root:
+        if plan.write_target == root:  # append: every partition's file is in place
+            if plan.own is not None:
+                try:
+                    cursors.commit(fs, root, plan.own, self.options.load, self.options.run_id)
+                except Exception as exc:
+                    raise fs_util.translate(exc, f"sink.path {self.config.path!r}: writing {cursors.STATE}") from None
             return
         try:
             for old in self._existing(fs, root):

@@ -4,6 +4,7 @@ INSERTs through DuckDB's mysql extension); truncate/create/replace/merge through
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 import threading
@@ -19,7 +20,7 @@ from conveyor.connectors.merge import MergeOptions
 from conveyor.connectors.mysql import commits
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, _duck_connection, qident
 from conveyor.connectors.staged import StagedSink, check_mode
-from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats, target_for
 from conveyor.errors import ConfigError, ConveyorError, SchemaError, TransferError
 from conveyor.log import warn
 from conveyor.mapping import TargetColumn, map_columns
@@ -139,6 +140,10 @@ class MySqlSink(StagedSink):
         self.config = config
         self.options = options
         self.table = config.table
+
+    def for_table(self, schema: str, table: str, options: JobOptions) -> MySqlSink:
+        """This sink aimed at the target for one table of a job over several (``sink.table`` a template)."""
+        return MySqlSink(dataclasses.replace(self.config, table=target_for(self.config.table, schema, table, "sink.table")), options)
 
     def _where(self) -> str:
         return f"mysql table {self.config.database}.{self.config.table}"

@@ -40,6 +40,7 @@ from conveyor.core import (
     INFINITY,
     CursorState,
     CursorWindow,
+    ForeignKey,
     JobOptions,
     NativeStream,
     Partition,
@@ -50,6 +51,7 @@ from conveyor.core import (
     WriteStats,
     decode_cursor,
     encode_cursor,
+    target_for,
 )
 from conveyor.errors import ConfigError, ConveyorError, SchemaError, VerificationError
 from conveyor.log import warn
@@ -92,6 +94,12 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
     writer: str = "auto"
     #: run ANALYZE on the target after the load
     analyze: bool = False
+    #: create / replace making a new table from a source table with a primary key: make the same key
+    #: (built after the rows, before the table is swapped in)
+    primary_key: bool = True
+    #: a job over several tables creating its targets (create / replace): make the source's foreign
+    #: keys between them after every table is loaded (each checks every row)
+    foreign_keys: bool = False
     #: record each partition's commit in <schema>._conveyor_commits, in the partition's own
     #: transaction: retries and resumes never load a partition twice. false: no marker table (then
     #: a partition retried after a lost worker, or resumed after a killed driver, may load twice)
@@ -119,6 +127,10 @@ class PostgresSink:
     def __init__(self, config: PostgresSinkConfig, options: JobOptions) -> None:
         self.config = config
         self.options = options
+
+    def for_table(self, schema: str, table: str, options: JobOptions) -> PostgresSink:
+        """This sink aimed at the target for one table of a job over several (``sink.table`` a template)."""
+        return PostgresSink(dataclasses.replace(self.config, table=target_for(self.config.table, schema, table, "sink.table")), options)
 
     @property
     def name(self) -> str:
@@ -162,7 +174,8 @@ class PostgresSink:
             source_cols = passthrough.source_columns(request.info.native)
             write_table = self.config.table
             in_place = mode == "truncate" and self._in_place(request.partitions)
-            if mode in ("create", "replace") and not target.exists:
+            new_table = mode in ("create", "replace") and not target.exists
+            if new_table:
                 ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}" for f in schema)
                 unlogged = "UNLOGGED " if self.config.unlogged else ""
                 con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} ({ddl}){chosen_am}")
@@ -187,6 +200,9 @@ class PostgresSink:
                 plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, leaves=partitioned.leaves(con, target, self.config.schema)))
             if request.window is not None:
                 plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, window=request.window))
+            key = request.info.primary_key
+            if new_table and self.config.primary_key and key and set(key) <= set(schema.names):
+                plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, primary_key=tuple(key)))
             if mode == "merge":
                 merge = merging.plan(self.config, targets.primary_key(con, target), [t for _, t in pairs],
                                      [c.name for c in target.columns], where)
@@ -398,6 +414,36 @@ class PostgresSink:
         finally:
             con.close()
 
+    def add_foreign_keys(self, plan: SinkPlan, keys: Sequence[tuple[ForeignKey, Any]]) -> list[str]:
+        """``sink.foreign_keys``: the source's foreign keys between targets this job created, in one transaction."""
+        if not self.config.foreign_keys or plan.load_mode not in ("create", "replace"):
+            return []
+        made, steps = [], []
+        for fk, ref in keys:
+            if not isinstance(ref, PostgresSink) or (ref.config.host, ref.config.port, ref.config.dbname) != (
+                    self.config.host, self.config.port, self.config.dbname):
+                continue
+            cols, ref_cols = ", ".join(ident(c) for c in fk.columns), ", ".join(ident(c) for c in fk.columns_referenced)
+            steps.append(f"ALTER TABLE {self._qualified()} ADD FOREIGN KEY ({cols}) REFERENCES {ref._qualified()} ({ref_cols})"
+                         + (f" {fk.actions}" if fk.actions else ""))
+            made.append(f"{self.name} ({', '.join(fk.columns)}) -> {ref.name} ({', '.join(fk.columns_referenced)})")
+        if not steps:
+            return []
+        con = connect(self.config)
+        try:
+            for step in steps:
+                con.execute(step)
+            con.commit()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                con.rollback()
+            raise SchemaError(f"{self._where}: its foreign keys could not be made (the rows are loaded): "
+                              f"{translate(exc, self.config, 'adding foreign keys').message}",
+                              hint="the tables are loaded without them; see the rows the key refuses, or sink.foreign_keys=false") from None
+        finally:
+            con.close()
+        return made
+
     def committed(self, plan: SinkPlan) -> dict[str, int] | None:
         """{partition: rows} committed into this target under the plan's load id (None: no markers kept)."""
         once: commits.Once = plan.own.once
@@ -448,6 +494,9 @@ class PostgresSink:
                 else:
                     steps = swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), ident(self.config.table),
                                        [ident(c) for c in plan.columns], empty="TRUNCATE")
+                if plan.own.primary_key:  # built once over the loaded rows; a duplicate fails here, the target untouched
+                    steps.insert(0, f"ALTER TABLE {self._qualified(plan.write_target)} ADD PRIMARY KEY "
+                                    f"({', '.join(ident(c) for c in plan.own.primary_key)})")
                 insert = steps[1] if plan.load_mode == "truncate" else None
                 if plan.load_mode == "truncate" and self.config.rebuild_indexes:
                     drop, build = targets.loose_indexes(con, target)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.arrowutil import rebatch
@@ -20,16 +21,18 @@ from conveyor.casts import TEXT_OF
 from conveyor.connectors.postgres import duckdecode, passthrough
 from conveyor.connectors.postgres.common import PG_DIALECT, PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, translate
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_columns
-from conveyor.connectors.sql import SqlSource
+from conveyor.connectors.sql import SqlSource, pick_tables
 from conveyor.core import (
     INFINITY,
     INFINITY_DAYS,
     INFINITY_TICKS,
+    ForeignKey,
     JobOptions,
     NativeStream,
     PageRange,
     Partition,
     SourceInfo,
+    SourceTable,
     WholeSource,
 )
 from conveyor.errors import ConfigError, PlanningError, SchemaError, TransferError
@@ -49,6 +52,11 @@ class PostgresSourceConfig(PgConnConfig):
     table: str | None = None
     #: ... or any query (ctid needs a table)
     query: str | None = None
+    #: ... or several tables, all read in one snapshot: names or patterns (schema.table, a table of
+    #: ``schema``, ``*`` and ``?`` as in shell globs: [tpch.*]); each gets its own target and partitions
+    tables: list[str] = field(default_factory=list)
+    #: with tables: names or patterns to leave out
+    exclude: list[str] = field(default_factory=list)
     #: all partitions read one exported snapshot (consistent while the table is written to)
     snapshot: bool = True
     #: dates and timestamps Arrow cannot hold (infinity, -infinity, timestamps after
@@ -63,8 +71,10 @@ class PostgresSourceConfig(PgConnConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if bool(self.table) == bool(self.query):
-            raise ValueError("set exactly one of table or query")
+        if sum(map(bool, (self.table, self.query, self.tables))) != 1:
+            raise ValueError("set exactly one of table, query or tables")
+        if self.exclude and not self.tables:
+            raise ValueError("exclude goes with tables")
         if self.special_values not in SPECIAL_VALUES:
             raise ValueError(f"special_values: {self.special_values!r} is not one of {', '.join(SPECIAL_VALUES)}")
         if self.decoder not in DECODERS:
@@ -122,9 +132,10 @@ class PostgresSource(SqlSource):
     def describe(self) -> SourceInfo:
         con = connect(self.config, autocommit=True)
         try:
-            estimate, size = None, None
+            estimate, size, keys = None, None, ((), ())
             if self.config.table:
                 kind, _, oid, reltuples = self._relation_info(con)
+                keys = _keys(con, oid)
                 estimate = int(reltuples) if reltuples and reltuples > 0 else None
                 size = con.execute("SELECT coalesce((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree(%s::oid) WHERE isleaf), "
                                    "pg_table_size(%s::oid))::bigint", [oid, oid]).fetchone()[0]
@@ -140,7 +151,7 @@ class PostgresSource(SqlSource):
         self.schema = schema = self._arrow_schema()
         self.decoder, reader = self._pick_decoder()
         return SourceInfo(schema=schema, label=label, estimated_rows=estimate, estimated_bytes=size,
-                          native=passthrough.offer(self.columns), reader=reader)
+                          native=passthrough.offer(self.columns), reader=reader, primary_key=keys[0], foreign_keys=keys[1])
 
     def _pick_decoder(self) -> tuple[str, str]:
         """(decoder, what the job's log says of it): DuckDB's where it is exact and loads."""
@@ -204,6 +215,26 @@ class PostgresSource(SqlSource):
             with contextlib.suppress(Exception):
                 con.rollback()
             con.close()
+
+    # --- several tables in one job (source.tables) ----------------------------------------------
+
+    def many(self) -> bool:
+        return bool(self.config.tables)
+
+    def tables(self) -> list[SourceTable]:
+        """The tables ``source.tables`` matches (less ``exclude``), largest first, in the job's snapshot."""
+        rows = self._rows("SELECT n.nspname, c.relname, pg_table_size(c.oid), c.relkind IN ('r', 'p') FROM pg_class c "
+                          "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                          "WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND NOT c.relispartition AND n.nspname NOT IN "
+                          "('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'")
+        return pick_tables([(SourceTable(n, r, int(b or 0)), t) for n, r, b, t in rows], self.config.tables, self.config.exclude,
+                           self.config.schema, self.config.where())
+
+    def for_table(self, table: SourceTable, options: JobOptions) -> PostgresSource:
+        """This source for one of its tables, reading in its snapshot."""
+        one = PostgresSource(dataclasses.replace(self.config, schema=table.schema, table=table.name, tables=[], exclude=[]), options)
+        one.snapshot_id = self.snapshot_id
+        return one
 
     # --- capabilities for the strategies --------------------------------------------------------
 
@@ -509,3 +540,26 @@ def _text_of(col: PgColumn) -> dict[bytes, bytes] | None:
     if col.unconstrained_numeric or not col.native:
         return {TEXT_OF: col.typname.encode()}
     return None
+
+
+def _keys(con: Any, oid: int) -> tuple[tuple[str, ...], tuple[ForeignKey, ...]]:
+    """A table's primary key columns and its foreign keys (columns in key order)."""
+    rows = con.execute(
+        "SELECT c.contype, (SELECT array_agg(a.attname::text ORDER BY k.n) FROM unnest(c.conkey) WITH ORDINALITY k(attnum, n) "
+        "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum), rn.nspname, r.relname, "
+        "(SELECT array_agg(a.attname::text ORDER BY k.n) FROM unnest(c.confkey) WITH ORDINALITY k(attnum, n) "
+        "JOIN pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k.attnum), c.confupdtype, c.confdeltype "
+        "FROM pg_constraint c LEFT JOIN pg_class r ON r.oid = c.confrelid LEFT JOIN pg_namespace rn ON rn.oid = r.relnamespace "
+        "WHERE c.conrelid = %s AND c.contype IN ('p', 'f') ORDER BY c.conname", [oid]).fetchall()
+    primary = next((tuple(cols) for kind, cols, *_ in rows if kind == "p"), ())
+    foreign = tuple(ForeignKey(tuple(cols), nsp, rel, tuple(ref), _fk_actions(upd, dele))
+                    for kind, cols, nsp, rel, ref, upd, dele in rows if kind == "f")
+    return primary, foreign
+
+
+_FK_ACTIONS = {"r": "RESTRICT", "c": "CASCADE", "n": "SET NULL", "d": "SET DEFAULT"}  # "a": NO ACTION, the default
+
+
+def _fk_actions(on_update: str, on_delete: str) -> str:
+    return " ".join(f"ON {what} {_FK_ACTIONS[code]}" for what, code in (("UPDATE", on_update), ("DELETE", on_delete))
+                    if code in _FK_ACTIONS)

@@ -45,6 +45,9 @@ class PgLoad:
     leaves: tuple[str, tuple[tuple[Any, Any, str], ...]] | None = None
     #: incremental.cursor: the window this load reads; its upper end becomes the committed cursor
     window: Any = None
+    #: create / replace making a new table: the source's primary key, added to the staged table
+    #: after its rows (one index build instead of one insert per row) and before it is swapped in
+    primary_key: tuple[str, ...] = ()
 
 
 def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str,

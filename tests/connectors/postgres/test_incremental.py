@@ -118,7 +118,8 @@ def test_incremental_is_refused_by_name_where_it_cannot_hold(inc, pg_target, tmp
     with pytest.raises(Exception, match="a cursor is a timestamp"):
         job(_src(inc), _dst(pg_target, "inc_x"), incremental={"cursor": "v"})
     with pytest.raises(ConfigError, match="keeps no cursor"):
-        job(_src(inc), {"type": "parquet", "path": str(tmp_path / "out")}, load_mode="append", incremental={"cursor": "updated_at"})
+        job(_src(inc), {"type": "duckdb", "database": str(tmp_path / "x.duckdb"), "table": "inc_x"}, load_mode="append",
+            incremental={"cursor": "updated_at"})
     assert PlanningError  # imported for the resume test's error class
 
 
@@ -183,3 +184,52 @@ def test_the_window_travels_to_ray_workers(inc, pg_target, ray_instance) -> None
     assert run() == 300
     assert checksum(pg_target, "inc_ray") == checksum(inc, "inc_src")
     assert pg_exec(pg_target, "SELECT count(DISTINCT id) FROM inc_ray") == [(900,)]
+
+
+def test_a_parquet_folder_keeps_its_cursor_beside_its_files(inc, cli, tmp_path) -> None:
+    """Into Parquet files: three runs each append only the new rows; a run that fails half way (a
+    value the files cannot hold) keeps the old cursor and its window pending; a new run is then
+    refused, and the resume loads exactly the rest of that window; the next run goes on from there."""
+    import json
+
+    import pyarrow.dataset as ds
+
+    pg_exec(inc, "DROP TABLE IF EXISTS inc_f", "CREATE TABLE inc_f (id int PRIMARY KEY, updated_at timestamptz, d date)")
+
+    def add(first: int, last: int) -> None:
+        pg_exec(inc, f"INSERT INTO inc_f SELECT g, timestamptz '2026-01-01 00:00:00+00' + g * interval '1 second', "
+                     f"DATE '2020-01-01' + g FROM generate_series({first}, {last}) g")
+
+    out = tmp_path / "out"
+    args = ["run", "source=postgres", f"source.port={inc.port}", "source.table=inc_f", "sink=parquet", f"sink.path={out}",
+            "load_mode=append", "incremental.cursor=updated_at", "strategy=ntile", "strategy.distribute_key=id",
+            "strategy.partitions=4", "degree=2", "runtime=local"]
+
+    def ids() -> list[int]:
+        return sorted(ds.dataset(out, format="parquet").to_table(columns=["id"]).column("id").to_pylist())
+
+    def state() -> dict:
+        return json.loads((out / "_conveyor_cursors.json").read_text())["updated_at"]
+
+    add(1, 1000)
+    assert cli(*args).code == 0
+    assert ids() == list(range(1, 1001)) and state()["value"][0].startswith("2026-01-01T00:16:40") and state()["pending"] is None
+    add(1001, 1500)
+    second = cli(*args)
+    assert second.code == 0, second.err
+    assert ids() == list(range(1, 1501))
+    add(1501, 2000)
+    pg_exec(inc, "UPDATE inc_f SET d = 'infinity' WHERE id = 1990")  # Parquet cannot hold it: refused by name, in the last partition
+    failed = cli(*args)
+    assert failed.code != 0 and "column d" in failed.err, failed.err
+    assert state()["value"][0].startswith("2026-01-01T00:25:00") and state()["pending"]["high"][0].startswith("2026-01-01T00:33:20")
+    assert 1990 not in ids() and len(ids()) > 1500  # whole partitions of the window only
+    refused = run_cli(*args, f"hydra.run.dir={tmp_path}/refused", cwd=tmp_path)
+    assert refused.code == 2 and "stopped after committing" in refused.err, refused.err
+    pg_exec(inc, "UPDATE inc_f SET d = DATE '2020-01-01' WHERE id = 1990")
+    resumed = cli(*args, f"resume={tmp_path / 'hydra-run'}")
+    assert resumed.code == 0, resumed.err
+    assert ids() == list(range(1, 2001)) and state()["pending"] is None and state()["value"][0].startswith("2026-01-01T00:33:20")
+    add(2001, 2100)
+    assert cli(*args).code == 0
+    assert ids() == list(range(1, 2101))
