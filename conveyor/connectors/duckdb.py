@@ -18,13 +18,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches
+from conveyor.connectors import duckdb_state as state
 from conveyor.connectors import fs as fs_util
 from conveyor.connectors import merge as merging
 from conveyor.connectors.merge import MergeOptions
 from conveyor.connectors.sql import Dialect, SqlSource
 from conveyor.connectors.staged import StagedSink, check_mode
-from conveyor.core import INFINITY, JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WriteStats, target_for
-from conveyor.errors import ConnectError, SchemaError, TransferError
+from conveyor.core import (
+    INFINITY,
+    CursorState,
+    CursorWindow,
+    JobOptions,
+    Partition,
+    PrepareRequest,
+    SinkCapabilities,
+    SinkPlan,
+    SourceInfo,
+    WriteStats,
+    target_for,
+)
+from conveyor.errors import ConfigError, ConnectError, SchemaError, TransferError, VerificationError
 from conveyor.mapping import TargetColumn, map_columns
 
 
@@ -171,9 +184,25 @@ class DuckDBSinkConfig(MergeOptions):
     #: rounds, text is parsed, ...); ["*"]: every column. By default a type change that could alter
     #: a value is refused before anything moves (conveyor/casts.py)
     allow_cast: list[str] = field(default_factory=list)
+    #: record each partition's commit in <schema>._conveyor_commits, in the partition's own
+    #: transaction: a retried or resumed partition that had committed is not written again
+    commit_markers: bool = True
 
     def __post_init__(self) -> None:
         self.check_merge_options()
+
+
+@dataclass(frozen=True)
+class DuckPlan:
+    """The DuckDB sink's own decisions (``SinkPlan.own``)."""
+
+    #: load_mode=merge: keys, updated columns, what happens to rows the source lacks
+    merge: merging.MergePlan | None = None
+    #: incremental.cursor: the window this load reads; its upper end becomes the committed cursor
+    window: CursorWindow | None = None
+    #: the target as markers and cursors name it (schema.table), and whether markers are kept
+    name: str = ""
+    markers: bool = True
 
 
 class DuckDBSink(StagedSink):
@@ -200,6 +229,28 @@ class DuckDBSink(StagedSink):
     @property
     def _target(self) -> str:
         return qualified(self.config.schema, self.config.table)
+
+    @property
+    def _name(self) -> str:
+        return f"{self.config.schema}.{self.config.table}"
+
+    def committed(self, plan: SinkPlan) -> dict[str, int] | None:
+        """{partition: rows} committed into this target under the load id (None: no markers kept)."""
+        if not plan.own.markers:
+            return None
+        con = _connect(self.config.database)
+        try:
+            return state.committed(con, self.config.schema, self.options.load, plan.own.name)
+        finally:
+            con.close()
+
+    def cursor_state(self, column: str) -> CursorState:
+        """The cursor the last finished load committed into this target, and an unfinished run's window."""
+        con = _connect(self.config.database)
+        try:
+            return state.cursor_state(con, self.config.schema, self._name, column)
+        finally:
+            con.close()
 
     def _stage_name(self) -> str:
         return f"_conveyor_stage_{self.options.run_id}"
@@ -245,10 +296,16 @@ class DuckDBSink(StagedSink):
                 key = con.execute("SELECT constraint_column_names FROM duckdb_constraints() WHERE schema_name = ? AND table_name = ? "
                                   "AND constraint_type = 'PRIMARY KEY'", [self.config.schema, self.config.table]).fetchone()
                 merge = merging.plan(self.config, key[0] if key else [], [t for _, t in pairs], [c.name for c in target_cols or []], where)
+            state.ensure(con, self.config.schema, self.config.commit_markers, request.window is not None)
+            if request.window is not None:  # committed at once: a run that stops half way is known to the next
+                if mode == "append" and not self.config.commit_markers:
+                    raise ConfigError("incremental.cursor with load_mode=append needs sink.commit_markers=true: they tell a run that "
+                                      "stopped half way from one that loaded nothing", key="sink.commit_markers")
+                state.record_pending(con, self.config.schema, self._name, request.window, self.options.load, mode)
         finally:
             con.close()
         return SinkPlan(
-            own=merge,
+            own=DuckPlan(merge, request.window, self._name, self.config.commit_markers),
             rows_before=before,
             target=f"{self.config.database}:{self.config.schema}.{self.config.table}",
             write_target=write_target,
@@ -257,6 +314,7 @@ class DuckDBSink(StagedSink):
             source_columns=tuple(s for s, _ in pairs),
             schema=schema,
             keeps=(INFINITY,),  # DuckDB's own date and timestamp infinity
+            checks_before_commit=mode == "append",  # each partition's rows against the source's count, before its COMMIT
         )
 
     def _create_from_arrow(self, con: Any, stage: str, where: str) -> None:
@@ -299,17 +357,30 @@ class DuckDBSink(StagedSink):
         counted = CountingBatches(batches, plan.schema)
         reader = pa.RecordBatchReader.from_batches(plan.schema, counted)
         con = _connect(self.config.database)
+        own: DuckPlan = plan.own
         try:
             con.register("__conveyor_batches", reader)
             con.execute("BEGIN")
             try:
+                before = state.committed_rows(con, self.config.schema, self.options.load, own.name, part.key) if own.markers else None
+                if before is not None:  # committed by an earlier attempt or run under this load id
+                    con.execute("ROLLBACK")
+                    return WriteStats(part.key, before, 0, time.perf_counter() - start, already_committed=True)
                 into = qualified(self.config.schema, plan.write_target)
                 con.execute(self._insert_sql(into, plan.columns, plan.source_columns, "__conveyor_batches"))
+                expected = (plan.expected_rows or {}).get(part.key)
+                if expected is not None and counted.rows != expected:
+                    raise VerificationError(f"verification failed for {plan.target}: partition {part.key}: source {expected:,} rows, "
+                                            f"written {counted.rows:,}: rolled back", hint="the target was not changed by this partition")
+                if own.markers:
+                    state.mark(con, self.config.schema, self.options.load, own.name, part.key, counted.rows)
                 con.execute("COMMIT")
-            except duckdb.Error as exc:
+            except (duckdb.Error, VerificationError) as exc:
                 con.execute("ROLLBACK")
                 if counted.error is not None:  # the source failed; DuckDB only wrapped it
                     raise counted.error from None
+                if isinstance(exc, VerificationError):
+                    raise
                 raise TransferError(f"duckdb {plan.target}: {str(exc).splitlines()[0]}", partition=part.key) from None
         finally:
             con.close()
@@ -323,11 +394,30 @@ class DuckDBSink(StagedSink):
             con.close()
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        own: DuckPlan = plan.own
+        if plan.load_mode == "append":  # every partition committed: the window's end becomes the cursor
+            if own.window is not None:
+                self._in_one_transaction(plan, [])
+            return
         if plan.load_mode != "merge":
             return super().finalize(plan, results)
         stage, where = self._qualified(plan.write_target), f"duckdb table {self.config.schema}.{self.config.table}"
-        self._in_one_transaction(plan, merging.steps(plan.own, self._qualified(), stage, qident),
-                                 first=lambda con: merging.check_keys(con, plan.own, stage, where, qident))
+        self._in_one_transaction(plan, merging.steps(own.merge, self._qualified(), stage, qident),
+                                 first=lambda con: merging.check_keys(con, own.merge, stage, where, qident))
+
+    def abort(self, plan: SinkPlan) -> None:
+        super().abort(plan)  # a staging table dropped
+        own: DuckPlan = plan.own
+        if plan.write_target == self.config.table:
+            return
+        con = _connect(self.config.database)
+        try:  # nothing of a staged load stayed: its markers and its window go
+            if own.markers:
+                state.forget(con, self.config.schema, self.options.load, own.name)
+            if own.window is not None:
+                state.clear_pending(con, self.config.schema, own.name, own.window.column, self.options.load)
+        finally:
+            con.close()
 
     # StagedSink's finalize / abort, in DuckDB's spelling
 
@@ -338,6 +428,9 @@ class DuckDBSink(StagedSink):
         return qident(name)
 
     def _in_one_transaction(self, plan: SinkPlan, steps: list[str], first: Callable[[Any], None] | None = None) -> None:
+        """``steps`` in the transaction that makes the load visible, with the cursor's move (and a staged
+        load's markers forgotten)."""
+        own: DuckPlan = plan.own
         con = _connect(self.config.database)
         try:
             con.execute("BEGIN")
@@ -345,6 +438,10 @@ class DuckDBSink(StagedSink):
                 first(con)
             for step in steps:
                 con.execute(step)
+            if own.window is not None:
+                state.commit_cursor(con, self.config.schema, own.name, own.window, self.options.load)
+            if own.markers and plan.write_target != self.config.table:
+                state.forget(con, self.config.schema, self.options.load, own.name)
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")

@@ -152,8 +152,8 @@ def _window(spec: JobSpec, source: Any) -> CursorWindow | None:
                           hint="SQL sources can (PostgreSQL, DuckDB, ADBC); or load every row (leave incremental.cursor unset)")
     if not isinstance(spec.sink, SupportsCursorState):
         raise ConfigError(f"incremental.cursor: sink {spec.names['sink']} keeps no cursor where its loads commit", key="incremental.cursor",
-                          hint="PostgreSQL sinks can (the cursor in <schema>._conveyor_cursors), and Parquet and CSV sinks "
-                               "(beside their files, in _conveyor_cursors.json)")
+                          hint="PostgreSQL and DuckDB sinks can (the cursor in <schema>._conveyor_cursors), and Parquet and CSV "
+                               "sinks (beside their files, in _conveyor_cursors.json)")
     state = spec.sink.cursor_state(column)
     if state.pending is not None:
         if spec.options.load_id and state.pending_load == spec.options.load_id:

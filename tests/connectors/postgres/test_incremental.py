@@ -118,7 +118,7 @@ def test_incremental_is_refused_by_name_where_it_cannot_hold(inc, pg_target, tmp
     with pytest.raises(Exception, match="a cursor is a timestamp"):
         job(_src(inc), _dst(pg_target, "inc_x"), incremental={"cursor": "v"})
     with pytest.raises(ConfigError, match="keeps no cursor"):
-        job(_src(inc), {"type": "duckdb", "database": str(tmp_path / "x.duckdb"), "table": "inc_x"}, load_mode="append",
+        job(_src(inc), {"type": "adbc", "driver": "sqlite", "uri": str(tmp_path / "x.db"), "table": "inc_x"}, load_mode="append",
             incremental={"cursor": "updated_at"})
     assert PlanningError  # imported for the resume test's error class
 
@@ -233,3 +233,55 @@ def test_a_parquet_folder_keeps_its_cursor_beside_its_files(inc, cli, tmp_path) 
     add(2001, 2100)
     assert cli(*args).code == 0
     assert ids() == list(range(1, 2101))
+
+
+def test_a_duckdb_target_keeps_its_cursor_and_commit_markers(inc, tmp_path) -> None:
+    """Into DuckDB: the cursor and the markers live in the database file beside the target. A run
+    that fails half way (a row the target refuses) keeps the old cursor and the committed partitions'
+    markers; a new run is refused; the resume writes only the partitions the markers lack."""
+    import duckdb
+
+    db = tmp_path / "inc.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE inc_d (id INTEGER, updated_at TIMESTAMPTZ, v VARCHAR NOT NULL)")
+    con.close()
+    cfg = {"load_mode": "append", "incremental": {"cursor": "updated_at"}, "degree": 2}
+    sink = {"type": "duckdb", "database": str(db), "table": "inc_d"}
+
+    def run(**kw):
+        return job(_src(inc), sink, "ntile", {"distribute_key": "id", "partitions": 4}, **cfg, **kw)
+
+    def got() -> tuple:
+        with duckdb.connect(str(db)) as c:
+            return c.execute("SELECT count(*), count(DISTINCT id), sum(id) FROM inc_d").fetchone()
+
+    def cursor() -> tuple:
+        with duckdb.connect(str(db)) as c:
+            return c.execute("SELECT value, pending_load FROM _conveyor_cursors WHERE target = 'main.inc_d'").fetchone()
+
+    _add(inc, 1, 1000)
+    assert run().rows == 1000 and got() == (1000, 1000, 500500) and cursor()[0].startswith("2026-01-01T00:16:40")
+    _add(inc, 1001, 1500)
+    assert run().rows == 500 and got() == (1500, 1500, 1125750)
+    _add(inc, 1501, 2000)
+    pg_exec(inc, "UPDATE inc_src SET v = NULL WHERE id = 1990")  # the target refuses it: its partition fails
+    with pytest.raises(Exception, match="NOT NULL|null"):
+        job(_src(inc), sink, "ntile", {"distribute_key": "id", "partitions": 4}, **cfg)
+    failed_load = cursor()[1]
+    assert cursor()[0].startswith("2026-01-01T00:25:00") and failed_load  # the old cursor, the window pending
+    assert 1500 < got()[0] < 2000  # whole partitions of the window only
+    with pytest.raises(PlanningError, match="stopped after committing"):
+        run()
+    pg_exec(inc, "UPDATE inc_src SET v = 'fixed' WHERE id = 1990")
+    from omegaconf import OmegaConf
+
+    from conveyor.config import build_job
+    from conveyor.pipelines.job import run_job
+
+    resumed = run_job(build_job(OmegaConf.create({"source": _src(inc), "sink": sink, "strategy": {"type": "ntile", "distribute_key": "id",
+                                                  "partitions": 4}, "runtime": {"type": "local"}, **cfg}), load_id=failed_load))
+    skipped = [r for r in resumed.results if r.already_committed]
+    assert skipped and sum(r.rows for r in resumed.results) == 500 and got() == (2000, 2000, 2001000)  # only what the markers lacked
+    assert cursor() == (cursor()[0], None) and cursor()[0].startswith("2026-01-01T00:33:20")
+    _add(inc, 2001, 2100)
+    assert run().rows == 100 and got() == (2100, 2100, 2100 * 2101 // 2)
