@@ -121,3 +121,23 @@ def ctrl_c_run(args: list[str], tmp_path: Path, started: Callable[[], None]) -> 
     report = json.loads(report_path.read_text())
     assert report["status"] == "cancelled"
     return report, err, took
+
+
+def wait_until(found: Callable[[], Any], what: str, seconds: float = 90) -> None:
+    """Poll ``found()`` (every 50 ms, at most ``seconds``) until it is truthy; fail naming ``what``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if found():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not seen within {seconds} s")
+
+
+def wait_quiet(busy: Callable[[], int], seconds: float = 90) -> None:
+    """Until ``busy()`` (the sessions a killed driver's tasks still hold) has been 0 for 2 s in a row."""
+    deadline = time.monotonic() + seconds
+    quiet = 0
+    while time.monotonic() < deadline and quiet < 10:
+        quiet = 0 if busy() else quiet + 1
+        time.sleep(0.2)
+    assert quiet >= 10, "conveyor sessions still busy"

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from conveyor.config import build_job
 from conveyor.core import PrepareRequest, WholeSource
-from tests.helpers import BIN, ctrl_c_run, lose_manifest_lines, popen_run, runtime_args
+from tests.helpers import BIN, ctrl_c_run, lose_manifest_lines, popen_run, runtime_args, wait_quiet, wait_until
 
 ROWS = 200_000
 
@@ -94,10 +94,8 @@ def test_two_attempts_racing_for_a_partition_commit_it_once(my) -> None:
                         [plan.own.once.load_id, plan.own.once.target, part.key])
         writer = threading.Thread(target=lambda: out.update(stats=spec.sink.write(plan, part, spec.source.read(part))), daemon=True)
         writer.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not my.execute(
-                "SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'INSERT INTO `\\_conveyor\\_commits`%'")[0][0]:
-            time.sleep(0.05)  # until the attempt waits on the marker's key
+        wait_until(lambda: my.execute("SELECT count(*) FROM information_schema.processlist "  # the attempt waits on the marker's key
+                                      "WHERE info LIKE 'INSERT INTO `\\_conveyor\\_commits`%'")[0][0], "the attempt's seal", 60)
         assert writer.is_alive(), out
         other.commit()
         writer.join(60)
@@ -127,24 +125,14 @@ def test_resume_asks_the_target_not_the_manifest(my, cli, tmp_path: Path) -> Non
 
 
 def _wait_for_load(m, table: str, seconds: float = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if m.execute(f"SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'LOAD DATA%{table}%'")[0][0]:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no LOAD DATA into {table} seen within {seconds} s")
+    wait_until(lambda: m.execute(f"SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'LOAD DATA%{table}%'")[0][0],
+               f"a LOAD DATA into {table}", seconds)
 
 
 def _wait_until_idle(m, seconds: float = 90) -> None:
     """Until no other session of the test user runs a statement (a killed driver's tasks have ended)."""
-    deadline = time.monotonic() + seconds
-    quiet = 0
-    while time.monotonic() < deadline and quiet < 10:
-        busy = m.execute(f"SELECT count(*) FROM information_schema.processlist WHERE user = '{m.user}' AND command <> 'Sleep' "
-                         "AND id <> CONNECTION_ID()")[0][0]
-        quiet = 0 if busy else quiet + 1
-        time.sleep(0.2)
-    assert quiet >= 10, "conveyor sessions still busy"
+    wait_quiet(lambda: m.execute(f"SELECT count(*) FROM information_schema.processlist WHERE user = '{m.user}' "
+                                 "AND command <> 'Sleep' AND id <> CONNECTION_ID()")[0][0], seconds)
 
 
 def _run_args(m, table: str, *extra: str) -> list[str]:

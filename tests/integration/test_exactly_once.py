@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from conveyor.config import build_job
 from conveyor.errors import TransferError
 from conveyor.pipelines.job import run_job
-from tests.helpers import BIN, checksum, ctrl_c_run, lose_manifest_lines, pg_exec, popen_run, runtime_args
+from tests.helpers import BIN, checksum, ctrl_c_run, lose_manifest_lines, pg_exec, popen_run, runtime_args, wait_quiet, wait_until
 
 RUNTIMES = ["local", "ray"]
 
@@ -158,25 +158,14 @@ def test_a_retried_partition_that_had_committed_is_not_written_again(ex_src, pg_
 
 
 def _wait_for_copy(server, table: str, seconds: float = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if pg_exec(server, f"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor' "
-                           f"AND query ILIKE 'COPY%{table}%'")[0][0]:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no COPY into {table} seen within {seconds} s")
+    wait_until(lambda: pg_exec(server, f"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor' "
+                                       f"AND query ILIKE 'COPY%{table}%'")[0][0], f"a COPY into {table}", seconds)
 
 
 def _wait_until_idle(server, seconds: float = 90) -> None:
     """Until no conveyor session is busy on the server (a killed driver's tasks have ended)."""
-    deadline = time.monotonic() + seconds
-    quiet = 0
-    while time.monotonic() < deadline and quiet < 10:
-        busy = pg_exec(server, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor' "
-                               "AND state <> 'idle' AND pid <> pg_backend_pid()")[0][0]
-        quiet = 0 if busy else quiet + 1
-        time.sleep(0.2)
-    assert quiet >= 10, "conveyor sessions still busy"
+    wait_quiet(lambda: pg_exec(server, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor' "
+                                       "AND state <> 'idle' AND pid <> pg_backend_pid()")[0][0], seconds)
 
 
 @pytest.mark.parametrize("kind", RUNTIMES)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from omegaconf import OmegaConf
 from conveyor.config import build_job
 from conveyor.errors import ConfigError, SchemaError
 from conveyor.pipelines.job import run_job
-from tests.helpers import checksum, pg_exec
+from tests.helpers import checksum, pg_exec, wait_until
 
 TABLES = ("region", "nation", "customer", "orders", "lineitem")
 SCHEMA = """
@@ -69,10 +68,8 @@ def test_a_schema_is_copied_in_one_snapshot_while_the_source_is_written(mt, pg_t
     out: dict = {}
     job = threading.Thread(target=lambda: out.update(report=run_job(spec)), daemon=True)
     job.start()
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not pg_exec(pg_target, "SELECT count(*) FROM pg_stat_activity WHERE "
-                                                                 "application_name = 'conveyor' AND query ILIKE 'COPY%'")[0][0]:
-        time.sleep(0.02)
+    wait_until(lambda: pg_exec(pg_target, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor' "
+                                          "AND query ILIKE 'COPY%'")[0][0], "a COPY into the target")
     pg_exec(mt, "BEGIN", "INSERT INTO mt.orders SELECT g, 1, 1.00, DATE '2024-01-01' FROM generate_series(100001, 100500) g",
             "INSERT INTO mt.lineitem SELECT g, 1, 1, 'new' FROM generate_series(100001, 100500) g",
             "DELETE FROM mt.orders WHERE o_id % 97 = 0", "UPDATE mt.customer SET c_name = 'changed' WHERE c_id % 13 = 0", "COMMIT")
