@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from conveyor.config import build_job
 from conveyor.errors import ConfigError, SchemaError
 from conveyor.pipelines.job import run_job
-from tests.helpers import checksum, pg_exec, wait_until
+from tests.helpers import checksum, ctrl_c_run, pg_exec, run_cli, runtime_args, wait_quiet, wait_until
 
 TABLES = ("region", "nation", "customer", "orders", "lineitem")
 SCHEMA = """
@@ -161,3 +161,31 @@ def test_plan_shows_every_table_and_bad_patterns_are_one_clear_error(mt, pg_targ
         run_job(_spec(_src(mt), {"type": "postgres", "port": pg_target.port, "table": "one"}, load_mode="create"))
     with pytest.raises(ConfigError, match="exactly one of table, query or tables"):
         run_job(_spec(_src(mt, table="x"), {"type": "postgres", "port": pg_target.port}, load_mode="create"))
+
+
+@pytest.mark.parametrize("kind", ["local", "ray"])
+def test_ctrl_c_in_a_many_table_append_then_resume_is_exact(mt, pg_target, tmp_path: Path, kind: str, request) -> None:
+    """Ctrl-C while the tables' partitions are queued (threads, or a real Ray instance's workers): exit 130
+    with whole partitions only (the report's committed rows are the targets' rows), then the resume loads
+    exactly the rest of every table."""
+    pg_exec(mt, SCHEMA)
+    _fresh_schema(pg_target, "mt_stop")
+    pg_exec(pg_target, "CREATE TABLE mt_stop.region (r_id int, r_name text)", "CREATE TABLE mt_stop.nation (n_id int, n_region int, n_name text)",
+            "CREATE TABLE mt_stop.customer (c_id int, c_nation int, c_name text)",
+            "CREATE TABLE mt_stop.orders (o_id int, o_customer int, o_total numeric(12,2), o_date date)",
+            "CREATE TABLE mt_stop.lineitem (l_order int, l_line int, l_qty int, l_note text)")
+    args = ["run", "pipeline=pg_to_pg", f"source.port={mt.port}", "source.tables=[mt.*]", f"sink.port={pg_target.port}",
+            "sink.schema=mt_stop", "load_mode=append", "degree=1", "strategy=ctid", "strategy.partitions=6", "sink.copy_path=arrow",
+            "batch_size=1000", *runtime_args(kind, request)]
+    report, _, _ = ctrl_c_run(args, tmp_path, lambda: wait_until(lambda: pg_exec(
+        pg_target, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor' AND query ILIKE 'COPY%'")[0][0],
+        "a COPY into a target"))
+    committed = sum(p["rows"] for p in report["partitions"] if p["error"] is None)
+    wait_quiet(lambda: pg_exec(pg_target, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor' "
+                                          "AND state <> 'idle' AND pid <> pg_backend_pid()")[0][0])
+    assert sum(pg_exec(pg_target, f"SELECT count(*) FROM mt_stop.{t}")[0][0] for t in TABLES) == committed
+    assert committed < sum(pg_exec(mt, f"SELECT count(*) FROM mt.{t}")[0][0] for t in TABLES)
+    res = run_cli(*args, f"resume={tmp_path / 'run'}", f"hydra.run.dir={tmp_path}/resumed", cwd=tmp_path)
+    assert res.code == 0, res.err
+    for t in TABLES:
+        assert checksum(pg_target, f"mt_stop.{t}") == checksum(mt, f"mt.{t}"), t
