@@ -236,7 +236,7 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         from conveyor.pipelines.tables import execute_tables
 
         return execute_tables(plan, report, progress, start)
-    clock = _Phases(report.phases)
+    clock = Phases(report.phases)
     load = Load(plan, source, progress, report)
     try:
         load.prepare()
@@ -257,12 +257,12 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
         clock.lap("finalize")
     except BaseException as exc:
         load.abort()
-        _stop_clock(report, start)
+        stop_clock(report, start)
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not a failed run but a leaving process
             raise
         report.error = exc
         return report
-    _stop_clock(report, start)
+    stop_clock(report, start)
     return report
 
 
@@ -351,7 +351,7 @@ def _in_many(plan: JobPlan) -> bool:
     return bool(plan.partitions) and bool(plan.partitions[0].table)
 
 
-class _Phases:
+class Phases:
     """Laps of the driver's clock, each written into ``phases`` under its name."""
 
     def __init__(self, phases: dict[str, float]) -> None:
@@ -375,7 +375,7 @@ def _expected_rows(spec: JobSpec, sink_plan: SinkPlan, todo: list[Partition], so
     return dataclasses.replace(sink_plan, expected_rows={p.key: n for p, n in zip(todo, counts)})
 
 
-def _stop_clock(report: JobReport, start: float) -> None:
+def stop_clock(report: JobReport, start: float) -> None:
     """The run's seconds, and of them the runtime's start-up (reported apart, not in rows/s)."""
     report.seconds = time.perf_counter() - start
     runtime = report.plan.spec.runtime

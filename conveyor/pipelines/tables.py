@@ -22,7 +22,7 @@ from conveyor.config import JobSpec
 from conveyor.core import SourceInfo, SupportsForeignKeys, SupportsManyTargets, resolve_degree
 from conveyor.errors import ConfigError
 from conveyor.log import note
-from conveyor.pipelines.job import JobPlan, JobReport, Load, _Phases, _stop_clock, check, plan_one, stopped
+from conveyor.pipelines.job import JobPlan, JobReport, Load, Phases, check, plan_one, stop_clock, stopped
 from conveyor.pipelines.verify import Verification
 
 
@@ -91,7 +91,7 @@ def resumed(plan: JobPlan, resume: str, partitions: list[Any], done: dict[str, i
 
 def execute_tables(plan: JobPlan, report: JobReport, progress: Any, start: float) -> JobReport:
     """Prepare every table's target, run all their tasks in one pool, verify every table, then finalize each."""
-    clock = _Phases(report.phases)
+    clock = Phases(report.phases)
     loads = [Load(sub, sub.spec.source, progress, JobReport(plan=sub)) for sub in plan.tables]
     report.tables = [load.report for load in loads]
     finalized = 0
@@ -125,12 +125,12 @@ def execute_tables(plan: JobPlan, report: JobReport, progress: Any, start: float
             done = ", ".join(load.report.target for load in loads[:finalized])
             note(f"tables made visible before the failure: {done}")
         report.verification = report.verification or combined([load.report for load in loads if load.report.verification])
-        _stop_clock(report, start)
+        stop_clock(report, start)
         if not isinstance(exc, Exception):
             raise
         report.error = exc
         return report
-    _stop_clock(report, start)
+    stop_clock(report, start)
     return report
 
 
