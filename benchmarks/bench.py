@@ -377,6 +377,14 @@ class Bench:
             name = "conveyor truncate, indexes rebuilt after the load" if rebuild else "conveyor truncate, indexes in place"
             self.measure(group, f"{name} degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method=f"rebuild={rebuild}",
                          degree=degree)
+        # replace: the new table (with the target's indexes) loaded LOGGED, or UNLOGGED and SET LOGGED before the swap
+        for unlogged_load in (False, True):
+            cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table},
+                   "sink": {"type": "postgres", "port": self.dst.port, "table": target, "unlogged_load": unlogged_load},
+                   "strategy": {"type": "ctid"}, "load_mode": "replace", "degree": degree}
+            name = "conveyor replace, loaded UNLOGGED then SET LOGGED" if unlogged_load else "conveyor replace, loaded LOGGED"
+            self.measure(group, f"{name} degree={degree}", lambda c=cfg: conveyor(c), lambda: None, verify,
+                         method=f"unlogged_load={unlogged_load}", degree=degree)
 
     # the partitioned-ingestion experiment: one indexed table, range partitions, range + hash sub-partitions,
     # each loaded through the parent and with a plan aligned with the target's range partitions

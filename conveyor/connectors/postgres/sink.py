@@ -69,6 +69,9 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
     table: str = "???"
     #: create / replace make the new table UNLOGGED (faster, not crash-safe, not replicated)
     unlogged: bool = False
+    #: create / replace: load the new table UNLOGGED (its rows write no WAL), then SET LOGGED just
+    #: before it is swapped in (one pass writes it to the WAL): the target ends as logged as ever
+    unlogged_load: bool = False
     #: at most this many partitions write into the target at once, across every worker (0: as many
     #: as the degree runs): a target stops scaling past its lock contention knee (relation extension,
     #: free-space map) while the source can still take more readers
@@ -177,7 +180,7 @@ class PostgresSink:
             new_table = mode in ("create", "replace") and not target.exists
             if new_table:
                 ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}" for f in schema)
-                unlogged = "UNLOGGED " if self.config.unlogged else ""
+                unlogged = "UNLOGGED " if self.config.unlogged or self.config.unlogged_load else ""
                 con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} ({ddl}){chosen_am}")
                 commits.label_stage(con, self.config.schema, self.options.run_id, self.name)
                 pairs = [(n, n) for n in schema.names]
@@ -186,7 +189,7 @@ class PostgresSink:
                 pairs = map_columns(schema.names, target.mapping, self.options.map_method, where)
                 if mode in ("truncate", "replace", "merge") and not in_place:
                     like = "INCLUDING ALL" if mode == "replace" else "INCLUDING DEFAULTS"
-                    unlogged = "UNLOGGED " if mode != "replace" or self.config.unlogged else ""
+                    unlogged = "UNLOGGED " if mode != "replace" or self.config.unlogged or self.config.unlogged_load else ""
                     using = (chosen_am or targets.access_method(con, target)) if mode == "replace" else ""
                     con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} (LIKE {self._qualified()} {like}){using}")
                     commits.label_stage(con, self.config.schema, self.options.run_id, self.name)
@@ -494,6 +497,8 @@ class PostgresSink:
                 else:
                     steps = swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), ident(self.config.table),
                                        [ident(c) for c in plan.columns], empty="TRUNCATE")
+                if self.config.unlogged_load and not self.config.unlogged and plan.load_mode in ("create", "replace"):
+                    steps.insert(0, f"ALTER TABLE {self._qualified(plan.write_target)} SET LOGGED")  # with its indexes
                 if plan.own.primary_key:  # built once over the loaded rows; a duplicate fails here, the target untouched
                     steps.insert(0, f"ALTER TABLE {self._qualified(plan.write_target)} ADD PRIMARY KEY "
                                     f"({', '.join(ident(c) for c in plan.own.primary_key)})")

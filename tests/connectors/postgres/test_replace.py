@@ -60,3 +60,23 @@ def test_a_dependent_view_or_foreign_key_is_refused_before_the_load(rp_src, pg_t
             job(src, _dst(pg_target, "rp_parent"), load_mode=mode)
     assert pg_exec(pg_target, "SELECT * FROM rp_parent") == [(1, "kept")]
     assert pg_exec(pg_target, "SELECT count(*) FROM pg_class WHERE relname LIKE '\\_conveyor\\_stage\\_%'")[0][0] == 0
+
+
+@pytest.mark.parametrize("mode", ["create", "replace"])
+def test_unlogged_load_ends_logged_with_its_indexes_and_every_row(rp_src, pg_target, mode: str) -> None:
+    """sink.unlogged_load: the new table is loaded UNLOGGED and SET LOGGED before the swap: the target
+    (and its primary key's index) is a permanent, logged relation, exact, with the replaced table's grants."""
+    pg_exec(rp_src, "DROP TABLE IF EXISTS rp_keyed", "CREATE TABLE rp_keyed (id int PRIMARY KEY, h text)",
+            "INSERT INTO rp_keyed SELECT g, md5(g::text) FROM generate_series(1, 5000) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS rp_logged")
+    if mode == "replace":
+        pg_exec(pg_target, "CREATE TABLE rp_logged (id int PRIMARY KEY, h text)", "INSERT INTO rp_logged VALUES (-1, 'old')",
+                "DROP ROLE IF EXISTS rp_viewer", "CREATE ROLE rp_viewer", "GRANT SELECT ON rp_logged TO rp_viewer")
+    sink = {**_dst(pg_target, "rp_logged"), "unlogged_load": True}
+    report = job({"type": "postgres", "port": rp_src.port, "table": "rp_keyed"}, sink, "ctid", {"partitions": 3}, load_mode=mode, degree=2)
+    assert report.rows == 5000
+    assert pg_exec(pg_target, "SELECT c.relpersistence, i.relpersistence, i.relname FROM pg_class c JOIN pg_index x ON x.indrelid = c.oid "
+                              "JOIN pg_class i ON i.oid = x.indexrelid WHERE c.oid = 'rp_logged'::regclass") == [("p", "p", "rp_logged_pkey")]
+    assert pg_exec(pg_target, "SELECT count(*), count(DISTINCT id), min(id), max(id) FROM rp_logged")[0] == (5000, 5000, 1, 5000)
+    if mode == "replace":
+        assert "rp_viewer=r/" in pg_exec(pg_target, "SELECT relacl::text FROM pg_class WHERE oid = 'rp_logged'::regclass")[0][0]
