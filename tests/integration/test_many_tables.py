@@ -56,6 +56,15 @@ def _fresh_schema(server, name: str) -> None:
     pg_exec(server, f"DROP SCHEMA IF EXISTS {name} CASCADE", f"CREATE SCHEMA {name}")
 
 
+def _empty_targets(server, schema: str, orders_check: str = "") -> None:
+    """The five tables' targets, made by hand (no keys) in a fresh schema, for an append."""
+    _fresh_schema(server, schema)
+    pg_exec(server, f"CREATE TABLE {schema}.region (r_id int, r_name text)", f"CREATE TABLE {schema}.nation (n_id int, n_region int, n_name text)",
+            f"CREATE TABLE {schema}.customer (c_id int, c_nation int, c_name text)",
+            f"CREATE TABLE {schema}.orders (o_id int {orders_check}, o_customer int, o_total numeric(12,2), o_date date)",
+            f"CREATE TABLE {schema}.lineitem (l_order int, l_line int, l_qty int, l_note text)")
+
+
 def test_a_schema_is_copied_in_one_snapshot_while_the_source_is_written(mt, pg_target) -> None:
     """Five tables with foreign keys, copied at degree 2 while new orders arrive and old ones are
     deleted (with their lines): every table is the source as of the job's start, and the target's
@@ -121,11 +130,7 @@ def test_a_failed_table_is_resumed_across_tables_exactly(mt, pg_target, cli, tmp
     """An append over five tables where one target refuses a row: the run fails naming the table
     and its partition, leaves whole partitions, and the resume (after the fix) loads exactly the rest."""
     pg_exec(mt, SCHEMA)  # the source as built (the test above wrote to it)
-    _fresh_schema(pg_target, "mt_app")
-    pg_exec(pg_target, "CREATE TABLE mt_app.region (r_id int, r_name text)", "CREATE TABLE mt_app.nation (n_id int, n_region int, n_name text)",
-            "CREATE TABLE mt_app.customer (c_id int, c_nation int, c_name text)",
-            "CREATE TABLE mt_app.orders (o_id int CHECK (o_id <> 45678), o_customer int, o_total numeric(12,2), o_date date)",
-            "CREATE TABLE mt_app.lineitem (l_order int, l_line int, l_qty int, l_note text)")
+    _empty_targets(pg_target, "mt_app", orders_check="CHECK (o_id <> 45678)")
     args = ["run", "pipeline=pg_to_pg", f"source.port={mt.port}", "source.tables=[mt.*]", f"sink.port={pg_target.port}",
             "sink.schema=mt_app", "sink.table='{table}'", "load_mode=append", "runtime=local", "degree=2", "strategy=auto"]
     first = cli(*args)
@@ -169,11 +174,7 @@ def test_ctrl_c_in_a_many_table_append_then_resume_is_exact(mt, pg_target, tmp_p
     with whole partitions only (the report's committed rows are the targets' rows), then the resume loads
     exactly the rest of every table."""
     pg_exec(mt, SCHEMA)
-    _fresh_schema(pg_target, "mt_stop")
-    pg_exec(pg_target, "CREATE TABLE mt_stop.region (r_id int, r_name text)", "CREATE TABLE mt_stop.nation (n_id int, n_region int, n_name text)",
-            "CREATE TABLE mt_stop.customer (c_id int, c_nation int, c_name text)",
-            "CREATE TABLE mt_stop.orders (o_id int, o_customer int, o_total numeric(12,2), o_date date)",
-            "CREATE TABLE mt_stop.lineitem (l_order int, l_line int, l_qty int, l_note text)")
+    _empty_targets(pg_target, "mt_stop")
     args = ["run", "pipeline=pg_to_pg", f"source.port={mt.port}", "source.tables=[mt.*]", f"sink.port={pg_target.port}",
             "sink.schema=mt_stop", "load_mode=append", "degree=1", "strategy=ctid", "strategy.partitions=6", "sink.copy_path=arrow",
             "batch_size=1000", *runtime_args(kind, request)]
