@@ -35,6 +35,7 @@ from conveyor.core import (
     SinkPlan,
     SourceInfo,
     WriteStats,
+    check_partition_rows,
     target_for,
 )
 from conveyor.errors import ConfigError, ConnectError, SchemaError, TransferError, VerificationError
@@ -200,9 +201,6 @@ class DuckPlan:
     merge: merging.MergePlan | None = None
     #: incremental.cursor: the window this load reads; its upper end becomes the committed cursor
     window: CursorWindow | None = None
-    #: the target as markers and cursors name it (schema.table), and whether markers are kept
-    name: str = ""
-    markers: bool = True
 
 
 class DuckDBSink(StagedSink):
@@ -236,11 +234,11 @@ class DuckDBSink(StagedSink):
 
     def committed(self, plan: SinkPlan) -> dict[str, int] | None:
         """{partition: rows} committed into this target under the load id (None: no markers kept)."""
-        if not plan.own.markers:
+        if not self.config.commit_markers:
             return None
         con = _connect(self.config.database)
         try:
-            return state.committed(con, self.config.schema, self.options.load, plan.own.name)
+            return state.committed(con, self.config.schema, self.options.load, self._name)
         finally:
             con.close()
 
@@ -305,7 +303,7 @@ class DuckDBSink(StagedSink):
         finally:
             con.close()
         return SinkPlan(
-            own=DuckPlan(merge, request.window, self._name, self.config.commit_markers),
+            own=DuckPlan(merge, request.window),
             rows_before=before,
             target=f"{self.config.database}:{self.config.schema}.{self.config.table}",
             write_target=write_target,
@@ -357,23 +355,20 @@ class DuckDBSink(StagedSink):
         counted = CountingBatches(batches, plan.schema)
         reader = pa.RecordBatchReader.from_batches(plan.schema, counted)
         con = _connect(self.config.database)
-        own: DuckPlan = plan.own
+        markers = self.config.commit_markers
         try:
             con.register("__conveyor_batches", reader)
             con.execute("BEGIN")
             try:
-                before = state.committed_rows(con, self.config.schema, self.options.load, own.name, part.key) if own.markers else None
+                before = state.committed_rows(con, self.config.schema, self.options.load, self._name, part.key) if markers else None
                 if before is not None:  # committed by an earlier attempt or run under this load id
                     con.execute("ROLLBACK")
                     return WriteStats(part.key, before, 0, time.perf_counter() - start, already_committed=True)
                 into = qualified(self.config.schema, plan.write_target)
                 con.execute(self._insert_sql(into, plan.columns, plan.source_columns, "__conveyor_batches"))
-                expected = (plan.expected_rows or {}).get(part.key)
-                if expected is not None and counted.rows != expected:
-                    raise VerificationError(f"verification failed for {plan.target}: partition {part.key}: source {expected:,} rows, "
-                                            f"written {counted.rows:,}: rolled back", hint="the target was not changed by this partition")
-                if own.markers:
-                    state.mark(con, self.config.schema, self.options.load, own.name, part.key, counted.rows)
+                check_partition_rows(plan.target, part.key, (plan.expected_rows or {}).get(part.key), counted.rows)
+                if markers:
+                    state.mark(con, self.config.schema, self.options.load, self._name, part.key, counted.rows)
                 con.execute("COMMIT")
             except (duckdb.Error, VerificationError) as exc:
                 con.execute("ROLLBACK")
@@ -412,10 +407,10 @@ class DuckDBSink(StagedSink):
             return
         con = _connect(self.config.database)
         try:  # nothing of a staged load stayed: its markers and its window go
-            if own.markers:
-                state.forget(con, self.config.schema, self.options.load, own.name)
+            if self.config.commit_markers:
+                state.forget(con, self.config.schema, self.options.load, self._name)
             if own.window is not None:
-                state.clear_pending(con, self.config.schema, own.name, own.window.column, self.options.load)
+                state.clear_pending(con, self.config.schema, self._name, own.window.column, self.options.load)
         finally:
             con.close()
 
@@ -439,9 +434,9 @@ class DuckDBSink(StagedSink):
             for step in steps:
                 con.execute(step)
             if own.window is not None:
-                state.commit_cursor(con, self.config.schema, own.name, own.window, self.options.load)
-            if own.markers and plan.write_target != self.config.table:
-                state.forget(con, self.config.schema, self.options.load, own.name)
+                state.commit_cursor(con, self.config.schema, self._name, own.window, self.options.load)
+            if self.config.commit_markers and plan.write_target != self.config.table:
+                state.forget(con, self.config.schema, self.options.load, self._name)
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")

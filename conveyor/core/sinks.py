@@ -155,6 +155,17 @@ class SupportsForeignKeys(Protocol):
     def add_foreign_keys(self, plan: SinkPlan, keys: Sequence[tuple[ForeignKey, Any]]) -> list[str]: ...
 
 
+def check_partition_rows(target: str, partition: str, expected: int | None, rows: int) -> None:
+    """A sink whose partition commits are final (``SinkPlan.checks_before_commit``) calls this inside
+    the partition's transaction, before COMMIT: rows written must be the rows the source counted
+    (``expected``; None: not counted), else nothing of the partition stays."""
+    if expected is not None and rows != expected:
+        from conveyor.errors import VerificationError
+
+        raise VerificationError(f"verification failed for {target}: partition {partition}: source {expected:,} rows, "
+                                f"written {rows:,}: rolled back", hint="the target was not changed by this partition; see the report")
+
+
 def target_for(template: str, schema: str, table: str, what: str) -> str:
     """A table's target from a sink setting: ``{table}`` / ``{schema}`` replaced; a setting without
     them names one target, which several tables cannot share."""
@@ -254,6 +265,7 @@ __all__ = [
     "SupportsManyTargets",
     "SupportsForeignKeys",
     "target_for",
+    "check_partition_rows",
     "SupportsCleanup",
     "SupportsTargetCount",
     "SupportsTargetChecksum",

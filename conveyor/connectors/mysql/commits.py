@@ -30,8 +30,8 @@ from typing import Any
 from conveyor.connectors import guard
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, qident
 from conveyor.connectors.staged import Stage, stage_label
-from conveyor.core import WriteStats
-from conveyor.errors import Cancelled, ConveyorError, TransferError, VerificationError
+from conveyor.core import WriteStats, check_partition_rows
+from conveyor.errors import Cancelled, ConveyorError, TransferError
 
 MARKERS = "_conveyor_commits"
 RUNS = "_conveyor_runs"
@@ -187,9 +187,7 @@ class Attempt:
              seen: Callable[[], int] | None = None) -> None:
         """Just before COMMIT: the rows are the source's, the driver still holds the run, the marker joins."""
         o = self.once
-        if self.expected is not None and rows != self.expected:  # checked before the commit: nothing stays
-            raise VerificationError(f"verification failed for {o.target}: partition {self.key}: source {self.expected:,} rows, "
-                                    f"written {rows:,}: rolled back", hint="the target was not changed by this partition; see the report")
+        check_partition_rows(o.target, self.key, self.expected, rows)
         alive = f"IS_USED_LOCK({_lit(guard_name(o.run_id))}) IS NOT NULL"
         if not o.markers:
             free, held = fetch(f"SELECT IS_FREE_LOCK({_lit(stop_name(o.run_id))}), {alive}")

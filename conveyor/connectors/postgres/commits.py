@@ -27,8 +27,8 @@ from typing import Any
 from conveyor.connectors import guard
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, sqlstate, translate
 from conveyor.connectors.staged import Stage, stage_label
-from conveyor.core import WriteStats, cancel_requested
-from conveyor.errors import Cancelled, ConveyorError, TransferError, VerificationError
+from conveyor.core import WriteStats, cancel_requested, check_partition_rows
+from conveyor.errors import Cancelled, ConveyorError, TransferError
 
 MARKERS = "_conveyor_commits"
 STAGE_PREFIX = "_conveyor_stage_"
@@ -303,9 +303,7 @@ class Attempt:
     def _seal(self, rows: int, execute: Any, fetch: Any) -> None:
         """Just before commit: the driver must still hold the run, and the marker joins the transaction."""
         o = self.once
-        if self.expected is not None and rows != self.expected:  # checked before the commit: nothing stays
-            raise VerificationError(f"verification failed for {o.target}: partition {self.key}: source {self.expected:,} rows, "
-                                    f"written {rows:,}: rolled back", hint="the target was not changed by this partition; see the report")
+        check_partition_rows(o.target, self.key, self.expected, rows)
         stopping, alive = fetch(driver_state_sql(o.guard)) if o.guard else (False, True)
         if stopping:
             raise Cancelled(f"partition {self.key}: the run is stopping (Ctrl-C): rolled back instead of committing")
