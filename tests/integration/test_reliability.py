@@ -14,7 +14,7 @@ import duckdb
 import pytest
 
 from conveyor.errors import VerificationError
-from tests.helpers import BIN, PG_PASSWORD, checksum, job, pg_exec
+from tests.helpers import BIN, PG_PASSWORD, checksum, job, pg_exec, wait_until
 
 
 def _pg(server, table: str, **kw) -> dict:
@@ -79,12 +79,10 @@ def test_ctrl_c_rolls_back_and_exits_130(big, pg_target, tmp_path: Path, mode: s
     proc = _start(["--report", str(tmp_path / "r.json"), "run", "pipeline=pg_to_pg", f"source.port={big.port}", "source.table=rel_big",
                    f"sink.port={pg_target.port}", "sink.table=rel_cancel", f"load_mode={mode}", "runtime=local", "degree=1",
                    "strategy.partitions=60", "sink.copy_path=arrow", "batch_size=2000"], tmp_path)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until a partition is under way
-        if pg_exec(pg_target, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor' AND query ILIKE 'COPY%'")[0][0]:
-            break
-        time.sleep(0.05)
-    time.sleep(0.5)
+    wait_until(lambda: pg_exec(pg_target, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor' "
+                                          "AND query ILIKE 'COPY%'")[0][0], "a COPY into the target", 60)
+    if mode == "append":  # a fixed sleep raced the first commit on a slow machine: wait for one committed partition
+        wait_until(lambda: pg_exec(pg_target, "SELECT count(*) FROM rel_cancel WHERE id > 0")[0][0], "a committed partition", 60)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
