@@ -72,8 +72,11 @@ def client_cpu() -> float:
 
 def psql(server: PgServer, sql: str) -> str:
     env = {**os.environ, "PGPASSWORD": server.password}
-    return subprocess.run(["psql", "-X", "-qAt", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-c", sql],
-                          env=env, check=True, capture_output=True, text=True).stdout.strip()
+    done = subprocess.run(["psql", "-X", "-qAt", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-c", sql],
+                          env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"psql failed ({done.returncode}): {done.stderr.strip()[:2000]}\n  in: {sql[:300]}")
+    return done.stdout.strip()
 
 
 def checksum(server: PgServer, table: str) -> str:
@@ -387,8 +390,9 @@ class Bench:
                          method=f"unlogged_load={unlogged_load}", degree=degree)
 
     # the partitioned-ingestion experiment: one indexed table, range partitions, range + hash sub-partitions,
-    # each loaded through the parent and with a plan aligned with the target's range partitions
-    def partitioned(self, table: str, degree: int) -> None:
+    # each loaded through the parent (the server routes each row), with rows routed on the client into the
+    # leaves (sink.routing=leaves), and with a source plan aligned with the target's range partitions
+    def partitioned(self, table: str, degree: int, only: list[str] | None = None) -> None:
         if table != "lineitem":
             return
         cols = ddl(self.src, table)
@@ -406,19 +410,32 @@ class Bench:
                     "PARTITION BY HASH (l_orderkey)",
                     *[f"CREATE TABLE pt_li_{i}_{h} PARTITION OF pt_li_{i} FOR VALUES WITH (MODULUS 4, REMAINDER {h})" for h in range(4)])]],
         }
+        # and the same monthly partitions without any index: what routing costs where the target's side is cheap
+        layouts["range by month without indexes"] = [layouts["range by month"][0].replace(", PRIMARY KEY (l_orderkey, l_linenumber, l_shipdate)", ""),
+                                               *layouts["range by month"][1:]]
         for name, statements in layouts.items():
+            if only and name not in only:
+                continue
+            indexed = "without indexes" not in name
             psql(self.dst, "DROP TABLE IF EXISTS pt_li CASCADE; " + "; ".join(statements) +
-                 "; CREATE INDEX ON pt_li (l_partkey); CREATE INDEX ON pt_li (l_suppkey)")
-            group = f"partitioned {table}: {name} (PK + 2 indexes)"
+                 ("; CREATE INDEX ON pt_li (l_partkey); CREATE INDEX ON pt_li (l_suppkey)" if indexed else ""))
+            group = f"partitioned {table}: {name}" + (" (PK + 2 indexes)" if indexed else "")
             reset, verify = (lambda: psql(self.dst, "TRUNCATE pt_li")), (lambda: checksum(self.dst, "pt_li") == expect)
-            base = {"source": {"type": "postgres", "port": self.src.port, "table": table},
-                    "sink": {"type": "postgres", "port": self.dst.port, "table": "pt_li"}, "load_mode": "append", "degree": degree}
-            self.measure(group, f"conveyor through the parent, rangeid degree={degree}",
-                         lambda b=base: conveyor({**b, "strategy": {"type": "rangeid", "distribute_key": "l_shipdate"}}), reset, verify,
-                         method="parent", degree=degree)
+            base = {"source": {"type": "postgres", "port": self.src.port, "table": table}, "load_mode": "append", "degree": degree}
+            sink = {"type": "postgres", "port": self.dst.port, "table": "pt_li"}
+            parent = self.measure(group, f"conveyor through the parent, ctid degree={degree}",
+                                  lambda b=base, s=sink: conveyor({**b, "sink": {**s, "routing": "parent"}, "strategy": {"type": "ctid"}}),
+                                  reset, verify, method="parent", degree=degree)
             if name != "one table":
-                self.measure(group, f"conveyor aligned with the partitions degree={degree}",
-                             lambda b=base: conveyor({**b, "strategy": {"type": "rangeid", "align": True}}), reset, verify,
+                goal = {} if not indexed else {"goal": {"against": parent["name"], "at_most": round(1 / 1.3, 3),
+                                 "what": "partition-aligned at least 1.3x faster than through the parent"}}
+                self.measure(group, f"conveyor rows routed on the client into the partitions, ctid degree={degree}",
+                             lambda b=base, s=sink: conveyor({**b, "sink": {**s, "routing": "leaves"}, "strategy": {"type": "ctid"}}),
+                             reset, verify, method="routed", degree=degree, **goal)
+                if not indexed:
+                    continue
+                self.measure(group, f"conveyor source plan aligned with the range partitions degree={degree}",
+                             lambda b=base, s=sink: conveyor({**b, "sink": s, "strategy": {"type": "rangeid", "align": True}}), reset, verify,
                              method="aligned", degree=degree)
         psql(self.dst, "DROP TABLE IF EXISTS pt_li CASCADE")
 
@@ -713,6 +730,7 @@ def main() -> int:
                          "duckdb_to_pg, wal_minimal, recipes, partitioned, "
                          "merge (the last three lineitem only), runtime, memory, mysql (MariaDB <-> PostgreSQL), "
                          "schema (TPC-H's 8 tables in one job against pg_dump | pg_restore and one job per table; not in the default list)")
+    ap.add_argument("--layouts", default="", help="partitioned group: the layouts to run, by name (default: all)")
     ap.add_argument("--memory-sfs", default="1,3", help="scale factors of lineitem for the memory group")
     ap.add_argument("--out", default=f".bench/{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
@@ -753,7 +771,7 @@ def main() -> int:
                 if "recipes" in groups:
                     bench.recipes(t, max(d for d in degrees if d <= 2))
                 if "partitioned" in groups:
-                    bench.partitioned(t, max(d for d in degrees if d <= 2))
+                    bench.partitioned(t, max(d for d in degrees if d <= 2), [x for x in args.layouts.split(",") if x])
                 if "merge" in groups:
                     bench.merge(t, max(d for d in degrees if d <= 2))
                 if "mysql" in groups:

@@ -29,7 +29,7 @@ from typing import Any
 from conveyor.casts import ColumnType, check_casts
 from conveyor.connectors import merge as merging
 from conveyor.connectors.merge import MergeOptions
-from conveyor.connectors.postgres import commits, partitioned, passthrough, writers
+from conveyor.connectors.postgres import commits, partitioned, passthrough, routing, writers
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.target import Target
@@ -60,7 +60,11 @@ from conveyor.mapping import map_columns
 COPY_PATHS = ("auto", "arrow", "passthrough")
 WRITERS = ("auto", "pgpq", "adbc")
 TRUNCATE_METHODS = ("auto", "in_place", "staged")
+ROUTINGS = ("auto", "leaves", "parent")
 _IN_PLACE = "truncate in one transaction (TRUNCATE, then COPY straight into the target)"
+#: measured (make bench, partitioned group): into partitions without an index the pass-through through
+#: the parent beats decoding to Arrow to route on the client; with indexes routing wins by far
+_UNINDEXED = "rows routed by the server through the parent (no partition has an index: the pass-through costs less than routing here)"
 
 
 @dataclass
@@ -95,6 +99,17 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
     #: the Arrow path's binary COPY encoder. auto: pgpq where it encodes every column (it costs
     #: about a third of ADBC's client CPU), else ADBC; pgpq: require it; adbc: ADBC's adbc_ingest
     writer: str = "auto"
+    #: a partitioned target (append, or a truncate in one transaction): leaves: each task computes every
+    #: row's leaf partition on the client (Arrow / numpy over whole batches: range, list and hash on
+    #: integer, date and timestamp keys, list on text) and COPYs each leaf's rows straight into it
+    #: (the Arrow path); parent: COPY into the parent, the server routes every row; auto: leaves where
+    #: the client can route the top level, unless no partition has an index and the source's COPY
+    #: stream could pass through (the parent costs less there), else the parent (`conveyor plan` says
+    #: which and why)
+    routing: str = "auto"
+    #: routed loads: the Arrow batches (MiB) one task holds, grouped by partition, before it COPYs
+    #: each partition's share and lets them all go
+    routing_buffer_mb: int = 64
     #: run ANALYZE on the target after the load
     analyze: bool = False
     #: create / replace making a new table from a source table with a primary key: make the same key
@@ -118,6 +133,8 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
             raise ValueError(f"copy_path: {self.copy_path!r} is not one of {', '.join(COPY_PATHS)}")
         if self.writer not in WRITERS:
             raise ValueError(f"writer: {self.writer!r} is not one of {', '.join(WRITERS)}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing: {self.routing!r} is not one of {', '.join(ROUTINGS)}")
         if self.truncate_method not in TRUNCATE_METHODS:
             raise ValueError(f"truncate_method: {self.truncate_method!r} is not one of {', '.join(TRUNCATE_METHODS)}")
         self.check_merge_options()
@@ -198,7 +215,8 @@ class PostgresSink:
                 commits.ensure_markers(con, self.config.schema)
             if request.window is not None:
                 self._record_window(con, request.window)
-            plan = self._plan(request, pairs, write_table, con, self._one_transaction(con, target) if in_place else None)
+            route = self._routing(con, target) if target.relkind == "p" and (mode == "append" or in_place) else None
+            plan = self._plan(request, pairs, write_table, con, self._one_transaction(con, target) if in_place else None, route)
             if mode == "append" and target.relkind == "p":
                 plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, leaves=partitioned.leaves(con, target, self.config.schema)))
             if request.window is not None:
@@ -302,12 +320,50 @@ class PostgresSink:
                               hint="install its extension first (Citus: CREATE EXTENSION citus_columnar), or leave sink.access_method unset")
         return f" USING {ident(am)}"
 
+    def _routing(self, con: Any, target: Target) -> tuple[routing.Tree | None, str]:
+        """(the tree to route rows into, or None; why not) for a partitioned target (sink.routing)."""
+        if self.config.routing == "parent":
+            return None, "rows routed by the server through the parent (sink.routing=parent)"
+        tree, why = routing.read_tree(con, target.qualified)
+        if tree is None and self.config.routing == "leaves":
+            raise SchemaError(f"{self._where}: sink.routing=leaves is not possible: {why}", hint="use sink.routing=auto or parent")
+        if tree is not None and self.config.copy_path == "passthrough":
+            if self.config.routing == "leaves":
+                raise ConfigError("sink.routing=leaves routes Arrow batches, and sink.copy_path=passthrough relays the source's "
+                                  "COPY stream untouched", key="sink.routing", hint="use sink.copy_path=auto with routing=leaves")
+            return None, "rows routed by the server through the parent (sink.copy_path=passthrough)"
+        return tree, f"rows routed by the server through the parent ({why})" if tree is None else ""
+
+    def _route_these(self, route: tuple[routing.Tree | None, str], request: PrepareRequest, pairs: list[tuple[str, str]],
+                     tcols: list[PgColumn]) -> tuple[routing.Tree | None, str]:
+        """The routing decision once the columns are known: a partition key the rows do not carry
+        (the server fills it from its default) leaves the routing to the server; so does routing=auto
+        into partitions without an index from a source whose COPY stream can pass through (the
+        parent costs less there: measured in make bench's partitioned group)."""
+        tree, note = route
+        if tree is None:
+            return route
+        unloaded = sorted(tree.key_columns() - {t for _, t in pairs})
+        if unloaded:
+            why_not = f"the partition key column {unloaded[0]} is not loaded (the server fills it)"
+            if self.config.routing == "leaves":
+                raise SchemaError(f"{self._where}: sink.routing=leaves is not possible: {why_not}", hint="use sink.routing=auto or parent")
+            return None, f"rows routed by the server through the parent ({why_not})"
+        if (self.config.routing == "auto" and not tree.indexed
+                and passthrough.negotiate(request.info.native, pairs, tcols, self.config.copy_path)[0] is not None):
+            return None, _UNINDEXED
+        return tree, note
+
     def _plan(self, request: PrepareRequest, pairs: list[tuple[str, str]], write_table: str, con: Any,
-              one_transaction: tuple[tuple[str, ...], tuple[str, ...], bool] | None = None) -> SinkPlan:
+              one_transaction: tuple[tuple[str, ...], tuple[str, ...], bool] | None = None,
+              route: tuple[routing.Tree | None, str] | None = None) -> SinkPlan:
         target_cols = {c.name: c for c in read_columns(con, f"SELECT * FROM {self._qualified(write_table)} LIMIT 0")}
         tcols = [target_cols[t] for _, t in pairs]
         forced = self._check_casts(request, pairs, tcols)
-        native, reason = passthrough.negotiate(request.info.native, pairs, tcols, self.config.copy_path)
+        tree, route_note = self._route_these(route or (None, ""), request, pairs, tcols)
+        native, reason = passthrough.negotiate(request.info.native, pairs, tcols, "arrow" if tree else self.config.copy_path)
+        if tree is not None:
+            reason = reason.replace("copy_path=arrow", "routing rows into partitions")
         before, after, freeze = one_transaction or ((), (), False)
         once = commits.Once(self.config, self.config.schema, self.name, self.config.table, self._stage(), self.options.load,
                             self.config.commit_markers, self.options.run_id, self.config.max_streams, before, after, freeze)
@@ -316,9 +372,20 @@ class PostgresSink:
             casts, writer, why, pgpq_types = writers.plan_arrow(self.config, self.config.writer, self.options.run_id, request.schema,
                                                                 pairs, self._qualified(write_table), self._where, tcols, forced)
             load = dataclasses.replace(load, writer=writer, casts=casts, pgpq_types=pgpq_types)
+            if tree is not None and (writer != "pgpq" or None in casts):
+                why_not = f"the {writer} encoder ({why})" if writer != "pgpq" else "PostgreSQL casts a column (through a temp table)"
+                if self.config.routing == "leaves":
+                    raise SchemaError(f"{self._where}: sink.routing=leaves is not possible: {why_not}", hint="use sink.routing=auto or parent")
+                return self._plan(request, pairs, write_table, con, one_transaction,
+                                  (None, f"rows routed by the server through the parent ({why_not})"))
+            if tree is not None:
+                load = dataclasses.replace(load, route=tree, route_buffer=self.config.routing_buffer_mb << 20)
+                route_note = tree.describe()
             reason = f"{reason}; {writer} encoder" + (f" ({why})" if why else "")
             if forced:
                 reason += f"; cast by PostgreSQL (sink.allow_cast): {', '.join(forced)}"
+        if route_note:
+            reason += "; " + route_note
         if one_transaction is not None:
             reason += "; " + _IN_PLACE + (" + COPY FREEZE" if freeze and (native or load.writer == "pgpq") else "")
         return SinkPlan(
@@ -353,9 +420,12 @@ class PostgresSink:
 
     def explain_path(self, request: PrepareRequest) -> str:
         """Which path a run would take (for ``conveyor plan``); reads the target, changes nothing."""
+        mode = self.options.load_mode
+        in_place = mode == "truncate" and self._in_place(request.partitions)
         con = connect(self.config, autocommit=True)
         try:
             target = self._inspect(con)
+            tree, route_note = self._routing(con, target) if target.relkind == "p" and (mode == "append" or in_place) else (None, "")
         finally:
             con.close()
         if target.exists and self.options.load_mode not in ("create",):
@@ -367,9 +437,14 @@ class PostgresSink:
             pairs = [(n, n) for n in request.schema.names]
             src = passthrough.source_columns(request.info.native)
             tcols = [src[n] if n in src and src[n].type_oid < 16384 else PgColumn(n, 0, -1, "", "", "", "") for n in request.schema.names]
-        reason = passthrough.negotiate(request.info.native, pairs, tcols, self.config.copy_path)[1]
+        tree, route_note = self._route_these((tree, route_note), request, pairs, tcols)
+        reason = passthrough.negotiate(request.info.native, pairs, tcols, "arrow" if tree else self.config.copy_path)[1]
+        if tree is not None:  # the encoder is chosen in prepare: a column pgpq cannot encode sends the rows through the parent
+            reason = reason.replace("copy_path=arrow", "routing rows into partitions") + "; " + tree.describe()
+        elif route_note:
+            reason += "; " + route_note
         if self.options.load_mode == "truncate":
-            reason += "; " + (_IN_PLACE if self._in_place(request.partitions) else
+            reason += "; " + (_IN_PLACE if in_place else
                               "truncate through an UNLOGGED staging table, copied into the target at the end")
         return reason
 

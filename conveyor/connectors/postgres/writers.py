@@ -48,6 +48,10 @@ class PgLoad:
     #: create / replace making a new table: the source's primary key, added to the staged table
     #: after its rows (one index build instead of one insert per row) and before it is swapped in
     primary_key: tuple[str, ...] = ()
+    #: sink.routing=leaves: the target's partition tree (routing.Tree), each row COPYed into its leaf
+    route: Any = None
+    #: the Arrow bytes a routed partition holds before it COPYs every leaf's share (routing_buffer_mb)
+    route_buffer: int = 64 << 20
 
 
 def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str,
@@ -204,6 +208,8 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
 
     def body() -> tuple[int, int]:
         cols = ", ".join(ident(c) for c in plan.columns)
+        if load.route is not None and plan.write_target == load.once.table:
+            return _routed_copy(con, load, cols, counted, wire), counted.bytes
         temp = f"_conveyor_in_{part.index}" if any(c is None for c in load.casts) else None
         into = _table(load, plan) if temp is None else f"pg_temp.{ident(temp)}"
         if temp is not None:  # PostgreSQL casts these text columns: through a temp table
@@ -225,6 +231,45 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
         return attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(), body, cause=lambda: counted.error)
     finally:
         con.close()
+
+
+def _routed_copy(con: Any, load: PgLoad, cols: str, batches: Iterable[Any], wire: Any) -> int:
+    """Each batch's rows grouped by the partition they belong to (routing.Router) and held; when the
+    held batches pass ``route_buffer`` bytes, and at the end, each partition's rows are COPYed into
+    it (one COPY per partition per flush; everything held is let go at once, so memory is the
+    buffer). Returns the rows the target took (the COPY tags' sum)."""
+    from pgpq import ArrowToPostgresBinaryEncoder
+
+    from conveyor.connectors.postgres.routing import Router
+
+    router = Router(load.route)
+    names = load.route.destinations
+    held: dict[int, list[Any]] = {}
+    taken = total = 0
+    with con.cursor() as cur:
+
+        def flush() -> None:
+            nonlocal taken, total
+            for dest, parts in sorted(held.items()):
+                encoder = ArrowToPostgresBinaryEncoder(wire)  # it keeps up to ~1 MiB until finish(): one per COPY
+                with cur.copy(f"COPY {names[dest]} ({cols}) FROM STDIN (FORMAT binary)") as cp:
+                    cp.write(encoder.write_header())
+                    for rows in parts:
+                        cp.write(encoder.write_batch(rows))
+                    cp.write(encoder.finish())
+                taken += cur.rowcount
+            held.clear()
+            total = 0
+
+        for batch in batches:
+            batch = _to_pg_epoch(batch, wire)
+            for dest, rows in router.split(batch):
+                held.setdefault(dest, []).append(rows)
+            total += batch.nbytes
+            if total > load.route_buffer:
+                flush()
+        flush()
+    return taken
 
 
 def expected_rows(plan: SinkPlan, part: Partition) -> int | None:
