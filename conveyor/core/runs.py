@@ -33,6 +33,8 @@ class PlanRequest:
     degree: int
     #: the target's range partitions, where the sink can tell (strategy.align=true plans along them)
     target: TargetLayout | None = None
+    #: the rows a partition should hold at least for the target, and why (a columnar target's stripe)
+    min_partition_rows: tuple[int, str] = (0, "")
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,16 @@ class SupportsTargetLayout(Protocol):
     def target_layout(self, request: PrepareRequest) -> TargetLayout | None: ...
 
 
+@runtime_checkable
+class WantsPartitionRows(Protocol):
+    """A sink whose target stores each partition's transaction best in whole units of some rows
+    (a columnar table's stripe: one transaction's rows or ``stripe_row_limit``, whichever is less):
+    the rows a partition should hold at least (0: no wish). Strategies that choose the partition
+    count keep to it unless ``strategy.partitions`` is set."""
+
+    def partition_rows(self, request: PrepareRequest) -> tuple[int, str]: ...
+
+
 @dataclass(frozen=True)
 class WriteStats:
     """What one partition's write did."""
@@ -258,6 +268,7 @@ __all__ = [
     "PrepareRequest",
     "TargetLayout",
     "SupportsTargetLayout",
+    "WantsPartitionRows",
     "WriteStats",
     "SinkCapabilities",
     "sink_capabilities",

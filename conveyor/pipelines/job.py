@@ -38,6 +38,7 @@ from conveyor.core import (
     SupportsWindow,
     Task,
     TaskResult,
+    WantsPartitionRows,
     WriteStats,
     cancel_requested,
     open_session,
@@ -190,7 +191,10 @@ def plan_one(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
     layout = None
     if isinstance(spec.sink, SupportsTargetLayout):  # the target's range partitions, for a plan aligned with them
         layout = spec.sink.target_layout(PrepareRequest(schema=info.schema, info=info))
-    planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree, target=layout))
+    rows_wanted = (0, "")
+    if isinstance(spec.sink, WantsPartitionRows):  # a columnar target's stripe
+        rows_wanted = spec.sink.partition_rows(PrepareRequest(schema=info.schema, info=info))
+    planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree, target=layout, min_partition_rows=rows_wanted))
     partitions = list(planned.partitions)
     if not partitions:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")

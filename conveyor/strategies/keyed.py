@@ -31,7 +31,7 @@ from conveyor.core import (
     WholeSource,
 )
 from conveyor.errors import ConfigError, PlanningError
-from conveyor.log import warn
+from conveyor.log import say, warn
 
 
 @dataclass
@@ -82,13 +82,22 @@ DATADRIVEN_ONE_EACH = 64
 def partition_count(configured: int, request: PlanRequest, factor: int, method: str) -> int:
     """How many partitions: ``configured`` (capped at MAX_PARTITIONS), else degree x ``factor``
     bounded by the source's size, so a huge degree does not make thousands of tiny partitions."""
+    info = request.info
+    least, why = request.min_partition_rows
     if configured:
         if configured > MAX_PARTITIONS:
             warn(f"strategy={method}: partitions={configured} capped to {MAX_PARTITIONS}")
+        if least and info.estimated_rows and info.estimated_rows // configured < least:
+            warn(f"strategy={method}: partitions={configured} of about {info.estimated_rows // configured:,} rows each: "
+                 f"{why} wants at least {least:,} per partition (leave strategy.partitions unset to size them so)")
         return min(configured, MAX_PARTITIONS)
     wanted = max(1, request.degree * factor)
-    info = request.info
     limits = [MAX_PARTITIONS]
+    if least and info.estimated_rows:
+        fit = max(1, info.estimated_rows // least)
+        if fit < wanted:
+            say(f"strategy={method}: {fit} partition(s) instead of {wanted}: {why} wants at least {least:,} rows per partition")
+            return fit
     if info.estimated_bytes:
         limits.append(max(1, info.estimated_bytes // MIN_PARTITION_BYTES))
     elif info.estimated_rows:

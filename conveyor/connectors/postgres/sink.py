@@ -110,6 +110,11 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
     #: routed loads: the Arrow batches (MiB) one task holds, grouped by partition, before it COPYs
     #: each partition's share and lets them all go
     routing_buffer_mb: int = 64
+    #: a target of another access method than heap (Citus columnar: a stripe holds one transaction's rows,
+    #: up to its stripe_row_limit): the rows each partition's transaction should hold at least, so the
+    #: plan makes whole stripes instead of many small ones (read from columnar.options where Citus has
+    #: it; 0: plan as for a heap table)
+    stripe_rows: int = 150000
     #: run ANALYZE on the target after the load
     analyze: bool = False
     #: create / replace making a new table from a source table with a primary key: make the same key
@@ -447,6 +452,27 @@ class PostgresSink:
             reason += "; " + (_IN_PLACE if in_place else
                               "truncate through an UNLOGGED staging table, copied into the target at the end")
         return reason
+
+    def partition_rows(self, request: PrepareRequest) -> tuple[int, str]:
+        """For a non-heap (columnar) target: the rows a partition's transaction should hold, to make
+        whole stripes (append, create and replace write into it; other modes through a heap stage)."""
+        mode = self.options.load_mode
+        if not self.config.stripe_rows or mode not in ("append", "create", "replace"):
+            return 0, ""
+        con = connect(self.config, autocommit=True)
+        try:
+            target = targets.inspect(con, self.config.schema, self.config.table)
+            am = self.config.access_method if mode != "append" and self.config.access_method else None
+            if am is None and target.exists and mode != "create":
+                am = targets.table_access_method(con, target)
+            if am is None or am == "heap":
+                return 0, ""
+            rows = targets.stripe_row_limit(con, target if target.exists else None) or self.config.stripe_rows
+        except Exception as exc:
+            raise translate(exc, self.config, f"reading the access method of {self._where}") from None
+        finally:
+            con.close()
+        return rows, f"the {am} target {self.name} (a stripe holds one transaction's rows, up to {rows:,}: sink.stripe_rows)"
 
     # --- partitioned targets (conveyor/connectors/postgres/partitioned.py) --------------------------
 

@@ -107,6 +107,26 @@ def access_method(con: Any, target: Target) -> str:
     return f" USING {ident(row[0])}" if row and row[0] != "heap" else ""
 
 
+def table_access_method(con: Any, target: Target) -> str:
+    """The target's access method; for a partitioned table, its leaves' other than heap if any has one."""
+    rows = con.execute("SELECT DISTINCT a.amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam WHERE c.relkind IN ('r', 'm') "
+                       "AND (c.oid = %s::regclass OR c.oid IN (SELECT relid FROM pg_partition_tree(%s::regclass)))",
+                       [target.qualified, target.qualified]).fetchall()
+    found = sorted(r[0] for r in rows)
+    return next((am for am in found if am != "heap"), "heap")
+
+
+def stripe_row_limit(con: Any, target: Target | None) -> int | None:
+    """Citus columnar's stripe_row_limit for the target (its own option, else the server's setting);
+    None where Citus is not installed."""
+    if target is not None and con.execute("SELECT to_regclass('columnar.options')").fetchone()[0] is not None:
+        row = con.execute("SELECT stripe_row_limit FROM columnar.options WHERE relation = %s::regclass", [target.qualified]).fetchone()
+        if row is not None:
+            return int(row[0])
+    setting = con.execute("SELECT current_setting('columnar.stripe_row_limit', true)").fetchone()[0]
+    return int(setting) if setting else None
+
+
 def range_leaves(con: Any, target: Target) -> tuple[str, list[tuple[Any, Any, str, str]]] | None:
     """(partition key column, [(lower, upper, schema, table)]) of a target partitioned by RANGE on
     one column: its direct partitions with their bounds as Python values (None: MINVALUE/MAXVALUE);

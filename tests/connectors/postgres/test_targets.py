@@ -258,3 +258,29 @@ def test_align_is_refused_by_name_where_the_target_has_no_range_partitions(event
         job(_src(events), _dst(pg_target, "tg_flat"), "rangeid", {"align": True}, load_mode="append")
     with pytest.raises(ConfigError, match="the target is partitioned on 'ts', not on distribute_key 'id'"):
         job(_src(events), _dst(pg_target, "tg_aligned"), "rangeid", {"align": True, "distribute_key": "id"}, load_mode="append")
+
+
+def test_a_columnar_target_gets_partitions_of_whole_stripes(pg_source, pg_target, caplog) -> None:
+    """Citus columnar makes one stripe per transaction (up to stripe_row_limit rows): the plan keeps
+    each partition at least a stripe long. The heap-handler stand-in has no columnar.options, so
+    sink.stripe_rows says the stripe's rows (with Citus they are read from columnar.options)."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS tg_wide", "CREATE TABLE tg_wide AS SELECT g AS id, md5(g::text) AS h FROM generate_series(1, 400000) g",
+            "ANALYZE tg_wide")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS tg_stripes", "DROP TABLE IF EXISTS tg_heap", "DROP ACCESS METHOD IF EXISTS tg_striped",
+            "CREATE ACCESS METHOD tg_striped TYPE TABLE HANDLER heap_tableam_handler",
+            "CREATE TABLE tg_stripes (id int, h text) USING tg_striped", "CREATE TABLE tg_heap (id int, h text)")
+    heap = job(_src(pg_source, "tg_wide"), _dst(pg_target, "tg_heap", stripe_rows=100000), "ctid", load_mode="append", degree=2)
+    assert len(heap.plan.partitions) == 8  # a heap target: 4 ranges per stream
+    caplog.set_level("INFO", logger="conveyor")
+    columnar = job(_src(pg_source, "tg_wide"), _dst(pg_target, "tg_stripes", stripe_rows=100000), "ctid", load_mode="append", degree=2)
+    assert len(columnar.plan.partitions) == 4 and all(r.rows >= 90000 for r in columnar.results)
+    assert "4 partition(s) instead of 8: the tg_striped target public.tg_stripes (a stripe holds one transaction's rows, up to 100,000" in caplog.text
+    _same(pg_source, pg_target, "tg_wide", "tg_stripes")
+    # create with an access method, and a plan that asks for more partitions than stripes allow: said, then done as asked
+    pg_exec(pg_target, "DROP TABLE IF EXISTS tg_stripes_new")
+    made = job(_src(pg_source, "tg_wide"), _dst(pg_target, "tg_stripes_new", access_method="tg_striped", stripe_rows=100000), "ctid",
+               {"partitions": 10}, load_mode="create", degree=2)
+    assert len(made.plan.partitions) == 10
+    assert "partitions=10 of about 40,000 rows each: the tg_striped target public.tg_stripes_new" in caplog.text
+    _same(pg_source, pg_target, "tg_wide", "tg_stripes_new")
+
