@@ -284,3 +284,22 @@ def test_a_columnar_target_gets_partitions_of_whole_stripes(pg_source, pg_target
     assert "partitions=10 of about 40,000 rows each: the tg_striped target public.tg_stripes_new" in caplog.text
     _same(pg_source, pg_target, "tg_wide", "tg_stripes_new")
 
+
+def test_the_analyze_recipe_leaves_fresh_statistics_and_the_target_as_before_plus_the_rows(events, pg_target) -> None:
+    """sink.analyze=true: ANALYZE after the load's commit, so the planner knows the new rows at once
+    (not when autovacuum gets to them): the estimate for a range of days matches the rows loaded."""
+    pg_exec(pg_target, "DROP TABLE IF EXISTS tg_an", "CREATE TABLE tg_an (id int PRIMARY KEY, ts timestamp, region text, h text)",
+            "ALTER TABLE tg_an SET (autovacuum_enabled = false)", "GRANT SELECT ON tg_an TO PUBLIC")
+    before = pg_exec(pg_target, "SELECT relacl::text, relpersistence, (SELECT count(*) FROM pg_index WHERE indrelid = 'tg_an'::regclass) "
+                                "FROM pg_class WHERE oid = 'tg_an'::regclass")
+    job(_src(events), _dst(pg_target, "tg_an", analyze=True), "rangeid", {"distribute_key": "id", "partitions": 4}, load_mode="append", degree=2)
+    _same(events, pg_target, "tg_events", "tg_an")
+    analyzed, reltuples = pg_exec(pg_target, "SELECT s.last_analyze IS NOT NULL, c.reltuples FROM pg_stat_user_tables s "
+                                             "JOIN pg_class c ON c.oid = s.relid WHERE s.relname = 'tg_an'")[0]
+    assert analyzed and reltuples == ROWS
+    plan = pg_exec(pg_target, "EXPLAIN (FORMAT JSON) SELECT * FROM tg_an WHERE ts < '2026-02-01'")[0][0]
+    estimate = plan[0]["Plan"]["Plan Rows"]
+    actual = pg_exec(pg_target, "SELECT count(*) FROM tg_an WHERE ts < '2026-02-01'")[0][0]
+    assert abs(estimate - actual) <= actual * 0.2, (estimate, actual)
+    assert pg_exec(pg_target, "SELECT relacl::text, relpersistence, (SELECT count(*) FROM pg_index WHERE indrelid = 'tg_an'::regclass) "
+                              "FROM pg_class WHERE oid = 'tg_an'::regclass") == before
