@@ -129,6 +129,17 @@ class ReportsStartup(Protocol):
     def startup_seconds(self) -> float: ...
 
 
+@runtime_checkable
+class StartsEarly(Protocol):
+    """A runtime that can get ready while the driver describes, plans and prepares (Ray starting a
+    private instance takes seconds): ``start_early`` begins in the background, ``run`` waits for it,
+    and ``release`` stops what was started and never used (a job that failed before its tasks)."""
+
+    def start_early(self, degree: int) -> None: ...
+
+    def release(self) -> None: ...
+
+
 class Runtime(Protocol):
     """Runs tasks, ``degree`` at once, and returns one result per task in any order; a failed
     partition cancels the ones not started (their results say ``cancelled``)."""
@@ -148,5 +159,6 @@ __all__ = [
     "ReportsStartup",
     "resolve_degree",
     "ChecksBeforeRun",
+    "StartsEarly",
     "Runtime",
 ]

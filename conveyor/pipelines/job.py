@@ -29,6 +29,7 @@ from conveyor.core import (
     ReportsStartup,
     SinkPlan,
     SourceInfo,
+    StartsEarly,
     SupportsCommitMarkers,
     SupportsCursorState,
     SupportsManyTables,
@@ -207,11 +208,25 @@ def plan_one(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
     return JobPlan(spec=spec, info=info, partitions=partitions, degree=degree, note=planned.note, path=path)
 
 
+@contextmanager
+def runtime_started(spec: JobSpec) -> Iterator[None]:
+    """The runtime gets ready (Ray's private instance starts) while the job describes, plans and
+    prepares; what it started and the tasks did not use is stopped on the way out."""
+    runtime = spec.runtime if isinstance(spec.runtime, StartsEarly) else None
+    if runtime is not None:
+        runtime.start_early(spec.options.degree)
+    try:
+        yield
+    finally:
+        if runtime is not None:
+            runtime.release()
+
+
 def run_job(spec: JobSpec, progress: Progress | None = None) -> JobReport:
     """Plan and run a whole job (the library's entry point); raises the error that stopped it,
     after aborting the sink. ``conveyor.pipelines.run`` is the CLI's, with report and manifest."""
     start = time.perf_counter()
-    with opened(spec) as (plan, source):
+    with runtime_started(spec), opened(spec) as (plan, source):
         report = execute(plan, progress, start, source)
     if report.error is not None:
         raise report.error

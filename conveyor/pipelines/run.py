@@ -21,7 +21,7 @@ from typing import Any
 from conveyor.core import NullProgress, Progress, SupportsSnapshot, reset_cancel
 from conveyor.errors import Cancelled, ConveyorError, JobFailed
 from conveyor.log import note, say
-from conveyor.pipelines.job import RESUME_HINT, JobPlan, JobReport, execute, opened
+from conveyor.pipelines.job import RESUME_HINT, JobPlan, JobReport, execute, opened, runtime_started
 from conveyor.pipelines.manifest import Manifest, Previous, load_for_resume
 from conveyor.pipelines.report import report_dict
 
@@ -68,7 +68,7 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
         spec = build_job(cfg, load_id=previous.load_id if previous else None)
         reset_cancel()
         start = time.perf_counter()
-        with opened(spec) as (plan, source):
+        with runtime_started(spec), opened(spec) as (plan, source):
             plan = _resumed(plan, str(cfg.get("resume") or ""), previous)
             with (progress or _no_progress)(plan) as shown:
                 with _manifest(place, plan, config, shown, source) as manifest:

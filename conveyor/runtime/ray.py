@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -128,6 +130,25 @@ def _quiet_token_note(address: str) -> Any:
         log.removeFilter(note)
 
 
+class _ThreadNote(logging.Filter):
+    """Drops Ray's WARNING that ``ray.init`` outside the main thread sets no SIGTERM handler: the
+    instance start_early starts in a thread, and SIGTERM is Conveyor's to handle (it cancels the run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("SIGTERM handler is not set")
+
+
+@contextlib.contextmanager
+def _quiet_thread_note() -> Any:
+    log = logging.getLogger("ray._private.worker")
+    quiet = _ThreadNote()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
+
+
 class _RemoteProgress:
     def __init__(self, collector: Any) -> None:
         self.collector = collector
@@ -202,15 +223,22 @@ class RayRuntime:
         self._connected_here = False
         #: what the report says of where the tasks ran, when it is not the usual
         self.report_note = ""
+        #: the private instance starting in the background while the job plans (start_early)
+        self._early: threading.Thread | None = None
+        self._early_started = False
+        self._early_error: BaseException | None = None
+        self._early_seconds = 0.0
+        self._early_ready = threading.Event()
+        self._early_done = threading.Event()
+        self._early_joined = False
 
     # --- connecting ----------------------------------------------------------------------------
 
     def _init(self) -> tuple[Any, bool]:
         """(ray, whether this call started it)."""
-        try:
-            import ray
-        except ModuleNotFoundError:
-            raise ConfigError("runtime=ray needs the ray package", key="runtime", hint="pip install 'conveyor[ray]', or use runtime=local") from None
+        ray = self._import()
+        if self._early is not None and not self._early_joined:
+            return ray, self._join_early()
         if ray.is_initialized():
             return ray, False
         started_at = time.perf_counter()
@@ -219,8 +247,87 @@ class RayRuntime:
         finally:
             self._startup += time.perf_counter() - started_at
 
+    @staticmethod
+    def _import() -> Any:
+        try:
+            import ray
+        except ModuleNotFoundError:
+            raise ConfigError("runtime=ray needs the ray package", key="runtime", hint="pip install 'conveyor[ray]', or use runtime=local") from None
+        return ray
+
     def startup_seconds(self) -> float:
+        """Seconds the job waited for Ray (a start overlapped with planning counts only the wait)."""
         return self._startup
+
+    # --- starting while the job plans ----------------------------------------------------------
+
+    def start_early(self, degree: int) -> None:
+        """Start the private instance in a background thread while the driver describes, plans and
+        prepares (its 2-3 s of start-up then overlap them), where the job will want one: no
+        instance to join, and not a degree-1 job, whose single task runs in the driver."""
+        if self._early is not None or self._address() != "local":
+            return
+        if degree == 1 and self.config.one_task_in_driver and self.config.address != "local":
+            return
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():  # a library user's own instance
+            return
+        self._early_ready, self._early_done, self._early_joined = threading.Event(), threading.Event(), False
+        self._early = threading.Thread(target=self._start_in_background, name="conveyor-ray-start", daemon=True)
+        self._early.start()
+
+    def _start_in_background(self) -> None:
+        began = time.perf_counter()
+        try:
+            ray = self._import()
+            self._early_started = self._start(ray)[1]
+        except BaseException as exc:  # raised where the job waits for the instance
+            self._early_error = exc
+            return
+        finally:
+            self._early_seconds = time.perf_counter() - began
+            self._early_ready.set()
+        # Ray ties the GCS and the raylet to the *thread* that started them (PR_SET_PDEATHSIG fires
+        # when that thread ends): this one stays until the job is done with the instance, then stops
+        # it (about 1.5 s of waiting for its processes, while the driver verifies and finalizes)
+        self._early_done.wait()
+        if self._early_started:
+            try:
+                ray.shutdown()
+            except Exception as exc:  # the processes end with the driver anyway (the reaper)
+                note(f"ray: stopping the private instance: {type(exc).__name__}: {first_line(exc)}")
+            self._end_reaper()
+
+    def _join_early(self) -> bool:
+        """Wait for the instance start_early began (the wait counts as start-up); whether it was
+        started here (and so is stopped after the tasks); its start's error is raised here."""
+        assert self._early is not None
+        waited_from = time.perf_counter()
+        self._early_ready.wait()
+        waited = time.perf_counter() - waited_from
+        self._startup += waited
+        self._early_joined = True
+        if self._early_error is not None:
+            err, self._early_error = self._early_error, None
+            self._let_go()
+            raise err
+        note(f"ray: private instance started in {self._early_seconds:.1f} s while the job planned; the tasks waited {waited:.1f} s for it")
+        return self._early_started
+
+    def _let_go(self) -> None:
+        """The instance start_early began is no longer needed: the thread that started it stops it."""
+        if self._early is not None:
+            self._early_done.set()
+
+    def release(self) -> None:
+        """Stop the instance start_early began (if the tasks did not already let it go), and wait
+        until it is stopped."""
+        if self._early is None:
+            return
+        self._early_done.set()
+        self._early.join()
+        self._early = None
+        self._early_error, self._early_started = None, False
 
     def _start(self, ray: Any) -> tuple[Any, bool]:
         address = self._address()
@@ -233,7 +340,7 @@ class RayRuntime:
             self._check_reachable(address)
             kwargs["address"] = address
         try:
-            with _quiet_token_note(address):
+            with _quiet_token_note(address), _quiet_thread_note():
                 ray.init(**kwargs)
         except BaseException as exc:
             self._end_reaper(reap=True)
@@ -312,13 +419,15 @@ class RayRuntime:
         try:
             return self._run(ray, tasks, self._slots(ray, degree), progress)
         finally:
-            if started:
+            if self._early is not None:
+                self._let_go()  # stopped in the background while the job verifies and finalizes (release waits)
+            elif started:
                 ray.shutdown()
                 self._end_reaper()
 
     def _in_driver(self, tasks: Sequence[Task]) -> bool:
         """One task, and only a private instance to run it on (none running here, none named)."""
-        if not self.config.one_task_in_driver or len(tasks) != 1 or self._connected_here:
+        if not self.config.one_task_in_driver or len(tasks) != 1 or self._connected_here or self._early is not None:
             return False
         import sys
 
