@@ -267,6 +267,7 @@ class RayRuntime:
         instance to join, and not a degree-1 job, whose single task runs in the driver."""
         if self._early is not None or self._address() != "local":
             return
+        degree = JobOptions.resolve_degree(degree, self.cpus())  # the shipped pg_to_pg's -2 is 1 on two cores
         if degree == 1 and self.config.one_task_in_driver and self.config.address != "local":
             return
         ray = sys.modules.get("ray")
