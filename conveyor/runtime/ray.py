@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,49 +104,42 @@ def _running_here() -> str | None:
     return f"127.0.0.1:{port}"
 
 
-class _OwnInstanceAuthNote(logging.Filter):
-    """Drops Ray's WARNING that it chose token authentication by default for a new local instance.
+class _Dropped(logging.Filter):
+    """Drops one of Ray's log lines, by how its message starts; every other line passes."""
 
-    On Conveyor's own instance (``address=local``) that choice is the one we want (the instance
-    listens on this machine's address): the line only said, on every run, that nothing was wrong.
-    Joining a cluster, and every other message of Ray's, pass untouched; RAY_AUTH_MODE=disabled
-    still opts out, as Ray documents."""
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+        return not record.getMessage().startswith(self.prefix)
 
 
 @contextlib.contextmanager
-def _quiet_token_note(address: str) -> Any:
+def _dropped(logger: str, prefix: str) -> Iterator[None]:
+    log = logging.getLogger(logger)
+    drop = _Dropped(prefix)
+    log.addFilter(drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(drop)
+
+
+def _quiet_token_note(address: str) -> contextlib.AbstractContextManager[None]:
+    """Ray's WARNING that it chose token authentication by default for a new local instance: on
+    Conveyor's own instance (``address=local``) that choice is the one we want (the instance listens
+    on this machine's address), and the line only said, on every run, that nothing was wrong.
+    Joining a cluster, it passes untouched; RAY_AUTH_MODE=disabled still opts out, as Ray documents."""
     if address != "local":
-        yield
-        return
-    log = logging.getLogger("ray._private.authentication.authentication_token_setup")
-    note = _OwnInstanceAuthNote()
-    log.addFilter(note)
-    try:
-        yield
-    finally:
-        log.removeFilter(note)
+        return contextlib.nullcontext()
+    return _dropped("ray._private.authentication.authentication_token_setup", "Token authentication is enabled for this Ray cluster")
 
 
-class _ThreadNote(logging.Filter):
-    """Drops Ray's WARNING that ``ray.init`` outside the main thread sets no SIGTERM handler: the
-    instance start_early starts in a thread, and SIGTERM is Conveyor's to handle (it cancels the run)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("SIGTERM handler is not set")
-
-
-@contextlib.contextmanager
-def _quiet_thread_note() -> Any:
-    log = logging.getLogger("ray._private.worker")
-    quiet = _ThreadNote()
-    log.addFilter(quiet)
-    try:
-        yield
-    finally:
-        log.removeFilter(quiet)
+def _quiet_thread_note() -> contextlib.AbstractContextManager[None]:
+    """Ray's WARNING that ``ray.init`` outside the main thread sets no SIGTERM handler: the instance
+    start_early starts in a thread, and SIGTERM is Conveyor's to handle (it cancels the run)."""
+    return _dropped("ray._private.worker", "SIGTERM handler is not set")
 
 
 class _RemoteProgress:
