@@ -263,8 +263,7 @@ class RayRuntime:
         degree = JobOptions.resolve_degree(degree, self.cpus())  # the shipped pg_to_pg's -2 is 1 on two cores
         if degree == 1 and self.config.one_task_in_driver and self.config.address != "local":
             return
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():  # a library user's own instance
+        if self._users_instance():
             return
         self._early_ready, self._early_done, self._early_joined = threading.Event(), threading.Event(), False
         self._early = threading.Thread(target=self._start_in_background, name="conveyor-ray-start", daemon=True)
@@ -423,12 +422,15 @@ class RayRuntime:
         """One task, and only a private instance to run it on (none running here, none named)."""
         if not self.config.one_task_in_driver or len(tasks) != 1 or self._connected_here or self._early is not None:
             return False
-        import sys
-
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():  # a library user's own instance: use it
+        if self._users_instance():  # use it
             return False
         return self._address() == "local" and self.config.address != "local"
+
+    @staticmethod
+    def _users_instance() -> bool:
+        """A library user's own Ray instance is up in this process (the job runs on it)."""
+        ray = sys.modules.get("ray")
+        return ray is not None and ray.is_initialized()
 
     def _end_reaper(self, reap: bool = False) -> None:
         if self._reaper is not None:
