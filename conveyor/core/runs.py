@@ -131,11 +131,13 @@ class ReportsStartup(Protocol):
 
 @runtime_checkable
 class StartsEarly(Protocol):
-    """A runtime that can get ready while the driver describes, plans and prepares (Ray starting a
-    private instance takes seconds): ``start_early`` begins in the background, ``run`` waits for it,
-    and ``release`` stops what was started and never used (a job that failed before its tasks)."""
+    """A runtime that can get ready while the driver plans and prepares (Ray starting a private
+    instance takes seconds): ``start_early`` begins in the background once the source is described
+    (``estimated_bytes``: its size, None when unknown; a small job may not need the instance at all),
+    ``run`` waits for it, and ``release`` stops what was started and never used (a job that failed
+    before its tasks)."""
 
-    def start_early(self, degree: int) -> None: ...
+    def start_early(self, degree: int, estimated_bytes: int | None = None) -> None: ...
 
     def release(self) -> None: ...
 

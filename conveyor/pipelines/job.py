@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,21 +121,27 @@ class JobReport:
 
 
 @contextmanager
-def opened(spec: JobSpec) -> Iterator[tuple[JobPlan, Any]]:
+def opened(spec: JobSpec, described: Callable[[SourceInfo], None] | None = None) -> Iterator[tuple[JobPlan, Any]]:
     """Describe the source, open its session (one snapshot for the job) and plan inside it.
 
     Yields the plan and the source the tasks get; planning queries (key values, quantiles) see
     the same snapshot as every partition and the verification, so a row written meanwhile is
-    either in all of them or in none.
+    either in all of them or in none. ``described`` hears what the source is (its size) as soon as
+    that is known: :func:`runtime_started`'s, so that the runtime gets ready while the job plans.
     """
     check(spec)
     if isinstance(spec.source, SupportsManyTables) and spec.source.many():
         from conveyor.pipelines.tables import plan_tables
 
         with open_session(spec.source) as session:  # one snapshot: every table's partitions read it
-            yield plan_tables(spec, session), session
+            plan = plan_tables(spec, session)
+            if described is not None:  # the tables' size is known once each is described
+                described(plan.info)
+            yield plan, session
         return
     info = spec.source.describe()
+    if described is not None:
+        described(info)
     with open_session(spec.source) as source:
         window = _window(spec, source)
         if window is not None:
@@ -209,14 +215,18 @@ def plan_one(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
 
 
 @contextmanager
-def runtime_started(spec: JobSpec) -> Iterator[None]:
-    """The runtime gets ready (Ray's private instance starts) while the job describes, plans and
-    prepares; what it started and the tasks did not use is stopped on the way out."""
+def runtime_started(spec: JobSpec) -> Iterator[Callable[[SourceInfo], None]]:
+    """The runtime gets ready (Ray's private instance starts) while the job plans and prepares:
+    yields what :func:`opened` calls once the source is described (the runtime then knows the job's
+    size); what the runtime started and the tasks did not use is stopped on the way out."""
     runtime = spec.runtime if isinstance(spec.runtime, StartsEarly) else None
-    if runtime is not None:
-        runtime.start_early(spec.options.degree)
+
+    def described(info: SourceInfo) -> None:
+        if runtime is not None:
+            runtime.start_early(spec.options.degree, info.estimated_bytes)
+
     try:
-        yield
+        yield described
     finally:
         if runtime is not None:
             runtime.release()
@@ -226,7 +236,7 @@ def run_job(spec: JobSpec, progress: Progress | None = None) -> JobReport:
     """Plan and run a whole job (the library's entry point); raises the error that stopped it,
     after aborting the sink. ``conveyor.pipelines.run`` is the CLI's, with report and manifest."""
     start = time.perf_counter()
-    with runtime_started(spec), opened(spec) as (plan, source):
+    with runtime_started(spec) as described, opened(spec, described) as (plan, source):
         report = execute(plan, progress, start, source)
     if report.error is not None:
         raise report.error

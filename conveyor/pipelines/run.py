@@ -68,7 +68,7 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
         spec = build_job(cfg, load_id=previous.load_id if previous else None)
         reset_cancel()
         start = time.perf_counter()
-        with runtime_started(spec), opened(spec) as (plan, source):
+        with runtime_started(spec) as described, opened(spec, described) as (plan, source):
             plan = _resumed(plan, str(cfg.get("resume") or ""), previous)
             with (progress or _no_progress)(plan) as shown:
                 with _manifest(place, plan, config, shown, source) as manifest:

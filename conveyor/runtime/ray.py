@@ -57,9 +57,15 @@ class RayRuntimeConfig:
     #: seconds between progress polls on the driver
     progress_interval: float = 0.5
     #: a job of one task with no Ray instance to join runs that task in the driver process, as the
-    #: local runtime would: starting a private instance for it costs seconds (about 2.5 s to start,
-    #: 1 s to stop here) and buys nothing. false: start the instance anyway
+    #: local runtime would: starting a private instance for it costs seconds (5-7 s to start and
+    #: stop on a 2-core machine) and buys nothing. false: start the instance anyway
     one_task_in_driver: bool = True
+    #: a job with no Ray instance to join whose source is at most this many bytes (as it describes
+    #: itself: a table's size on disk, the files' sizes) runs its tasks in the driver's threads, at
+    #: most one per CPU, as the local runtime would: a private instance on this machine runs them on
+    #: the same cores and costs seconds to start and stop, more than it can save on a job of about a
+    #: minute. A source of unknown size starts the instance. 0: always start it
+    in_driver_max_bytes: int = 8 * 1024**3
 
 
 def _remote_run(task: Task, max_retries: int, prefetch: int, collector: Any, env: dict[str, str] | None = None) -> TaskResult:
@@ -102,6 +108,10 @@ def _running_here() -> str | None:
     except OSError:
         return None
     return f"127.0.0.1:{port}"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1024**3:.3g} GiB" if nbytes >= 1024**3 else f"{nbytes / 1024**2:,.0f} MiB"
 
 
 class _Dropped(logging.Filter):
@@ -224,6 +234,8 @@ class RayRuntime:
         self._early_ready = threading.Event()
         self._early_done = threading.Event()
         self._early_joined = False
+        #: why start_early found the job small enough for the driver's threads ("": it did not)
+        self._small_job = ""
 
     # --- connecting ----------------------------------------------------------------------------
 
@@ -254,20 +266,30 @@ class RayRuntime:
 
     # --- starting while the job plans ----------------------------------------------------------
 
-    def start_early(self, degree: int) -> None:
-        """Start the private instance in a background thread while the driver describes, plans and
-        prepares (its 2-3 s of start-up then overlap them), where the job will want one: no
-        instance to join, and not a degree-1 job, whose single task runs in the driver."""
-        if self._early is not None or self._address() != "local":
+    def start_early(self, degree: int, estimated_bytes: int | None = None) -> None:
+        """Start the private instance in a background thread while the driver plans and prepares
+        (seconds of start-up then overlap them), where the job will want one: no instance to join,
+        not a degree-1 job (its single task runs in the driver), and not a job small enough for the
+        driver's threads (``in_driver_max_bytes``; ``run`` runs it there)."""
+        if self._early is not None or self._address() != "local" or self._users_instance():
             return
-        degree = JobOptions.resolve_degree(degree, self.cpus())  # the shipped pg_to_pg's -2 is 1 on two cores
-        if degree == 1 and self.config.one_task_in_driver and self.config.address != "local":
-            return
-        if self._users_instance():
-            return
+        if self.config.address != "local":  # runtime.address=local: the private instance, whatever the job
+            degree = JobOptions.resolve_degree(degree, self.cpus())  # the shipped pg_to_pg's -2 is 1 on two cores
+            if degree == 1 and self.config.one_task_in_driver:
+                return
+            self._small_job = self._small(estimated_bytes)
+            if self._small_job:
+                return
         self._early_ready, self._early_done, self._early_joined = threading.Event(), threading.Event(), False
         self._early = threading.Thread(target=self._start_in_background, name="conveyor-ray-start", daemon=True)
         self._early.start()
+
+    def _small(self, estimated_bytes: int | None) -> str:
+        """Why a job of this size runs in the driver's threads ("": it does not)."""
+        limit = self.config.in_driver_max_bytes
+        if limit <= 0 or estimated_bytes is None or estimated_bytes > limit:
+            return ""
+        return f"the source is about {_size(estimated_bytes)}, at most runtime.in_driver_max_bytes ({_size(limit)})"
 
     def _start_in_background(self) -> None:
         began = time.perf_counter()
@@ -315,6 +337,7 @@ class RayRuntime:
     def release(self) -> None:
         """Stop the instance start_early began (if the tasks did not already let it go), and wait
         until it is stopped."""
+        self._small_job = ""
         if self._early is None:
             return
         self._early_done.set()
@@ -399,24 +422,35 @@ class RayRuntime:
         if tasks:
             self.check(tasks[0].source, tasks[0].sink)
         if self._in_driver(tasks):
-            from conveyor.runtime.local import LocalRuntime, LocalRuntimeConfig
-
             self.report_note = ("ray: one task and no Ray instance running: it ran in the driver process (a private instance "
                                 "would add seconds of start-up; runtime.one_task_in_driver=false starts one anyway)")
-            note(self.report_note)
-            local = LocalRuntime(LocalRuntimeConfig(max_retries=self.config.max_retries, prefetch_batches=self.config.prefetch_batches),
-                                 self.options)
-            return local.run(tasks, 1, progress)
+            return self._run_in_driver(tasks, 1, progress)
+        if self._small_job and len(tasks) > 1:
+            degree = self._slots(float(os.cpu_count() or 1), degree, "this machine")  # as its private instance would
+            self.report_note = (f"ray: no Ray instance running and {self._small_job}: its {len(tasks)} tasks ran in the driver "
+                                f"process, {degree} at a time (a private instance on this machine would add seconds of start-up; "
+                                "runtime.in_driver_max_bytes=0 starts one anyway)")
+            return self._run_in_driver(tasks, degree, progress)
         ray, started = self._init()
         started, self._connected_here = started or self._connected_here, False
         try:
-            return self._run(ray, tasks, self._slots(ray, degree), progress)
+            return self._run(ray, tasks, self._slots(float(ray.cluster_resources().get("CPU", 1)), degree), progress)
         finally:
             if self._early is not None:
                 self._let_go()  # stopped in the background while the job verifies and finalizes (release waits)
             elif started:
                 ray.shutdown()
                 self._end_reaper()
+
+    def _run_in_driver(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
+        """The tasks in the driver's threads, as the local runtime runs them (Ctrl-C, a failed
+        partition and retries behave the same)."""
+        from conveyor.runtime.local import LocalRuntime, LocalRuntimeConfig
+
+        note(self.report_note)
+        local = LocalRuntime(LocalRuntimeConfig(max_retries=self.config.max_retries, prefetch_batches=self.config.prefetch_batches),
+                             self.options)
+        return local.run(tasks, degree, progress)
 
     def _in_driver(self, tasks: Sequence[Task]) -> bool:
         """One task, and only a private instance to run it on (none running here, none named)."""
@@ -437,12 +471,11 @@ class RayRuntime:
             self._reaper.stop(reap)
             self._reaper = None
 
-    def _slots(self, ray: Any, degree: int) -> int:
+    def _slots(self, cpus: float, degree: int, where: str = "the Ray cluster") -> int:
         """At most as many tasks at once as the cluster has CPUs for (more would only queue)."""
-        cpus = float(ray.cluster_resources().get("CPU", 1))
         slots = max(1, int(cpus / max(self.config.num_cpus_per_task, 0.01)))
         if degree > slots:
-            warn(f"degree={degree} capped to {slots}: the Ray cluster has {cpus:g} CPUs for tasks of "
+            warn(f"degree={degree} capped to {slots}: {where} has {cpus:g} CPUs for tasks of "
                  f"{self.config.num_cpus_per_task:g} CPU each")
             return slots
         return degree

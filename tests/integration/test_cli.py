@@ -222,8 +222,9 @@ def test_the_runtimes_start_up_is_reported_apart_from_the_transfer(cli, tpch_ord
     so: it is now a line of its own and a field of report.json, and rows/s is over the transfer."""
     import json
 
+    # runtime.in_driver_max_bytes=0: these 4 small files would otherwise run in the driver, with no instance to start
     res = cli("run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", f"sink.path={tmp_path}/out", "load_mode=create",
-              f"runtime={runtime}", timeout=300)
+              f"runtime={runtime}", *(["runtime.in_driver_max_bytes=0"] if runtime == "ray" else []), timeout=300)
     assert res.code == 0, res.err
     totals = json.loads((tmp_path / "hydra-run" / "report.json").read_text())["totals"]
     assert abs(totals["seconds"] + totals["runtime_startup_seconds"] - totals["wall_seconds"]) < 0.01
@@ -253,28 +254,70 @@ def test_a_private_ray_instance_starts_while_the_job_plans(cli, tpch_orders: Pat
     assert abs(totals["runtime_startup_seconds"] - waited) < 0.06  # both rounded to 0.1 s / 0.01 s
 
 
-def test_a_failed_plan_stops_the_instance_started_for_it(tmp_path: Path) -> None:
-    """start_early's instance, when the job fails before any task (here: the source has no such
-    files), is shut down by the job, not left to the process's exit."""
+def test_a_job_failed_before_its_tasks_stops_the_instance_started_for_it(tmp_path: Path) -> None:
+    """start_early's instance, when the job fails before any task (here: load_mode=create onto a
+    folder that holds a Parquet file already, refused when the sink prepares), is shut down by the
+    job, not left to the process's exit."""
     import subprocess
 
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "o").mkdir()
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "src" / "a.parquet")
+    pq.write_table(pa.table({"a": [3]}), tmp_path / "o" / "there.parquet")
     script = f"""
 from omegaconf import OmegaConf
 import ray
 from conveyor.config import build_job
 from conveyor.pipelines.job import run_job
-spec = build_job(OmegaConf.create({{"source": {{"type": "parquet", "path": "{tmp_path}/missing"}}, "sink": {{"type": "parquet", "path": "{tmp_path}/o"}},
+spec = build_job(OmegaConf.create({{"source": {{"type": "parquet", "path": "{tmp_path}/src"}}, "sink": {{"type": "parquet", "path": "{tmp_path}/o"}},
                                     "strategy": {{"type": "files"}}, "runtime": {{"type": "ray", "address": "local"}}, "load_mode": "create", "degree": 2}}))
 try:
     run_job(spec)
 except Exception as exc:
-    print("failed:", type(exc).__name__)
+    print("failed:", type(exc).__name__, exc)
 started = spec.runtime._early_seconds > 0
 print("started early:", started, "initialized:", ray.is_initialized())
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "failed:" in proc.stdout and "started early: True initialized: False" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "failed: SchemaError" in proc.stdout and "already holds 1 .parquet file" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "started early: True initialized: False" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+def test_a_small_job_with_no_ray_instance_runs_its_tasks_in_the_driver(cli, tpch_orders: Path, tmp_path: Path) -> None:
+    """The shipped parquet_to_postgres and postgres_to_parquet (degree -1: 2 tasks here) started a
+    private Ray instance for every run, on the same two cores the driver has: 5-7 s of the 7.4 s
+    parquet_to_postgres and 7.8 s postgres_to_parquet took on TPC-H orders (2.1 and 2.6 s with
+    runtime=local). A job of at most runtime.in_driver_max_bytes with no instance to join now runs its
+    tasks in the driver's threads, at most one per CPU, and says so; 0 starts the instance again."""
+    import json
+    import os
+    import re
+
+    common = ["run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", "load_mode=create", "runtime=ray", "strategy=files",
+              "degree=8"]
+    res = cli(*common, f"sink.path={tmp_path}/small", timeout=300)
+    assert res.code == 0, res.err
+    run = tmp_path / "hydra-run"
+    report, log = json.loads((run / "report.json").read_text()), (run / "conveyor.log").read_text()
+    assert report["totals"]["rows"] == 15000 and report["totals"]["runtime_startup_seconds"] == 0
+    cpus = os.cpu_count() or 1
+    assert f"its 4 tasks ran in the driver process, {min(4, cpus, 8)} at a time" in report["runtime_note"], report.get("runtime_note")
+    assert f"degree=8 capped to {cpus}: this machine has {cpus} CPUs" in log, log
+    driver = re.search(r"driver pid (\d+)", log)
+    assert driver and log.count(f"pid {driver[1]}\n") == 4, log  # every partition ran in the driver's process
+    assert "private instance started" not in log and "ray start-up" not in res.out
+
+    res = cli(*common, f"sink.path={tmp_path}/big", "runtime.in_driver_max_bytes=0", timeout=300)
+    assert res.code == 0, res.err
+    report, log = json.loads((run / "report.json").read_text()), (run / "conveyor.log").read_text()
+    assert report["totals"]["rows"] == 15000 and report["totals"]["runtime_startup_seconds"] > 0.5
+    assert "runtime_note" not in report and "private instance started" in log
+    driver = re.findall(r"driver pid (\d+)", log)[-1]  # this run's (the log is the run directory's, the first run's too)
+    assert f"pid {driver}\n" not in log.split("private instance started", 1)[1], log  # the partitions ran on Ray's workers
 
 
 @pytest.mark.parametrize("degree", ["1", "all CPUs / N"])

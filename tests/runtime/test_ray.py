@@ -177,7 +177,7 @@ def test_a_driver_killed_during_start_up_leaves_no_ray_process(tpch_orders, tmp_
 
     proc = subprocess.Popen(
         [str(BIN / "conveyor"), "run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet",
-         f"sink.path={tmp_path}/out", "runtime=ray", "strategy=files", f"hydra.run.dir={tmp_path}/run"],
+         f"sink.path={tmp_path}/out", "runtime=ray", "runtime.in_driver_max_bytes=0", "strategy=files", f"hydra.run.dir={tmp_path}/run"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wanted = "ray::DashboardAgent" if kill_after == "agents" else "default_worker"
     seen: dict[int, str] = {}
