@@ -124,3 +124,21 @@ def _write(tmp_path: Path, table) -> Path:
     path = tmp_path / "flat.parquet"
     pq.write_table(table, path)
     return path
+
+
+@pytest.mark.parametrize(("sink", "groups"), [
+    ({}, [15000]),  # the defaults: one row group for the partition's 15 batches
+    ({"row_group_rows": 4000}, [4000, 4000, 4000, 3000]),  # what a batch brings past the limit starts the next group
+    ({"row_group_bytes": 1}, [1000] * 15),  # every batch over the bytes: a group each, as before
+])
+def test_parquet_row_groups_are_whole_groups_not_one_per_batch(tmp_path: Path, sink: dict, groups: list[int]) -> None:
+    """The Parquet sink wrote a row group for every batch (64k rows by default): lineitem SF1 was
+    25% slower to write and 14% larger than with 1M-row groups (dictionaries started anew each
+    time). Batches are now held until a group is full (sink.row_group_rows / row_group_bytes)."""
+    pq.write_table(_table(0, 15000), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    job({"type": "parquet", "path": str(tmp_path / "in.parquet")}, {"type": "parquet", "path": str(out), **sink},
+        load_mode="create", batch_size=1000)
+    meta = pq.ParquetFile(out / "part-00000.parquet").metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == groups
+    assert pq.read_table(out).equals(_table(0, 15000))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import posixpath
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,11 @@ class FileSinkConfig:
 class ParquetSinkConfig(FileSinkConfig):
     #: zstd | snappy | gzip | lz4 | brotli | none
     compression: str = "zstd"
+    #: rows of a row group at most: batches are held until they fill one (a row group per 64k-row
+    #: batch wrote lineitem 25% slower, with its dictionaries started anew each time, and 14% larger)
+    row_group_rows: int = 1024 * 1024
+    #: bytes of Arrow data held for one row group at most (bounds a task's memory on wide rows)
+    row_group_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass
@@ -199,15 +204,19 @@ class _FileSink:
     def _writer(self, out: Any, schema: Any) -> Any:
         raise NotImplementedError
 
+    def _chunks(self, batches: Iterable[Any]) -> Iterable[Any]:
+        """What the writer gets at a time: each batch as it comes."""
+        return batches
+
     def _write_file(self, fs: Any, path: str, batches: Iterable[Any], schema: Any) -> tuple[int, int]:
         counted = CountingBatches(batches)
         writer = None
         with fs.open(path, "wb") as out:
             try:
-                for batch in counted:
+                for chunk in self._chunks(counted):
                     if writer is None:
-                        writer = self._writer(out, batch.schema)
-                    writer.write_batch(batch)
+                        writer = self._writer(out, chunk.schema)
+                    writer.write(chunk)
             finally:
                 if writer is None and schema is not None:  # an empty partition still makes a valid file
                     writer = self._writer(out, schema)
@@ -266,6 +275,27 @@ class ParquetSink(_FileSink):
         import pyarrow.parquet as pq
 
         return pq.ParquetWriter(out, schema, compression=self._compression())
+
+    def _chunks(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Batches gathered into tables of a row group each (``row_group_rows`` / ``row_group_bytes``):
+        ParquetWriter makes a row group of every write."""
+        import pyarrow as pa
+
+        config = self.config
+        assert isinstance(config, ParquetSinkConfig)
+        limit = max(1, config.row_group_rows)
+        held: list[Any] = []
+        rows = nbytes = 0
+        for batch in batches:
+            held.append(batch)
+            rows, nbytes = rows + batch.num_rows, nbytes + batch.nbytes
+            if rows >= limit or nbytes >= config.row_group_bytes:
+                table = pa.Table.from_batches(held)
+                yield table.slice(0, limit)
+                rest = table.slice(limit)  # what the last batch brought past the limit starts the next group
+                held, rows, nbytes = rest.to_batches(), rest.num_rows, rest.nbytes
+        if held:
+            yield pa.Table.from_batches(held, schema=held[0].schema)
 
     def _compression(self) -> str | None:
         return None if self.config.compression == "none" else self.config.compression
