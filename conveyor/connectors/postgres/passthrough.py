@@ -82,7 +82,7 @@ class _CopyOut:
         assert self.proc.stdout is not None
         chunk = self.proc.stdout.read(size)
         if chunk:
-            self.tail = (self.tail + chunk)[-2:]
+            self.tail = (self.tail + chunk[-2:])[-2:]  # not tail + chunk, which copied every 1 MiB chunk once more
             return chunk
         err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
         if self.proc.wait() != 0 or self.tail != b"\xff\xff":  # a stream cut short has no trailer
