@@ -51,3 +51,23 @@ class SequenceSource:
             if self.config.pause:
                 time.sleep(self.config.pause)
             yield pa.record_batch([pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), hi - lo)), lo - 1)], schema=SCHEMA)
+
+
+def ray_spec(source: dict, sink: dict, strategy: dict, degree: int = 2, **runtime):
+    """A job on the Ray runtime (appending, two retries), for the tests that run on the module's Ray instance."""
+    from omegaconf import OmegaConf
+
+    from conveyor.config import build_job
+
+    return build_job(OmegaConf.create({
+        "source": source, "sink": sink, "strategy": strategy,
+        "runtime": {"type": "ray", "max_retries": 2, **runtime}, "load_mode": "append", "degree": degree,
+    }))
+
+
+def with_fault_source(spec, **config):
+    """The job with the test's sequence source in place of the configured one."""
+    from dataclasses import replace
+
+    source = SequenceSource(SequenceConfig(**config), spec.options)
+    return replace(spec, source=source, names={**spec.names, "source": "test-sequence"})

@@ -16,22 +16,7 @@ from conveyor.pipelines.job import execute, run_job
 from conveyor.runtime.ray import RayRuntime, RayRuntimeConfig
 from conveyor.testing.pgserver import free_port
 from tests.helpers import checksum, pg_exec
-from tests.runtime import faults
-
-
-def _spec(source: dict, sink: dict, strategy: dict, degree: int = 2, **runtime):
-    return build_job(OmegaConf.create({
-        "source": source, "sink": sink, "strategy": strategy,
-        "runtime": {"type": "ray", "max_retries": 2, **runtime}, "load_mode": "append", "degree": degree,
-    }))
-
-
-def _with_fault_source(spec, **config):
-    """The job with the test's sequence source in place of the configured one."""
-    from dataclasses import replace
-
-    source = faults.SequenceSource(faults.SequenceConfig(**config), spec.options)
-    return replace(spec, source=source, names={**spec.names, "source": "test-sequence"})
+from tests.runtime.faults import ray_spec, with_fault_source
 
 
 @pytest.mark.parametrize("copy_path", ["auto", "arrow"])
@@ -41,7 +26,7 @@ def test_pg_to_pg_on_ray(ray_instance, pg_source, pg_target, copy_path: str) -> 
                        "coalesce(CASE g % 1000 WHEN 0 THEN 'infinity' WHEN 1 THEN '-infinity' END::date, date '2000-01-01' + g) AS d "
                        "FROM generate_series(1, 50000) g")
     pg_exec(pg_target, "DROP TABLE IF EXISTS ray_dst", "CREATE TABLE ray_dst (id int, h text, x numeric, d date)")
-    report = run_job(_spec({"type": "postgres", "port": pg_source.port, "table": "ray_src"},
+    report = run_job(ray_spec({"type": "postgres", "port": pg_source.port, "table": "ray_src"},
                            {"type": "postgres", "port": pg_target.port, "table": "ray_dst", "copy_path": copy_path},
                            {"type": "ctid", "partitions": 5}))
     assert len(report.results) == 5 and report.rows == 50000
@@ -83,10 +68,10 @@ def test_merge_and_a_stream_cap_on_ray_workers(ray_instance, pg_source, pg_targe
 
 
 def test_progress_reaches_the_driver_while_tasks_run(ray_instance, pg_target, tmp_path: Path) -> None:
-    spec = _spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / "out")}, {"type": "none"})
+    spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / "out")}, {"type": "none"})
     # 8 batches of 0.4 s per partition, about 6 s in all: longer than the progress actor takes to
     # start on a fresh machine (a worker process of its own), so counts can arrive mid-run
-    spec = _with_fault_source(spec, rows=60000, batch=2500, pause=0.4)
+    spec = with_fault_source(spec, rows=60000, batch=2500, pause=0.4)
     from conveyor.pipelines.job import JobPlan
 
     plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=3) for i in range(3)])
@@ -107,9 +92,9 @@ def test_negative_degree_is_a_fraction_of_the_cluster(ray_instance) -> None:
 
 
 def test_a_single_process_sink_is_refused(ray_instance, tmp_path: Path) -> None:
-    spec = _spec({"type": "parquet", "path": "unused"}, {"type": "duckdb", "database": str(tmp_path / "x.duckdb"), "table": "t"},
+    spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "duckdb", "database": str(tmp_path / "x.duckdb"), "table": "t"},
                  {"type": "none"})
-    spec = _with_fault_source(spec, rows=10)
+    spec = with_fault_source(spec, rows=10)
     with pytest.raises(ConfigError, match="writes from one process and cannot run on Ray workers"):
         run_job(spec)
 
@@ -117,9 +102,9 @@ def test_a_single_process_sink_is_refused(ray_instance, tmp_path: Path) -> None:
 def test_a_worker_killed_mid_partition_is_retried_without_duplicates(ray_instance, pg_target, tmp_path: Path) -> None:
     pg_exec(pg_target, "DROP TABLE IF EXISTS crash_t", "CREATE TABLE crash_t (n bigint)")
     marker = tmp_path / "crashed"
-    spec = _spec({"type": "parquet", "path": "unused"}, {"type": "postgres", "port": pg_target.port, "table": "crash_t",
+    spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "postgres", "port": pg_target.port, "table": "crash_t",
                                                         "copy_path": "arrow"}, {"type": "none"})
-    spec = _with_fault_source(spec, rows=100000, batch=10000, crash_marker=str(marker))
+    spec = with_fault_source(spec, rows=100000, batch=10000, crash_marker=str(marker))
     report = run_job(spec)
     assert marker.exists()  # the first attempt really died
     assert report.rows == 100000
@@ -128,9 +113,9 @@ def test_a_worker_killed_mid_partition_is_retried_without_duplicates(ray_instanc
 
 def test_a_dropped_target_connection_is_retried(ray_instance, pg_target) -> None:
     pg_exec(pg_target, "DROP TABLE IF EXISTS drop_t", "CREATE TABLE drop_t (n bigint)")
-    spec = _spec({"type": "parquet", "path": "unused"}, {"type": "postgres", "port": pg_target.port, "table": "drop_t",
+    spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "postgres", "port": pg_target.port, "table": "drop_t",
                                                         "copy_path": "arrow"}, {"type": "none"}, degree=1)
-    spec = _with_fault_source(spec, rows=40000, batch=2000, pause=0.1)
+    spec = with_fault_source(spec, rows=40000, batch=2000, pause=0.1)
     killed: list[int] = []
 
     def kill_once() -> None:

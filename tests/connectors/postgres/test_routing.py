@@ -13,7 +13,7 @@ import pytest
 from conveyor.errors import ConfigError, SchemaError, TransferError
 from conveyor.pipelines.job import run_job
 from tests.helpers import checksum, job, pg_exec
-from tests.runtime.test_ray import _spec, _with_fault_source
+from tests.runtime.faults import ray_spec, with_fault_source
 
 ROWS = 30000
 
@@ -192,9 +192,9 @@ def test_a_routed_load_on_ray_is_exact_and_a_worker_killed_after_some_leaves_too
     pg_exec(pg_target, "DROP TABLE IF EXISTS rt_crash CASCADE", "CREATE TABLE rt_crash (n bigint) PARTITION BY HASH (n)",
             *[f"CREATE TABLE rt_crash__{r} PARTITION OF rt_crash FOR VALUES WITH (MODULUS 4, REMAINDER {r})" for r in range(4)])
     marker = tmp_path / "crashed"
-    spec = _spec({"type": "parquet", "path": "unused"}, {"type": "postgres", "port": pg_target.port, "table": "rt_crash",
+    spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "postgres", "port": pg_target.port, "table": "rt_crash",
                                                         "routing": "leaves", "routing_buffer_mb": 0}, {"type": "none"})
-    report = run_job(_with_fault_source(spec, rows=100000, batch=10000, crash_marker=str(marker)))
+    report = run_job(with_fault_source(spec, rows=100000, batch=10000, crash_marker=str(marker)))
     assert marker.exists() and report.rows == 100000  # the first attempt died (Ray ran the task again)
     assert pg_exec(pg_target, "SELECT count(*), count(DISTINCT n), min(n), max(n) FROM rt_crash")[0] == (100000, 100000, 0, 99999)
     assert len(pg_exec(pg_target, "SELECT DISTINCT tableoid FROM rt_crash")) == 4
