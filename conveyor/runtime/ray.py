@@ -275,11 +275,10 @@ class RayRuntime:
         if self._early is not None or self._address() != "local" or self._users_instance():
             return
         if self.config.address != "local":  # runtime.address=local: the private instance, whatever the job
-            degree = JobOptions.resolve_degree(degree, self.cpus())  # the shipped pg_to_pg's -2 is 1 on two cores
-            if degree == 1 and self.config.one_task_in_driver:
-                return
+            # before the degree-1 rule: a small degree-1 job of several tasks runs in the driver too
             self._small_job = self._small(estimated_bytes)
-            if self._small_job:
+            degree = JobOptions.resolve_degree(degree, self.cpus())  # the shipped pg_to_pg's -2 is 1 on two cores
+            if self._small_job or (degree == 1 and self.config.one_task_in_driver):
                 return
         self._early_ready, self._early_done, self._early_joined = threading.Event(), threading.Event(), False
         self._early = threading.Thread(target=self._start_in_background, name="conveyor-ray-start", daemon=True)

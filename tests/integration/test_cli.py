@@ -287,30 +287,35 @@ print("started early:", started, "initialized:", ray.is_initialized())
     assert "started early: True initialized: False" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
-def test_a_small_job_with_no_ray_instance_runs_its_tasks_in_the_driver(cli, tpch_orders: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("degree", [8, 1])
+def test_a_small_job_with_no_ray_instance_runs_its_tasks_in_the_driver(cli, tpch_orders: Path, tmp_path: Path, degree: int) -> None:
     """The shipped parquet_to_postgres and postgres_to_parquet (degree -1: 2 tasks here) started a
     private Ray instance for every run, on the same two cores the driver has: 5-7 s of the 7.4 s
     parquet_to_postgres and 7.8 s postgres_to_parquet took on TPC-H orders (2.1 and 2.6 s with
     runtime=local). A job of at most runtime.in_driver_max_bytes with no instance to join now runs its
-    tasks in the driver's threads, at most one per CPU, and says so; 0 starts the instance again."""
+    tasks in the driver's threads, at most one per CPU, and says so; 0 starts the instance again.
+    At degree 1 too (the degree-1 rule had returned before the size was looked at: 4 tasks one at a
+    time on a private instance)."""
     import json
     import os
     import re
 
     common = ["run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", "load_mode=create", "runtime=ray", "strategy=files",
-              "degree=8"]
+              f"degree={degree}"]
     res = cli(*common, f"sink.path={tmp_path}/small", timeout=300)
     assert res.code == 0, res.err
     run = tmp_path / "hydra-run"
     report, log = json.loads((run / "report.json").read_text()), (run / "conveyor.log").read_text()
     assert report["totals"]["rows"] == 15000 and report["totals"]["runtime_startup_seconds"] == 0
     cpus = os.cpu_count() or 1
-    assert f"its 4 tasks ran in the driver process, {min(4, cpus, 8)} at a time" in report["runtime_note"], report.get("runtime_note")
-    assert f"degree=8 capped to {cpus}: this machine has {cpus} CPUs" in log, log
+    assert f"its 4 tasks ran in the driver process, {min(cpus, degree)} at a time" in report["runtime_note"], report.get("runtime_note")
+    assert (f"degree=8 capped to {cpus}: this machine has {cpus} CPUs" in log) == (degree > cpus), log
     driver = re.search(r"driver pid (\d+)", log)
     assert driver and log.count(f"pid {driver[1]}\n") == 4, log  # every partition ran in the driver's process
     assert "private instance started" not in log and "ray start-up" not in res.out
 
+    if degree == 1:
+        return
     res = cli(*common, f"sink.path={tmp_path}/big", "runtime.in_driver_max_bytes=0", timeout=300)
     assert res.code == 0, res.err
     report, log = json.loads((run / "report.json").read_text()), (run / "conveyor.log").read_text()
