@@ -4,9 +4,9 @@
 when it is set (as it is for a driver started by ``ray job submit``), else the instance ``ray start``
 runs on this machine, else a Ray instance started for the job (sized to this machine) and stopped
 afterwards, unless the job is small enough (``in_driver_max_bytes``) or of one task, which then
-runs in the driver's threads as the local runtime would; ``local`` always starts that private instance; ``auto`` joins the running cluster; or
-a ``ray://host:port`` / ``host:port`` address. At most ``degree`` tasks run at once; a negative
-degree is a fraction of the cluster's CPUs.
+runs in the driver's threads as the local runtime would; ``local`` always starts that private
+instance; ``auto`` joins the running cluster; or a ``ray://host:port`` / ``host:port`` address.
+At most ``degree`` tasks run at once; a negative degree is a fraction of the cluster's CPUs.
 
 Failures: a task whose worker process dies is retried by Ray (``max_retries``); a retriable
 error (dropped connection, server restart, deadlock) is retried inside the task with backoff.
