@@ -80,8 +80,8 @@ def _remote_run(task: Task, max_retries: int, prefetch: int, collector: Any, env
 
 def _running_here() -> str | None:
     """The address of a Ray instance `ray start` runs on this machine (the file Ray keeps for
-    ``ray.init()`` to find it), reached on 127.0.0.1, if something answers there; a stale file
-    (an instance gone without `ray stop`) is ignored."""
+    ``ray.init()`` to find it), as Ray wrote it, if something answers there; a stale file (an
+    instance gone without `ray stop`) is ignored."""
     import socket
     import tempfile
     from pathlib import Path
@@ -100,15 +100,16 @@ def _running_here() -> str | None:
         address = Path(get_ray_address_file(None)).read_text().strip()
     except OSError:
         return None
-    port = address.rpartition(":")[2]
-    if not port.isdigit():
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
         return None
-    # the file names this machine by the address Ray picked for it: reach the instance on loopback
+    # the file names this machine by the address Ray picked for its node (its own address here, even
+    # under `ray start --node-ip-address=127.0.0.1`): ray.init() joins it there, and so do we
     try:
-        socket.create_connection(("127.0.0.1", int(port)), timeout=0.5).close()
+        socket.create_connection((host.strip("[]"), int(port)), timeout=0.5).close()
     except OSError:
         return None
-    return f"127.0.0.1:{port}"
+    return address
 
 
 def _size(nbytes: int) -> str:
@@ -138,11 +139,12 @@ def _dropped(logger: str, prefix: str) -> Iterator[None]:
 
 
 def _quiet_token_note(address: str) -> contextlib.AbstractContextManager[None]:
-    """Ray's WARNING that it chose token authentication by default for a new local instance: on
-    Conveyor's own instance (``address=local``) that choice is the one we want (the instance listens
-    on this machine's address), and the line only said, on every run, that nothing was wrong.
-    Joining a cluster, it passes untouched; RAY_AUTH_MODE=disabled still opts out, as Ray documents."""
-    if address != "local":
+    """Ray's WARNING that token authentication is on: on Conveyor's own instance (``address=local``)
+    and on the one `ray start` runs here, joined by discovery (``auto``), that is Ray's default and
+    the one we want (the instance listens on this machine's address), and the line only said, on
+    every run, that nothing was wrong. Joining a named cluster, it passes untouched;
+    RAY_AUTH_MODE=disabled still opts out, as Ray documents."""
+    if address not in ("local", "auto"):
         return contextlib.nullcontext()
     return _dropped("ray._private.authentication.authentication_token_setup", "Token authentication is enabled for this Ray cluster")
 
@@ -354,9 +356,13 @@ class RayRuntime:
             self._reaper = Reaper().start()  # the private instance's processes end with this one
         else:
             self._check_reachable(address)
-            kwargs["address"] = address
+            # an instance found here is joined as ray.init() joins it, by discovery ("auto"): only that
+            # turns on the token authentication `ray start` enables where this machine has a token
+            # (~/.ray/auth_token, made by any ray.init() of a local instance); Ray never does for an address
+            # given outright, and the join then failed after ~20 s with "Failed to connect"
+            kwargs["address"] = "auto" if self._found_here() else address
         try:
-            with _quiet_token_note(address), _quiet_thread_note():
+            with _quiet_token_note(kwargs["address"]), _quiet_thread_note():
                 ray.init(**kwargs)
         except BaseException as exc:
             self._end_reaper(reap=True)
@@ -364,8 +370,12 @@ class RayRuntime:
                 raise
             first = first_line(exc)
             what = "could not start a local Ray instance" if address == "local" else f"ray cluster {address}"
-            raise ConnectError(f"{what}: {type(exc).__name__}: {first}",
-                               hint="is the cluster running? (ray status); runtime=local needs no Ray at all") from None
+            hint = "is the cluster running? (ray status); runtime=local needs no Ray at all"
+            if address != "local" and not self._found_here() and os.environ.get("RAY_AUTH_MODE") != "token":
+                hint = ("is the cluster running? (ray status); a cluster with token authentication "
+                        "needs RAY_AUTH_MODE=token and its token here (RAY_AUTH_TOKEN or ~/.ray/auth_token); "
+                        "runtime=local needs no Ray at all")
+            raise ConnectError(f"{what}: {type(exc).__name__}: {first}", hint=hint) from None
         if address != "local":  # where the job runs is worth a line when it is not this machine's own instance
             say(f"ray: joined the cluster at {address} ({int(ray.cluster_resources().get('CPU', 1))} CPUs)")
         return ray, True
@@ -377,6 +387,10 @@ class RayRuntime:
         if self.config.address:
             return self.config.address
         return os.environ.get("RAY_ADDRESS", "").strip() or _running_here() or "local"
+
+    def _found_here(self) -> bool:
+        """The instance joined is the one `ray start` runs here, found by Ray's file (no address given)."""
+        return not self.config.address and not os.environ.get("RAY_ADDRESS", "").strip()
 
     def _check_reachable(self, address: str) -> None:
         """Fail within ``connect_timeout`` on an address nothing listens on (ray.init waits far longer)."""

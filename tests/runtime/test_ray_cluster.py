@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -18,10 +19,13 @@ def cluster(pg_servers):
     """A two-node Ray cluster on 127.0.0.1 (one CPU each); stopped after the module."""
     port, dashboard = free_port(), free_port()
     temp = "/tmp/ray"  # Ray's default: `ray start` leaves its address there for ray.init() (and Conveyor) to find
-    # Ray's token authentication is on for `ray start` clusters; every process of the test uses it
+    # Ray's token authentication, on for this cluster; every process of the test uses it
     env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
     ray = str(BIN / "ray")
+    # the machine's token (~/.ray/auth_token), made here if no ray.init() made it yet: on a fresh machine
+    # `ray start` with RAY_AUTH_MODE=token refuses to start without one (made only if none exists)
+    subprocess.run([ray, "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=60)
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
     subprocess.run([ray, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
                     "--include-dashboard=true", *common], env=env, check=True, capture_output=True, timeout=180)
     try:
@@ -188,17 +192,24 @@ def test_the_readme_cluster_commands_run_as_written(cluster: str, pg_source, tpc
     assert checksum(pg_source, "orders_copy") == checksum(pg_source, "orders") == checksum(pg_source, "orders_copy2")
 
 
-def test_a_run_with_no_address_joins_the_instance_ray_start_runs_here(cluster: str, cli, tpch_orders, tmp_path) -> None:
+@pytest.mark.parametrize("auth_mode_set", [True, False], ids=["RAY_AUTH_MODE=token", "no-RAY_AUTH_MODE"])
+def test_a_run_with_no_address_joins_the_instance_ray_start_runs_here(cluster: str, cli, tpch_orders, tmp_path, monkeypatch,
+                                                                      auth_mode_set: bool) -> None:
     """Ray's convention for ray.init(): with no address, the instance `ray start` runs on this machine
     (joined in a moment) rather than a private one started for the job (seconds); runtime.address=local
-    still starts the private one."""
+    still starts the private one. A user's shell after a plain `ray start --head` has no RAY_AUTH_MODE:
+    the instance still wants its token (Ray's default), which Ray only looks up for an instance it
+    discovers; main had joined by the explicit address and failed after ~20 s ("Failed to connect")."""
     import pyarrow.dataset as ds
 
+    if not auth_mode_set:
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     port = CLUSTER["gcs"].rsplit(":", 1)[1]
     res = cli("run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", f"sink.path={tmp_path}/joined", "load_mode=create",
               "runtime=ray", timeout=300)
     assert res.code == 0, res.err
-    assert f"ray: joined the cluster at 127.0.0.1:{port} (2 CPUs)" in res.err, res.err
+    # at the address Ray's file gives (the node's: this machine's own, whatever --node-ip-address says)
+    assert re.search(rf"ray: joined the cluster at \S+:{port} \(2 CPUs\)", res.err), res.err
     assert ds.dataset(tmp_path / "joined").count_rows() == 15000
     own = cli("run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", f"sink.path={tmp_path}/own", "load_mode=create",
               "runtime=ray", "runtime.address=local", timeout=300)
