@@ -360,7 +360,7 @@ class RayRuntime:
             # turns on the token authentication `ray start` enables where this machine has a token
             # (~/.ray/auth_token, made by any ray.init() of a local instance); Ray never does for an address
             # given outright, and the join then failed after ~20 s with "Failed to connect"
-            kwargs["address"] = "auto" if self._found_here() else address
+            kwargs["address"] = address if self._given() else "auto"
         try:
             with _quiet_token_note(kwargs["address"]), _quiet_thread_note():
                 ray.init(**kwargs)
@@ -370,12 +370,11 @@ class RayRuntime:
                 raise
             first = first_line(exc)
             what = "could not start a local Ray instance" if address == "local" else f"ray cluster {address}"
-            hint = "is the cluster running? (ray status); runtime=local needs no Ray at all"
-            if address != "local" and not self._found_here() and os.environ.get("RAY_AUTH_MODE") != "token":
-                hint = ("is the cluster running? (ray status); a cluster with token authentication "
-                        "needs RAY_AUTH_MODE=token and its token here (RAY_AUTH_TOKEN or ~/.ray/auth_token); "
-                        "runtime=local needs no Ray at all")
-            raise ConnectError(f"{what}: {type(exc).__name__}: {first}", hint=hint) from None
+            token = ("a cluster with token authentication needs RAY_AUTH_MODE=token and its token here "
+                     "(RAY_AUTH_TOKEN or ~/.ray/auth_token); "
+                     if address != "local" and self._given() and os.environ.get("RAY_AUTH_MODE") != "token" else "")
+            raise ConnectError(f"{what}: {type(exc).__name__}: {first}",
+                               hint=f"is the cluster running? (ray status); {token}runtime=local needs no Ray at all") from None
         if address != "local":  # where the job runs is worth a line when it is not this machine's own instance
             say(f"ray: joined the cluster at {address} ({int(ray.cluster_resources().get('CPU', 1))} CPUs)")
         return ray, True
@@ -384,13 +383,12 @@ class RayRuntime:
         """Where to run, as ``ray.init()`` decides: the configured address, else $RAY_ADDRESS, else
         the instance ``ray start`` runs on this machine (joined in well under a second, where starting
         one costs seconds), else ``local`` (a private instance)."""
-        if self.config.address:
-            return self.config.address
-        return os.environ.get("RAY_ADDRESS", "").strip() or _running_here() or "local"
+        return self._given() or _running_here() or "local"
 
-    def _found_here(self) -> bool:
-        """The instance joined is the one `ray start` runs here, found by Ray's file (no address given)."""
-        return not self.config.address and not os.environ.get("RAY_ADDRESS", "").strip()
+    def _given(self) -> str:
+        """The address the user gave: runtime.address, else $RAY_ADDRESS ("": none, so an instance
+        `ray start` runs here is found by Ray's file)."""
+        return self.config.address or os.environ.get("RAY_ADDRESS", "").strip()
 
     def _check_reachable(self, address: str) -> None:
         """Fail within ``connect_timeout`` on an address nothing listens on (ray.init waits far longer)."""
