@@ -94,12 +94,14 @@ PLAN_ROWS = 20
 
 
 _SECRET_PARTS = ("password", "passwd", "secret", "token", "credential", "private_key")
+#: settings named like a key that hold no secret: columns, and whether to make the target's primary key
+_NOT_SECRETS = ("distribute_key", "primary_key")
 
 
 def is_secret_key(name: str) -> bool:
     """A key whose value may be a secret (not the *name* of a variable or file that holds one)."""
     low = name.lower()
-    if low.endswith(("_env", "_file", "_path")) or low == "distribute_key":
+    if low.endswith(("_env", "_file", "_path")) or low in _NOT_SECRETS:
         return False
     return low == "key" or low.endswith("_key") or any(part in low for part in _SECRET_PARTS)
 
