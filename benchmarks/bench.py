@@ -6,7 +6,9 @@ measured in the same run on the same servers and tables.
 Two throwaway PostgreSQL servers (fsync off, synchronous_commit off, max_wal_size 2GB), TPC-H
 data from tpchgen-cli (Parquet split into --parts files). Every cell is timed --repeat times (all
 kept, best reported) with the CPU-seconds of the client and of each server, and the ceiling they
-imply on 2 cores: (client + servers CPU-s) / cores. Every target is verified (count and an
+imply on 2 cores: (client + servers CPU-s) / cores. The shipped-defaults group runs each job in
+rounds with its baseline (one run of each per round), so that a target's ratio compares runs made
+under the same load; results.md gives each round's ratio and their median beside the best's. Every target is verified (count and an
 order-independent checksum computed by PostgreSQL). Output: results.json, results.md and PNG
 plots in --out; `conveyor report <results.json>` renders them again.
 """
@@ -112,26 +114,48 @@ class Bench:
 
     def measure(self, group: str, name: str, run: Callable[[], None], reset: Callable[[], None], verify: Callable[[], bool],
                 **meta: Any) -> dict[str, Any]:
-        times, cpus, wals = [], [], []
-        for _ in range(self.repeat):
-            reset()
-            c0, s0, d0 = client_cpu(), server_cpu(self.src), server_cpu(self.dst)
-            lsn = wal_lsn(self.dst)
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-            cpus.append({"client": client_cpu() - c0, "source_server": server_cpu(self.src) - s0,
-                         "target_server": server_cpu(self.dst) - d0})
-            wals.append(wal_bytes(self.dst, lsn))
-        ok = verify()
+        runs = [self._timed(run, reset) for _ in range(self.repeat)]
+        return self._cell(group, name, runs, verify(), meta)
+
+    def rounds(self, group: str, jobs: list[tuple[str, Callable[[], None], Callable[[], bool], dict[str, Any]]],
+               reset: Callable[[], None]) -> list[dict[str, Any]]:
+        """Jobs that share a target (a baseline and what is measured against it), run in turn, one
+        run of each per round, ``repeat`` rounds: each round's runs see the machine alike, so a
+        ratio is not skewed by the load of another minute (one peer's runs differ by 45% here).
+        Each is verified right after its run of the last round (the next one empties the target)."""
+        runs: list[list[tuple[float, dict[str, float], int]]] = [[] for _ in jobs]
+        verified = [False] * len(jobs)
+        for r in range(self.repeat):
+            for i, (_, run, verify, _) in enumerate(jobs):
+                runs[i].append(self._timed(run, reset))
+                if r == self.repeat - 1:
+                    verified[i] = verify()
+        names = [name for name, _, _, _ in jobs]
+        return [self._cell(group, name, runs[i], verified[i], {**meta, "rounds_with": names})
+                for i, (name, _, _, meta) in enumerate(jobs)]
+
+    def _timed(self, run: Callable[[], None], reset: Callable[[], None]) -> tuple[float, dict[str, float], int]:
+        """One run after ``reset``: (seconds, CPU-seconds of client and servers, target WAL bytes)."""
+        reset()
+        c0, s0, d0 = client_cpu(), server_cpu(self.src), server_cpu(self.dst)
+        lsn = wal_lsn(self.dst)
+        t0 = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - t0
+        cpu = {"client": client_cpu() - c0, "source_server": server_cpu(self.src) - s0, "target_server": server_cpu(self.dst) - d0}
+        return seconds, cpu, wal_bytes(self.dst, lsn)
+
+    def _cell(self, group: str, name: str, runs: list[tuple[float, dict[str, float], int]], ok: bool,
+              meta: dict[str, Any]) -> dict[str, Any]:
+        times = [t for t, _, _ in runs]
         best = min(range(len(times)), key=times.__getitem__)
-        cpu = cpus[best]
-        cell = {"group": group, "name": name, "seconds": times, "best": times[best], "cpu": cpu, "target_wal_bytes": wals[best],
+        _, cpu, wal = runs[best]
+        cell = {"group": group, "name": name, "seconds": times, "best": times[best], "cpu": cpu, "target_wal_bytes": wal,
                 "ceiling_s": round(sum(cpu.values()) / CORES, 3), "verified": ok, **meta}
         self.cells.append(cell)
         print(f"{group:28} {name:44} best {times[best]:6.2f} s  all {' '.join(f'{t:.2f}' for t in times)}  "
               f"cpu c/s/t {cpu['client']:.1f}/{cpu['source_server']:.1f}/{cpu['target_server']:.1f}  "
-              f"target WAL {wals[best] / 1e6:,.0f} MB  {'ok' if ok else 'MISMATCH'}",
+              f"target WAL {wal / 1e6:,.0f} MB  {'ok' if ok else 'MISMATCH'}",
               flush=True)
         return cell
 
@@ -562,24 +586,35 @@ class Bench:
                     raise RuntimeError(f"conveyor run {' '.join(args)} failed: {res.stderr[-2000:]}")
             return run
 
-        jobs = []  # (group, pipeline args, reset, verify, baseline cell, goal, degree)
+        def cold(args: list[str]) -> str:
+            return f"conveyor run {args[0]} (no Ray instance running)"
+
+        # Each job runs in rounds with its baseline (one run of each per round): cold first, nothing of
+        # Ray running (each job starts its own instance where it needs one), then warm, on a running
+        # instance the jobs join through RAY_ADDRESS (as under `ray start` or `ray job submit`).
+        warm = []  # (group, pipeline args, reset, verify, baseline name, goal, degree)
         target = f"df_{table}"
         reset, verify = self.fresh_target(self.dst, table, target)
         group = f"shipped defaults: pg_to_pg {table}"
         pg = ["pipeline=pg_to_pg", f"source.port={self.src.port}", f"source.table={table}", f"sink.port={self.dst.port}", f"sink.table={target}"]
-        pipe = self.measure(group, "baseline psql|psql (1 stream)", lambda: self._pipe(table, target, 1), reset, verify, method="pipe", degree=1)
+        pipe, local = "baseline psql|psql (1 stream)", "conveyor run pipeline=pg_to_pg runtime=local"
         most = {"orders": 1.25, "lineitem": 1.1}.get(table, 1.25)
-        jobs.append((group, pg, reset, verify, pipe, {"at_most": most, "what": f"within {most}x the 1-stream pipe"}, 1))
-        local = self.measure(group, "conveyor run pipeline=pg_to_pg runtime=local", cli(*pg, "runtime=local"), reset, verify,
-                             method="defaults-local", degree=1)
+        goal = {"at_most": most, "what": f"within {most}x the 1-stream pipe"}
+        self.rounds(group, [(pipe, lambda: self._pipe(table, target, 1), verify, {"method": "pipe", "degree": 1}),
+                            (local, cli(*pg, "runtime=local"), verify, {"method": "defaults-local", "degree": 1}),
+                            (cold(pg), cli(*pg), verify, {"method": "defaults-cold", "degree": 1, "goal": {"against": pipe, **goal}})], reset)
+        warm.append((group, pg, reset, verify, pipe, goal, 1))
         if duck is not None:
+            duck_name = "baseline duckdb postgres extension"
             target = f"dfp_{table}"
             reset, verify = self.fresh_target(self.dst, table, target)
             group = f"shipped defaults: parquet_to_postgres {table}"
-            base = self.measure(group, "baseline duckdb postgres extension", lambda: duck.parquet_to_pg(files, target), reset, verify,
-                                method="duckdb", degree=1)
             pq = ["pipeline=parquet_to_postgres", f"source.path={files}", f"sink.port={self.dst.port}", f"sink.table={target}"]
-            jobs.append((group, pq, reset, verify, base, {"at_most": round(1 / 1.5, 3), "what": "at least 1.5x faster than DuckDB"}, 2))
+            goal = {"at_most": round(1 / 1.5, 3), "what": "at least 1.5x faster than DuckDB"}
+            self.rounds(group, [(duck_name, lambda: duck.parquet_to_pg(files, target), verify, {"method": "duckdb", "degree": 1}),
+                                (cold(pq), cli(*pq), verify, {"method": "defaults-cold", "degree": 2,
+                                                              "goal": {"against": duck_name, **goal}})], reset)
+            warm.append((group, pq, reset, verify, duck_name, goal, 2))
             out = self.work / f"df_out_{table}"
             rows = int(psql(self.src, f"SELECT count(*) FROM {table}"))
             group = f"shipped defaults: postgres_to_parquet {table}"
@@ -592,24 +627,23 @@ class Bench:
 
                 return sum(pq_.ParquetFile(p).metadata.num_rows for p in out.rglob("*.parquet")) == rows
 
-            base = self.measure(group, "baseline duckdb postgres extension", lambda: duck.pg_to_parquet(table, out), clear, counted,
-                                method="duckdb", degree=1)
             tp = ["pipeline=postgres_to_parquet", f"source.port={self.src.port}", f"source.table={table}", f"sink.path={out}"]
-            jobs.append((group, tp, clear, counted, base, {"at_most": 1.0, "what": "no slower than DuckDB"}, 2))
-        # cold: nothing of Ray runs, each job starts (and stops) its own instance
-        for group, args, reset, verify, base, goal, degree in jobs:
-            self.measure(group, f"conveyor run {args[0]} (no Ray instance running)", cli(*args), reset, verify,
-                         method="defaults-cold", degree=degree, goal={"against": base["name"], **goal})
-        # warm: a running instance the jobs join through RAY_ADDRESS (as under `ray start` or `ray job submit`)
+            goal = {"at_most": 1.0, "what": "no slower than DuckDB"}
+            self.rounds(group, [(duck_name, lambda: duck.pg_to_parquet(table, out), counted, {"method": "duckdb", "degree": 1}),
+                                (cold(tp), cli(*tp), counted, {"method": "defaults-cold", "degree": 2,
+                                                               "goal": {"against": duck_name, **goal}})], clear)
+            warm.append((group, tp, clear, counted, duck_name, goal, 2))
         ray.init(address="local", num_cpus=CORES, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
         try:
-            for group, args, reset, verify, base, goal, degree in jobs:
-                cell = self.measure(group, f"conveyor run {args[0]} (Ray instance running)", cli(*args, warm=True), reset, verify,
-                                    method="defaults-warm", degree=degree, goal={"against": base["name"], **goal})
-                if args is pg:
-                    cell["goal_within"] = {"against": local["name"], "seconds": 1.0,
-                                           "what": "on a running Ray instance within 1 s of runtime=local"}
+            for group, args, reset, verify, base, goal, degree in warm:
+                meta: dict[str, Any] = {"method": "defaults-warm", "degree": degree, "goal": {"against": base, **goal}}
+                jobs = [(f"conveyor run {args[0]} (Ray instance running)", cli(*args, warm=True), verify, meta)]
+                if args is pg:  # the 1 s target: against runtime=local run in the same rounds
+                    beside = f"{local} (in rounds with the Ray instance running)"
+                    meta["goal_within"] = {"against": beside, "seconds": 1.0, "what": "on a running Ray instance within 1 s of runtime=local"}
+                    jobs.insert(0, (beside, cli(*pg, "runtime=local"), verify, {"method": "defaults-local", "degree": 1}))
+                self.rounds(group, jobs, reset)
         finally:
             os.environ.pop("RAY_ADDRESS", None)
             ray.shutdown()
