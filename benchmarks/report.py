@@ -179,7 +179,7 @@ def _bars(group: str, cells: list[dict[str, Any]], base: dict[str, Any] | None, 
     ax.set_xlim(0, max(best) * 1.6)
     fig.tight_layout()
     path = out / f"plot_{re.sub(r'[^a-z0-9]+', '_', group.lower()).strip('_')}.png"
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # long job names: the figure grows instead of cutting the title
     plt.close(fig)
     return path
 
