@@ -81,12 +81,21 @@ def _exists(con: Any, schema: str, table: str) -> bool:
     return con.execute("SELECT to_regclass(%s)", [ident(schema, table)]).fetchone()[0] is not None
 
 
+def _create_shared(con: Any, schema: str, table: str, columns: str) -> None:
+    """CREATE TABLE IF NOT EXISTS of a table every run into ``schema`` shares, one run at a time: two
+    runs creating it at once (two jobs started together) made PostgreSQL fail one of them with a
+    duplicate pg_type key ('type ... already exists'), which IF NOT EXISTS does not cover. Runs take a
+    transaction-level advisory lock on the table's name first; the second then finds it made."""
+    if _exists(con, schema, table):
+        return
+    with con.transaction():
+        con.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"conveyor-create:{schema}.{table}"])
+        con.execute(f"CREATE TABLE IF NOT EXISTS {ident(schema, table)} ({columns})")
+
+
 def ensure_markers(con: Any, schema: str) -> None:
-    con.execute(
-        f"CREATE TABLE IF NOT EXISTS {ident(schema, MARKERS)} (load_id text NOT NULL, target text NOT NULL, "
-        "partition text NOT NULL, rows bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), "
-        "PRIMARY KEY (load_id, target, partition))"
-    )
+    _create_shared(con, schema, MARKERS, "load_id text NOT NULL, target text NOT NULL, partition text NOT NULL, rows bigint NOT NULL, "
+                                         "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (load_id, target, partition)")
 
 
 def marker_insert_sql(schema: str, load_id: str, target: str, partition: str, rows: int) -> str:
@@ -121,11 +130,9 @@ _NO_PENDING = "pending_load = NULL, pending_mode = NULL, pending_low = NULL, pen
 
 
 def ensure_cursors(con: Any, schema: str) -> None:
-    con.execute(
-        f"CREATE TABLE IF NOT EXISTS {ident(schema, CURSORS)} (target text NOT NULL, cursor text NOT NULL, value text, kind text, "
-        "pending_load text, pending_mode text, pending_low text, pending_high text, pending_kind text, "
-        "updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, cursor))"
-    )
+    _create_shared(con, schema, CURSORS, "target text NOT NULL, cursor text NOT NULL, value text, kind text, pending_load text, "
+                                         "pending_mode text, pending_low text, pending_high text, pending_kind text, "
+                                         "updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, cursor)")
 
 
 def cursor_row(con: Any, schema: str, target: str, column: str) -> tuple[Any, ...] | None:
