@@ -31,7 +31,7 @@ from conveyor.core import JobOptions, NullProgress, Progress, Task, TaskResult, 
 from conveyor.errors import ConfigError, ConnectError, TransferError, first_line
 from conveyor.log import note, say, warn
 from conveyor.runtime.reaper import Reaper
-from conveyor.runtime.task import not_run, retries_allowed, run_task
+from conveyor.runtime.task import not_run, retries_allowed, run_task, stopped
 
 # seconds a stopping run waits for killed tasks to be confirmed before it reports them as stopped
 _STOP_SECONDS = 10.0
@@ -510,6 +510,7 @@ class RayRuntime:
         running: dict[Any, Task] = {}
         results: list[TaskResult] = []
         stopping: str | None = None  # why nothing more starts: Ctrl-C, or a failed partition
+        self._killed: set[Any] = set()  # the tasks still running when the run stopped: their workers are killed
         deadline = None
         try:
             while running or (pending and stopping is None):
@@ -525,6 +526,8 @@ class RayRuntime:
                     self._forward(ray, collector, progress)
                 for ref in done:
                     result = self._result(ray, ref, running.pop(ref), stopping)
+                    if ref in self._killed:
+                        result = stopped(result, stopping or "cancelled")
                     results.append(result)
                     progress.finished(result)
                     if not result.ok and stopping is None:
@@ -542,8 +545,13 @@ class RayRuntime:
         return sorted(results, key=lambda r: r.index)
 
     def _stop(self, ray: Any, running: dict[Any, Task]) -> float:
-        """Kill the running tasks' workers (their open transactions roll back); a deadline to hear back."""
+        """Kill the workers of the tasks still running (their open transactions roll back); a deadline
+        to hear back. A task that has already finished keeps its own result, failed or committed."""
+        finished = set(ray.wait(list(running), num_returns=len(running), timeout=0)[0]) if running else set()
         for ref in running:
+            if ref in finished:
+                continue
+            self._killed.add(ref)
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
         return time.monotonic() + _STOP_SECONDS

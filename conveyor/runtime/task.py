@@ -7,6 +7,7 @@ attempt cannot duplicate rows.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -169,6 +170,23 @@ def not_run(task: Task, why: str) -> TaskResult:
     """The result of a partition stopped or never started (Ctrl-C, or another partition failed)."""
     key = task.partition.key
     return TaskResult(key, task.partition.index, error=TransferError(f"partition {key}: {why}", partition=key), cancelled=True)
+
+
+def stopped(result: TaskResult, why: str) -> TaskResult:
+    """The account of a task the run stopped while it ran (its worker killed) that still came back.
+
+    Ray kills a worker's child processes (psql among them) before the worker itself, so the task
+    can report the failure that killing caused ("psql exited -9") before its process ends. That
+    failure is the stop's doing: the partition is cancelled (nothing of it committed), not failed,
+    and the run's error stays the partition that stopped it. A committed or cancelled result stands.
+    """
+    if result.ok or result.cancelled:
+        return result
+    key = result.partition
+    ended = first_line(result.error).removeprefix(f"partition {key}: ") if result.error is not None else "an error"
+    err = TransferError(f"partition {key}: {why} (its worker was killed; the task ended with: {ended})", partition=key)
+    return dataclasses.replace(result, error=err, cancelled=True, traceback=None,
+                               notes=(*result.notes, f"{why}: its worker was killed"))
 
 
 def first_failure(results: list[TaskResult]) -> TaskResult | None:

@@ -6,6 +6,8 @@ They live in the tests, not in Conveyor: production code has no test hooks.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from conveyor.core import JobOptions, Partition, SourceInfo
+from conveyor.errors import TransferError
 
 SCHEMA = pa.schema([("n", pa.int64())])
 
@@ -26,6 +29,14 @@ class SequenceConfig:
     crash_marker: str = ""
     #: seconds to sleep between batches (to give a fault time to strike mid-COPY)
     pause: float = 0.0
+    #: this partition waits on a child process (as the pass-through waits on psql) and fails when the
+    #: child dies, as psql's stream does when Ray kills a cancelled worker's children
+    wait_on_child: int = -1
+    #: this partition fails fatally after pausing its Ray worker's raylet for this long (a busy raylet:
+    #: the killed worker's exit then takes long enough for its task to report the failure its killed
+    #: child caused, the race seen in CI)
+    fail_stalling_raylet: int = -1
+    stall_seconds: float = 2.0
 
 
 class SequenceSource:
@@ -41,6 +52,16 @@ class SequenceSource:
         return SourceInfo(schema=SCHEMA, label="test sequence", estimated_rows=self.config.rows)
 
     def read(self, part: Partition):
+        if part.index == self.config.wait_on_child:
+            child = subprocess.run(["sleep", "120"], check=False)
+            raise TransferError(f"partition {part.key}: its child process exited {child.returncode}", partition=part.key)
+        if part.index == self.config.fail_stalling_raylet:
+            time.sleep(1.0)  # the other partition's child is running by now
+            raylet = os.getppid()  # Ray's workers are the raylet's children
+            assert b"raylet" in Path(f"/proc/{raylet}/cmdline").read_bytes(), "not in a Ray worker"
+            subprocess.Popen(["sh", "-c", f"sleep {self.config.stall_seconds}; kill -CONT {raylet}"], start_new_session=True)
+            os.kill(raylet, signal.SIGSTOP)
+            raise TransferError(f"partition {part.key}: the failure that stops the run", partition=part.key)
         lo_all = self.config.rows * part.index // part.count
         hi_all = self.config.rows * (part.index + 1) // part.count
         for i, lo in enumerate(range(lo_all, hi_all, self.config.batch)):
