@@ -115,8 +115,9 @@ def _memory_table(cells: list[dict[str, Any]]) -> list[str]:
     for job, runs in by_job.items():
         if len(runs) > 1:
             small, large = min(runs, key=lambda c: c["rows"]), max(runs, key=lambda c: c["rows"])
-            lines.append(f"\n{job}: {large['rows'] / small['rows']:.1f}x the rows, peak RSS "
-                         f"{large['peak_rss_mb'] / small['peak_rss_mb'] - 1:+.0%}")
+            growth = large["peak_rss_mb"] / small["peak_rss_mb"] - 1
+            lines.append(f"\n{job}: {large['rows'] / small['rows']:.1f}x the rows, peak RSS {growth:+.1%} "
+                         f"(target: flat within 10%: {'met' if growth <= 0.10 else 'missed'}; one run per size)")
     lines.append("")
     return lines
 
