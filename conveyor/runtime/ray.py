@@ -12,7 +12,9 @@ Failures: a task whose worker process dies is retried by Ray (``max_retries``); 
 error (dropped connection, server restart, deadlock) is retried inside the task with backoff.
 Since the sink writes each partition in one transaction, a retry neither duplicates nor loses
 rows. A fatal error cancels the running tasks (their processes end, their open transactions
-roll back) and fails the job.
+roll back) and fails the job: the killed partitions are reported cancelled, even when their
+task reported the failure the kill caused first (psql killed with its worker), and the job's
+error is the partition that stopped it.
 """
 
 from __future__ import annotations
