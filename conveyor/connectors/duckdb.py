@@ -23,7 +23,7 @@ from conveyor.connectors import fs as fs_util
 from conveyor.connectors import merge as merging
 from conveyor.connectors.merge import MergeOptions
 from conveyor.connectors.sql import Dialect, SqlSource
-from conveyor.connectors.staged import StagedSink, check_mode
+from conveyor.connectors.staged import StagedSink, check_mode, swap_steps
 from conveyor.core import (
     INFINITY,
     CursorState,
@@ -39,6 +39,7 @@ from conveyor.core import (
     target_for,
 )
 from conveyor.errors import ConfigError, ConnectError, SchemaError, TransferError, VerificationError
+from conveyor.log import note
 from conveyor.mapping import TargetColumn, map_columns
 
 
@@ -203,12 +204,42 @@ class DuckPlan:
     window: CursorWindow | None = None
 
 
+def _swap_blocker(con: Any, schema: str, table: str, stage: str) -> str | None:
+    """Why the staged copy of ``table`` (made by ``CREATE TABLE stage AS SELECT * FROM table LIMIT 0``)
+    cannot simply take its place; None when nothing tells them apart: the same CREATE statement after
+    the name (column names, types, defaults, NOT NULL, keys, CHECKs), and on the target no index, no
+    comment or tag, and nothing that refers to it (a foreign key, a catalog dependency)."""
+    tables = {r[0]: r[1:] for r in con.execute(
+        "SELECT table_name, sql, comment, tags, index_count, table_oid FROM duckdb_tables() "
+        "WHERE database_name = current_database() AND schema_name = ? AND table_name IN (?, ?)", [schema, table, stage]).fetchall()}
+    if table not in tables or stage not in tables:
+        return "the target or its stage is not in the catalog"
+    (sql, comment, tags, indexes, oid), stage_sql = tables[table], tables[stage][0]
+    if sql[sql.find("("):] != stage_sql[stage_sql.find("("):]:
+        return "its DDL has what a copy of its columns does not: keys, defaults, NOT NULL or CHECKs"
+    if indexes:
+        return f"it has {indexes} index(es)"
+    if comment is not None or tags:
+        return "it has a comment or tags"
+    if con.execute("SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = ? "
+                   "AND table_name = ? AND comment IS NOT NULL", [schema, table]).fetchone()[0]:
+        return "a column has a comment"
+    if con.execute("SELECT count(*) FROM duckdb_constraints() WHERE database_name = current_database() "
+                   "AND constraint_type = 'FOREIGN KEY' AND referenced_table = ?", [table]).fetchone()[0]:
+        return "a foreign key refers to it"
+    if con.execute("SELECT count(*) FROM duckdb_dependencies() WHERE objid = ? OR refobjid = ?", [oid, oid]).fetchone()[0]:
+        return "another catalog entry depends on it"
+    return None
+
+
 class DuckDBSink(StagedSink):
     """Loads a DuckDB table.
 
     append writes straight into the target, one transaction per partition. truncate,
     create, replace and merge load a staging table first; ``finalize`` swaps (or merges) it in
     within one transaction, so a failed run leaves the target as it was (``StagedSink``).
+    truncate swaps the stage in where nothing tells it from the target (:func:`_swap_blocker`),
+    else empties the target and copies the stage's rows in, keeping the target's DDL.
     """
 
     config_class = DuckDBSinkConfig
@@ -394,11 +425,28 @@ class DuckDBSink(StagedSink):
             if own.window is not None:
                 self._in_one_transaction(plan, [])
             return
+        if plan.load_mode == "truncate" and self.staged(plan, self.table):
+            self._in_one_transaction(plan, lambda con: self._truncate_steps(con, plan))
+            return
         if plan.load_mode != "merge":
             return super().finalize(plan, results)
         stage, where = self._qualified(plan.write_target), f"duckdb table {self.config.schema}.{self.config.table}"
         self._in_one_transaction(plan, merging.steps(own.merge, self._qualified(), stage, qident),
                                  first=lambda con: merging.check_keys(con, own.merge, stage, where, qident))
+
+    def _truncate_steps(self, con: Any, plan: SinkPlan) -> list[str]:
+        """truncate, inside the transaction that makes it visible: the loaded stage takes the target's
+        place (DROP, RENAME: its rows are not written a second time) when nothing tells the two apart,
+        else the target is emptied and the stage's rows copied in (its DDL, indexes and comments stay)."""
+        target, stage = self._qualified(), self._qualified(plan.write_target)
+        cols = [qident(c) for c in plan.columns]
+        why = _swap_blocker(con, self.config.schema, self.config.table, plan.write_target)
+        if why is None:
+            note(f"truncate: {self._name} swapped for the loaded stage (same columns, types and constraints; "
+                 "no index, comment or reference to it): its rows are not copied twice")
+            return [f"DROP TABLE {target}", f"ALTER TABLE {stage} RENAME TO {qident(self.config.table)}"]
+        note(f"truncate: {self._name} emptied and the stage's rows copied in ({why})")
+        return swap_steps("truncate", target, stage, qident(self.config.table), cols, self.empty)
 
     def abort(self, plan: SinkPlan) -> None:
         super().abort(plan)  # a staging table dropped
@@ -422,16 +470,17 @@ class DuckDBSink(StagedSink):
     def _quote(self, name: str) -> str:
         return qident(name)
 
-    def _in_one_transaction(self, plan: SinkPlan, steps: list[str], first: Callable[[Any], None] | None = None) -> None:
+    def _in_one_transaction(self, plan: SinkPlan, steps: Sequence[str] | Callable[[Any], Sequence[str]],
+                            first: Callable[[Any], None] | None = None) -> None:
         """``steps`` in the transaction that makes the load visible, with the cursor's move (and a staged
-        load's markers forgotten)."""
+        load's markers forgotten); a callable ``steps`` is asked for them inside the transaction."""
         own: DuckPlan = plan.own
         con = _connect(self.config.database)
         try:
             con.execute("BEGIN")
             if first is not None:  # a check inside the transaction, before the steps (merge: the staged keys)
                 first(con)
-            for step in steps:
+            for step in steps(con) if callable(steps) else steps:
                 con.execute(step)
             if own.window is not None:
                 state.commit_cursor(con, self.config.schema, self._name, own.window, self.options.load)
