@@ -438,15 +438,15 @@ class DuckDBSink(StagedSink):
         """truncate, inside the transaction that makes it visible: the loaded stage takes the target's
         place (DROP, RENAME: its rows are not written a second time) when nothing tells the two apart,
         else the target is emptied and the stage's rows copied in (its DDL, indexes and comments stay)."""
-        target, stage = self._qualified(), self._qualified(plan.write_target)
-        cols = [qident(c) for c in plan.columns]
         why = _swap_blocker(con, self.config.schema, self.config.table, plan.write_target)
         if why is None:
             note(f"truncate: {self._name} swapped for the loaded stage (same columns, types and constraints; "
                  "no index, comment or reference to it): its rows are not copied twice")
-            return [f"DROP TABLE {target}", f"ALTER TABLE {stage} RENAME TO {qident(self.config.table)}"]
-        note(f"truncate: {self._name} emptied and the stage's rows copied in ({why})")
-        return swap_steps("truncate", target, stage, qident(self.config.table), cols, self.empty)
+        else:
+            note(f"truncate: {self._name} emptied and the stage's rows copied in ({why})")
+        # a swap is replace's DROP and RENAME; otherwise truncate's empty-and-copy
+        return swap_steps("replace" if why is None else "truncate", self._qualified(), self._qualified(plan.write_target),
+                          qident(self.config.table), [qident(c) for c in plan.columns], self.empty)
 
     def abort(self, plan: SinkPlan) -> None:
         super().abort(plan)  # a staging table dropped
