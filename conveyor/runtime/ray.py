@@ -512,13 +512,13 @@ class RayRuntime:
         running: dict[Any, Task] = {}
         results: list[TaskResult] = []
         stopping: str | None = None  # why nothing more starts: Ctrl-C, or a failed partition
-        self._killed: set[Any] = set()  # the tasks still running when the run stopped: their workers are killed
+        killed: set[Any] = set()  # the tasks still running when the run stopped: their workers are killed
         deadline = None
         try:
             while running or (pending and stopping is None):
                 if stopping is None and cancel_requested():
                     stopping = "cancelled (Ctrl-C or SIGTERM) before it finished"
-                    deadline = self._stop(ray, running)
+                    deadline = self._stop(ray, running, killed)
                 while pending and stopping is None and len(running) < degree:
                     task = pending.pop()
                     progress.started(task.partition.key)
@@ -528,13 +528,13 @@ class RayRuntime:
                     self._forward(ray, collector, progress)
                 for ref in done:
                     result = self._result(ray, ref, running.pop(ref), stopping)
-                    if ref in self._killed:
+                    if ref in killed:
                         result = stopped(result, stopping or "cancelled")
                     results.append(result)
                     progress.finished(result)
                     if not result.ok and stopping is None:
                         stopping = f"cancelled after partition {result.partition} failed"
-                        deadline = self._stop(ray, running)
+                        deadline = self._stop(ray, running, killed)
                 if deadline is not None and running and time.monotonic() > deadline:
                     for task in running.values():  # killed, but Ray did not confirm in time
                         results.append(not_run(task, f"{stopping} (its worker was killed)"))
@@ -546,14 +546,15 @@ class RayRuntime:
         results += [not_run(task, f"not started: {stopping}") for task in pending]
         return sorted(results, key=lambda r: r.index)
 
-    def _stop(self, ray: Any, running: dict[Any, Task]) -> float:
-        """Kill the workers of the tasks still running (their open transactions roll back); a deadline
-        to hear back. A task that has already finished keeps its own result, failed or committed."""
+    def _stop(self, ray: Any, running: dict[Any, Task], killed: set[Any]) -> float:
+        """Kill the workers of the tasks still running (their open transactions roll back), adding them
+        to ``killed``; a deadline to hear back. A task that has already finished keeps its own result,
+        failed or committed."""
         finished = set(ray.wait(list(running), num_returns=len(running), timeout=0)[0]) if running else set()
         for ref in running:
             if ref in finished:
                 continue
-            self._killed.add(ref)
+            killed.add(ref)
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
         return time.monotonic() + _STOP_SECONDS

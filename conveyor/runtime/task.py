@@ -182,8 +182,9 @@ def stopped(result: TaskResult, why: str) -> TaskResult:
     """
     if result.ok or result.cancelled:
         return result
-    key = result.partition
-    ended = first_line(result.error).removeprefix(f"partition {key}: ") if result.error is not None else "an error"
+    key, error = result.partition, result.error
+    assert error is not None  # not ok
+    ended = first_line(error).removeprefix(f"partition {key}: ")
     err = TransferError(f"partition {key}: {why} (its worker was killed; the task ended with: {ended})", partition=key)
     return dataclasses.replace(result, error=err, cancelled=True, traceback=None,
                                notes=(*result.notes, f"{why}: its worker was killed"))
