@@ -74,19 +74,12 @@ def _targets(cells: list[dict[str, Any]]) -> list[str]:
             if kind == "goal":
                 ratio = c["best"] / other["best"]
                 met = ratio <= goal["at_most"] and c["verified"]
-                measured = f"{ratio:.2f}x its time ({other['best'] / c['best']:.2f}x the speed)"
-                if pairs:
-                    each = [a / b for a, b in pairs]
-                    measured += f"; round by round {' '.join(f'{x:.2f}' for x in each)}x, median {statistics.median(each):.2f}x"
-                measured += f"; target at most {goal['at_most']:.2f}x"
+                measured = (f"{ratio:.2f}x its time ({other['best'] / c['best']:.2f}x the speed)"
+                            f"{_by_round([a / b for a, b in pairs], '{:.2f}', 'x')}; target at most {goal['at_most']:.2f}x")
             else:
                 diff = c["best"] - other["best"]
                 met = diff <= goal["seconds"] and c["verified"]
-                measured = f"{diff:+.2f} s"
-                if pairs:
-                    each = [a - b for a, b in pairs]
-                    measured += f"; round by round {' '.join(f'{x:+.2f}' for x in each)} s, median {statistics.median(each):+.2f} s"
-                measured += f"; target at most +{goal['seconds']:.2f} s"
+                measured = f"{diff:+.2f} s{_by_round([a - b for a, b in pairs], '{:+.2f}', ' s')}; target at most +{goal['seconds']:.2f} s"
             rows.append(f"| {c['group']} | {c['name']} | {goal['what']} (vs {goal['against']}) | {measured} | "
                         f"{'**met**' if met else '**missed**'} |")
     if not rows:
@@ -94,6 +87,13 @@ def _targets(cells: list[dict[str, Any]]) -> list[str]:
     return ["## Targets", "", "Met or missed on the best times; where a job ran in rounds with its baseline (one run of each per "
             "round), each round's ratio and their median are given too.", "",
             "| group | job | target | measured (best of the run) | |", "|---|---|---|---|---|", *rows, ""]
+
+
+def _by_round(values: list[float], fmt: str, unit: str) -> str:
+    """"; round by round ..., median ..." of a job's ratios or differences to its baseline ("" if none)."""
+    if not values:
+        return ""
+    return f"; round by round {' '.join(fmt.format(x) for x in values)}{unit}, median {fmt.format(statistics.median(values))}{unit}"
 
 
 def _paired(cell: dict[str, Any], other: dict[str, Any]) -> list[tuple[float, float]]:
