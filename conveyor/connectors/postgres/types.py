@@ -114,6 +114,55 @@ def numeric_arrow_type(col: PgColumn) -> Any:
     return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
 
 
+def _adbc_scalars() -> dict[str, Any]:
+    """Built-in base types -> the Arrow type ADBC's driver reads them as, the same from driver 1.4 to
+    1.13 (uuid, json and oid are not: their types changed; arrays' item fields gained metadata): checked
+    against the installed driver by tests/connectors/postgres/test_describe.py, type by type."""
+    import pyarrow as pa
+
+    text = pa.string()
+    return {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64(), "float4": pa.float32(), "float8": pa.float64(),
+            "bool": pa.bool_(), "text": text, "varchar": text, "bpchar": text, "name": text, "char": text, "bytea": pa.binary(),
+            "date": pa.date32(), "time": pa.time64("us"), "timestamp": pa.timestamp("us"), "timestamptz": pa.timestamp("us", tz="UTC"),
+            "interval": pa.month_day_nano_interval()}
+
+
+def adbc_field(col: PgColumn) -> Any:
+    """The Arrow field ADBC's driver gives a target column selected as it is (type and metadata),
+    known from its PostgreSQL type alone: the built-in scalars above, numeric, enums; None for the
+    rest (ask the driver)."""
+    import pyarrow as pa
+
+    meta = {"POSTGRESQL:type": col.typname}
+    if col.elem or col.typtype not in ("b", "e"):
+        return None
+    if col.typtype == "e":
+        return pa.field(col.name, pa.string(), metadata=meta)
+    if col.typname == "numeric":
+        if not hasattr(pa, "opaque"):
+            return None
+        return pa.field(col.name, pa.opaque(pa.string(), "numeric", "PostgreSQL"),
+                        metadata={"ADBC:postgresql:typname": "numeric", **meta, "POSTGRESQL:typmod": str(col.typmod)})
+    typ = _adbc_scalars().get(col.typname)
+    return pa.field(col.name, typ, metadata=meta) if typ is not None else None
+
+
+def read_arrow_type(col: PgColumn) -> Any:
+    """The Arrow type a source column has in the batches read (as :meth:`PgColumn.select_expr`
+    selects it: ADBC's type, numeric(p,s) as a decimal), known from its PostgreSQL type alone;
+    None for a column only ADBC's driver can say (ask it)."""
+    import pyarrow as pa
+
+    decimal = numeric_arrow_type(col)
+    if decimal is not None:
+        return decimal
+    if col.typtype == "d":
+        return None
+    if col.unconstrained_numeric or not col.native or col.typtype == "e":
+        return pa.string()  # selected as its text (enums: ADBC reads their text)
+    return None if col.elem else _adbc_scalars().get(col.typname)
+
+
 def arrow_to_pg(field: Any) -> str:
     """The PostgreSQL type ``create`` gives an Arrow field."""
     import pyarrow as pa

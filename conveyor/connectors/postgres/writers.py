@@ -17,7 +17,7 @@ from conveyor.arrowutil import CountingBatches
 from conveyor.casts import ColumnType
 from conveyor.connectors.postgres import commits
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, translate
-from conveyor.connectors.postgres.types import PgColumn
+from conveyor.connectors.postgres.types import PgColumn, adbc_field
 from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, Partition, SinkPlan, WriteStats
 from conveyor.errors import ConveyorError, SchemaError, TransferError
 
@@ -57,7 +57,7 @@ class PgLoad:
 def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str,
                where: str, tcols: list[PgColumn], forced: Sequence[str]) -> tuple[tuple[Any, ...], str, str, tuple[Any, ...] | None]:
     """(casts, writer, why not pgpq, pgpq types) for loading ``schema`` into ``table`` (qualified)."""
-    casts = _cast_plan(config, run_id, schema, pairs, table, where, [c.type_sql for c in tcols], forced)
+    casts = _cast_plan(config, run_id, schema, pairs, table, where, tcols, forced)
     chosen, why, types = _choose_writer(writer, schema, pairs, casts, tcols, where)
     return casts, chosen, why, types
 
@@ -92,17 +92,25 @@ def _choose_writer(writer: str, schema: Any, pairs: list[tuple[str, str]], casts
 
 
 def _cast_plan(config: PgConnConfig, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str, where: str,
-               types: list[str], forced: Sequence[str] = ()) -> tuple[Any, ...]:
+               tcols: list[PgColumn], forced: Sequence[str] = ()) -> tuple[Any, ...]:
     """Per column, the Arrow type to cast to, or None where PostgreSQL must cast (via a temp
-    table): where Arrow cannot, and for the columns of ``sink.allow_cast`` (PostgreSQL's rules)."""
+    table): where Arrow cannot, and for the columns of ``sink.allow_cast`` (PostgreSQL's rules).
+    The target's Arrow fields are ADBC's driver's, known from the column types where they are
+    built in (no connection, ~0.1 s of a job's start); a connection asks the driver for the rest,
+    and checks on a temp table what PostgreSQL must cast."""
+    types = [c.type_sql for c in tcols]
+    known = [adbc_field(c) for c in tcols]
+    if all(f is not None for f in known):
+        casts = _casts(schema, pairs, known, forced)
+        if all(c is not None for c in casts):
+            return casts
     conn = adbc_connect(config, scope=run_id)
     cur = conn.cursor()
     try:
         cols = ", ".join(ident(t) for _, t in pairs)
         cur.execute(f"SELECT {cols} FROM {table} LIMIT 0")
         target_schema = cur.fetch_arrow_table().schema
-        casts = tuple(None if t in forced else _arrow_cast_target(schema.field(s).type, target_schema.field(i))
-                      for i, (s, t) in enumerate(pairs))
+        casts = _casts(schema, pairs, list(target_schema), forced)
         if any(c is None for c in casts):
             _probe(cur, schema, pairs, casts, types, table, where)
         return casts
@@ -114,6 +122,11 @@ def _cast_plan(config: PgConnConfig, run_id: str, schema: Any, pairs: list[tuple
         cur.close()
         conn.rollback()
         conn.close()
+
+
+def _casts(schema: Any, pairs: list[tuple[str, str]], targets: list[Any], forced: Sequence[str]) -> tuple[Any, ...]:
+    return tuple(None if t in forced else _arrow_cast_target(schema.field(s).type, target)
+                 for (s, t), target in zip(pairs, targets))
 
 
 def _probe(cur: Any, schema: Any, pairs: list[tuple[str, str]], casts: tuple[Any, ...], types: list[str],
