@@ -72,6 +72,7 @@ def test_progress_reaches_the_driver_while_tasks_run(ray_instance, pg_target, tm
     # 8 batches of 0.4 s per partition, about 6 s in all: longer than the progress actor takes to
     # start on a fresh machine (a worker process of its own), so counts can arrive mid-run
     spec = with_fault_source(spec, rows=60000, batch=2500, pause=0.4)
+    spec.runtime.config.progress_actor_after = 0.5
     from conveyor.pipelines.job import JobPlan
 
     plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=3) for i in range(3)])
@@ -81,6 +82,37 @@ def test_progress_reaches_the_driver_while_tasks_run(ray_instance, pg_target, tm
     assert sum(recorder.rows.values()) == 60000 and sorted(recorder.done) == [p.key for p in plan.partitions]
     # more updates than partitions: counts arrived while tasks ran, not only each task's final top-up
     assert recorder.calls > len(plan.partitions)
+
+
+def test_the_progress_actor_is_started_only_for_a_run_that_lasts(ray_instance, tmp_path: Path) -> None:
+    """The actor gathering counts for the progress display is a worker process of its own (~0.4 s of
+    a short job's wall time on this machine): a run shorter than runtime.progress_actor_after shows
+    each partition's rows when it finishes, without one; a longer run gets it and counts mid-run.
+    On the main this started from, every watched run started one first."""
+    import ray._private.state  # Ray's actor table, dead actors included (its state API needs the dashboard: off here)
+
+    from conveyor.pipelines.job import JobPlan
+
+    def collectors() -> int:
+        return sum(a["ActorClassName"] == "_Collector" for a in ray._private.state.actors().values())
+
+    def run(rows: int, pause: float, after: float | None) -> tuple[int, Recorder, JobPlan]:
+        spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / f"out{rows}")}, {"type": "none"})
+        spec = with_fault_source(spec, rows=rows, batch=2500, pause=pause)
+        if after is not None:
+            spec.runtime.config.progress_actor_after = after
+        plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=2) for i in range(2)])
+        recorder, before = Recorder(), collectors()
+        assert execute(plan, recorder).rows == rows
+        assert sum(recorder.rows.values()) == rows and sorted(recorder.done) == [p.key for p in plan.partitions]
+        return collectors() - before, recorder, plan
+
+    started, _, _ = run(5000, 0.0, None)  # the default (5 s): one batch per partition, well under it
+    assert started == 0, "a short run started a progress actor"
+    # 4 batches of 0.5 s per partition: the actor starts after 0.3 s and the tasks find it by name
+    started, recorder, plan = run(20000, 0.5, 0.3)
+    assert started == 1
+    assert recorder.calls > len(plan.partitions)  # counts arrived while the tasks ran, not only each one's final top-up
 
 
 def test_negative_degree_is_a_fraction_of_the_cluster(ray_instance) -> None:
