@@ -771,10 +771,9 @@ def main() -> int:
     # Conveyor's modules byte-compiled first, as `pip install` leaves them for a user: an editable install under
     # PYTHONDONTWRITEBYTECODE=1 (this machine's environment) compiles them again in every timed run (~0.08 s each here)
     import compileall
+    import importlib.util
 
-    import conveyor
-
-    compileall.compile_dir(Path(conveyor.__file__).parent, quiet=1)
+    compileall.compile_dir(Path(importlib.util.find_spec("conveyor").origin).parent, quiet=1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
