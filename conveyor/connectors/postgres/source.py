@@ -99,6 +99,8 @@ class PostgresSource(SqlSource):
         #: the Arrow schema read() yields, and the decoder that yields it (set by describe)
         self.schema: Any = None
         self.decoder = "adbc"
+        #: the server's version number (set by describe; 0: not known)
+        self.server_version = 0
 
     def keeping(self, kinds: tuple[str, ...]) -> PostgresSource:
         """This source, passing on the special values a sink keeps (only under the default policy)."""
@@ -132,6 +134,7 @@ class PostgresSource(SqlSource):
     def describe(self) -> SourceInfo:
         con = connect(self.config, autocommit=True)
         try:
+            self.server_version = con.info.server_version
             estimate, size, keys = None, None, ((), ())
             if self.config.table:
                 kind, _, oid, reltuples = self._relation_info(con)
@@ -378,9 +381,34 @@ class PostgresSource(SqlSource):
     def _conds(self, parts: list[Partition]) -> list[str]:
         return [self.where(p).removeprefix(" WHERE ") or "true" for p in parts]
 
+    def count_rows(self, parts: list[Partition]) -> list[int] | None:
+        """Each partition's row count, in the job's snapshot (page ranges: see :meth:`_per_range`)."""
+        if self._page_ranges(parts):
+            return [row[0] for row in self._per_range("count(*)", parts)]
+        return super().count_rows(parts)
+
+    def _page_ranges(self, parts: list[Partition]) -> bool:
+        """ctid partitions, on a server with TID range scans (PostgreSQL 14+)."""
+        return bool(parts) and all(isinstance(p, PageRange) for p in parts) and self.server_version >= 140000
+
+    def _per_range(self, exprs: str, parts: list[PageRange]) -> list[tuple[int, ...]]:
+        """``exprs`` (aggregates) over each page range, one SELECT per range UNION ALL-ed: each reads
+        only its own pages (a TID range scan), and the server's parallel workers share them out, so
+        the whole costs one table's reading whatever the number of ranges. One scan with a FILTER per
+        range compares every row with every range: verify=count of TPC-H lineitem SF1 took 1.2 CPU-s
+        with 8 ranges and 1.75 with 32 (0.6-0.9 s), against 0.6 CPU-s (0.33 s) this way."""
+        out: dict[int, tuple[int, ...]] = {}
+        for i in range(0, len(parts), 200):
+            sql = " UNION ALL ".join(f"SELECT {j}, {exprs} FROM {self._from()}{self.where(p)}" for j, p in enumerate(parts[i:i + 200], i))
+            for j, *values in self._rows(sql):
+                out[j] = tuple(int(v) for v in values)
+        return [out[j] for j in range(len(parts))]
+
     def checksums(self, parts: list[Partition], columns: tuple[str, ...]) -> list[tuple[int, int]]:
         """(rows, sum of 64-bit row hashes) per partition: rows compared as PostgreSQL prints them."""
         h = row_hash_sql(columns)
+        if self._page_ranges(parts):
+            return [(n, total) for n, total in self._per_range(f"count(*), coalesce(sum({h}), 0)", parts)]
         out: list[tuple[int, int]] = []
         for i in range(0, len(parts), 100):
             conds = self._conds(parts[i:i + 100])
