@@ -191,7 +191,7 @@ class _RemoteProgress:
 
         try:
             self.actor = ray.get_actor(self.name)
-        except ValueError:  # not made yet (a short run never makes it)
+        except Exception:  # not made yet (a short run never makes it); progress never fails a partition
             return
         for k, (r, b) in self.held.items():
             self.actor.add.remote(k, r, b)
