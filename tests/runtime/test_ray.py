@@ -96,21 +96,21 @@ def test_the_progress_actor_is_started_only_for_a_run_that_lasts(ray_instance, t
     def collectors() -> int:
         return sum(a["ActorClassName"] == "_Collector" for a in ray._private.state.actors().values())
 
-    def run(rows: int, pause: float, after: float | None) -> tuple[int, Recorder, JobPlan]:
+    def run(rows: int, pause: float, after: float) -> tuple[int, Recorder, JobPlan]:
         spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / f"out{rows}")}, {"type": "none"})
         spec = with_fault_source(spec, rows=rows, batch=2500, pause=pause)
-        if after is not None:
-            spec.runtime.config.progress_actor_after = after
+        spec.runtime.config.progress_actor_after = after
         plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=2) for i in range(2)])
         recorder, before = Recorder(), collectors()
         assert execute(plan, recorder).rows == rows
         assert sum(recorder.rows.values()) == rows and sorted(recorder.done) == [p.key for p in plan.partitions]
         return collectors() - before, recorder, plan
 
-    started, _, _ = run(5000, 0.0, None)  # the default (5 s): one batch per partition, well under it
+    started, _, _ = run(5000, 0.0, 30.0)  # one batch per partition: well under 30 s even on a loaded machine
     assert started == 0, "a short run started a progress actor"
-    # 4 batches of 0.5 s per partition: the actor starts after 0.3 s and the tasks find it by name
-    started, recorder, plan = run(20000, 0.5, 0.3)
+    # 8 batches of 0.5 s per partition: the actor starts after 0.3 s, the tasks find it by name, and
+    # there are seconds left for counts to arrive after the actor's process has started
+    started, recorder, plan = run(40000, 0.5, 0.3)
     assert started == 1
     assert recorder.calls > len(plan.partitions)  # counts arrived while the tasks ran, not only each one's final top-up
 
