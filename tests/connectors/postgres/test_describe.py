@@ -1,12 +1,13 @@
-"""Describing a PostgreSQL source: the Arrow schema of its batches without an ADBC connection.
+"""Describing a PostgreSQL source and preparing a PostgreSQL target without an ADBC connection.
 
-The schema read() yields is ADBC's driver's (numeric(p,s) as a decimal). For columns of built-in
-types it is known from their PostgreSQL types alone (conveyor/connectors/postgres/types.py,
-``read_arrow_type``); describing a table of those loads no ADBC driver and opens no second
-connection (~0.1 s of every job's start here, and one connection per table of a many-table job).
-The first test holds that table to the driver itself, type by type, on a real server (with a
-session time zone that is not UTC); on the main this started from, every describe connected
-through ADBC, which the second test refuses.
+The schema read() yields is ADBC's driver's (numeric(p,s) as a decimal), and the Arrow path's cast
+plan reads the target's columns as the driver gives them. For built-in types both are known from the
+PostgreSQL types alone (conveyor/connectors/postgres/types.py: ``read_arrow_type``, ``adbc_field``),
+without the driver's import and connection (~0.1 s of every such job's start here, and one connection
+per table of a many-table job). Two tests hold that table to the installed driver, type by type, on
+a real server (source side with a session time zone that is not UTC, target side metadata included);
+two check in a fresh process that describing a table of built-in types and loading Parquet into one
+load no ADBC driver. On the main this started from, both connected through ADBC: those two fail.
 """
 
 from __future__ import annotations
