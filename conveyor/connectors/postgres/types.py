@@ -15,6 +15,7 @@ schema, or, when the source is PostgreSQL, with the source's own built-in types.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,7 @@ def numeric_arrow_type(col: PgColumn) -> Any:
     return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
 
 
+@functools.cache
 def _adbc_scalars() -> dict[str, Any]:
     """Built-in base types -> the Arrow type ADBC's driver reads them as, the same from driver 1.4 to
     1.13 (uuid, json and oid are not: their types changed; arrays' item fields gained metadata): checked

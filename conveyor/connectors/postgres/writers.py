@@ -100,17 +100,16 @@ def _cast_plan(config: PgConnConfig, run_id: str, schema: Any, pairs: list[tuple
     and checks on a temp table what PostgreSQL must cast."""
     types = [c.type_sql for c in tcols]
     known = [adbc_field(c) for c in tcols]
-    if all(f is not None for f in known):
-        casts = _casts(schema, pairs, known, forced)
-        if all(c is not None for c in casts):
-            return casts
+    casts = _casts(schema, pairs, known, forced) if all(f is not None for f in known) else None
+    if casts is not None and all(c is not None for c in casts):
+        return casts
     conn = adbc_connect(config, scope=run_id)
     cur = conn.cursor()
     try:
-        cols = ", ".join(ident(t) for _, t in pairs)
-        cur.execute(f"SELECT {cols} FROM {table} LIMIT 0")
-        target_schema = cur.fetch_arrow_table().schema
-        casts = _casts(schema, pairs, list(target_schema), forced)
+        if casts is None:  # a column only the driver can type
+            cols = ", ".join(ident(t) for _, t in pairs)
+            cur.execute(f"SELECT {cols} FROM {table} LIMIT 0")
+            casts = _casts(schema, pairs, list(cur.fetch_arrow_table().schema), forced)
         if any(c is None for c in casts):
             _probe(cur, schema, pairs, casts, types, table, where)
         return casts
