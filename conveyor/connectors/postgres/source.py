@@ -408,7 +408,7 @@ class PostgresSource(SqlSource):
         """(rows, sum of 64-bit row hashes) per partition: rows compared as PostgreSQL prints them."""
         h = row_hash_sql(columns)
         if self._page_ranges(parts):
-            return [(n, total) for n, total in self._per_range(f"count(*), coalesce(sum({h}), 0)", parts)]
+            return self._per_range(f"count(*), coalesce(sum({h}), 0)", parts)  # (rows, hash sum) each
         out: list[tuple[int, int]] = []
         for i in range(0, len(parts), 100):
             conds = self._conds(parts[i:i + 100])
