@@ -218,7 +218,9 @@ class PostgresSource(SqlSource):
         if not self.config.snapshot:
             yield self
             return
-        con = connect(self.config)
+        # autocommit: the transaction is the BEGIN below (without it psycopg opens a default one
+        # first, and the server ignores this BEGIN with a warning in its log)
+        con = connect(self.config, autocommit=True)
         try:
             con.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             snap = con.execute("SELECT pg_export_snapshot()").fetchone()[0]
@@ -226,9 +228,7 @@ class PostgresSource(SqlSource):
             shipped.snapshot_id = snap
             yield shipped
         finally:
-            with contextlib.suppress(Exception):
-                con.rollback()
-            con.close()
+            con.close()  # ends the exporting transaction (and with it the snapshot)
 
     # --- several tables in one job (source.tables) ----------------------------------------------
 
