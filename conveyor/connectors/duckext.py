@@ -8,9 +8,9 @@ file is copied to that name first, then ``FORCE INSTALL``-ed into an extension d
 from __future__ import annotations
 
 import contextlib
-import importlib
+import importlib.metadata
+import importlib.util
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -26,27 +26,32 @@ _READY: dict[str, str] = {}
 
 
 def extension_dir(name: str) -> str:
-    """The extension directory holding ``name``, installed from its wheel once per process."""
+    """The extension directory holding ``name``, installed from its wheel once per machine and
+    DuckDB version. Once installed, finding it imports neither DuckDB nor the wheel's package (a
+    job that never reads through DuckDB, a PostgreSQL pass-through, pays nothing for asking)."""
     with _LOCK:
         if name in _READY:
             return _READY[name]
-        import duckdb
-
         module, canonical, extra = KNOWN[name]
         try:
-            importlib.import_module(module)
-        except ImportError:
+            version = importlib.metadata.version("duckdb")
+        except importlib.metadata.PackageNotFoundError:
+            raise RuntimeError("the Python package duckdb is not installed") from None
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
             raise RuntimeError(f"the Python package {module.replace('_', '-')} is not installed "
-                               f"(pip install 'conveyor[{extra}]' brings it)") from None
-        pkg = Path(sys.modules[module].__file__).parent
+                               f"(pip install 'conveyor[{extra}]' brings it)")
+        pkg = Path(next(iter(spec.submodule_search_locations)))
         ext = next(pkg.rglob("*.duckdb_extension"), None)
         if ext is None:
             raise RuntimeError(f"{module.replace('_', '-')} holds no extension file ({pkg})")
         uid = os.getuid() if hasattr(os, "getuid") else 0
-        root = Path(tempfile.gettempdir()) / f"conveyor-duckdb-{uid}" / duckdb.__version__
+        root = Path(tempfile.gettempdir()) / f"conveyor-duckdb-{uid}" / version
         extdir = root / "extensions"
         done = extdir / f"{canonical}.done"
         if not done.exists():
+            import duckdb
+
             root.mkdir(parents=True, exist_ok=True)
             file = root / f"{canonical}.duckdb_extension"
             tmp = root / f".{os.getpid()}.{threading.get_ident()}.tmp"

@@ -7,7 +7,8 @@ without the driver's import and connection (~0.1 s of every such job's start her
 per table of a many-table job). Two tests hold that table to the installed driver, type by type, on
 a real server (source side with a session time zone that is not UTC, target side metadata included);
 two check in a fresh process that describing a table of built-in types and loading Parquet into one
-load no ADBC driver. On the main this started from, both connected through ADBC: those two fail.
+load no ADBC driver. On the main this started from, both connected through ADBC: those two fail. A
+fifth checks that describing does not import DuckDB to learn that its decoder is there.
 """
 
 from __future__ import annotations
@@ -49,12 +50,13 @@ def _password(monkeypatch):
 def typed(pg_source):
     cols = [f"s_{name} {sql}" for name, sql in SCALARS.items()] + [f"a_{name} {sql}[]" for name, sql in SCALARS.items()]
     cols += [f"{name} {sql}" for name, sql in OTHERS.items()]
-    pg_exec(pg_source, "DROP TABLE IF EXISTS d_types, d_plain", "DROP TYPE IF EXISTS d_mood, d_pair",
+    pg_exec(pg_source, "DROP TABLE IF EXISTS d_types, d_plain, d_duck", "DROP TYPE IF EXISTS d_mood, d_pair",
             "DROP DOMAIN IF EXISTS d_pos, d_cash, d_ints",
             "CREATE TYPE d_mood AS ENUM ('sad', 'ok')", "CREATE TYPE d_pair AS (a int, b text)",
             "CREATE DOMAIN d_pos AS int4 CHECK (VALUE > 0)", "CREATE DOMAIN d_cash AS numeric(12,2)", "CREATE DOMAIN d_ints AS int4[]",
             f"CREATE TABLE d_types ({', '.join(cols)})",
-            "CREATE TABLE d_plain (id int8, n numeric(15,2), t text, d date, tz timestamptz, ip inet, free numeric, m d_mood)")
+            "CREATE TABLE d_plain (id int8, n numeric(15,2), t text, d date, tz timestamptz, ip inet, free numeric, m d_mood)",
+            "CREATE TABLE d_duck (id int8, n numeric(15,2), t text, d date, tz timestamptz, f float8, b bool)")  # DuckDB decodes each
     return pg_source
 
 
@@ -88,7 +90,8 @@ from conveyor.connectors.postgres.source import PostgresSource, PostgresSourceCo
 from conveyor.core import JobOptions
 src = PostgresSource(PostgresSourceConfig(port=int(sys.argv[1]), table=sys.argv[2]), JobOptions())
 info = src.describe()
-print(json.dumps({"adbc": "adbc_driver_manager" in sys.modules, "schema": str(info.schema)}))
+print(json.dumps({"adbc": "adbc_driver_manager" in sys.modules, "duckdb": "duckdb" in sys.modules, "decoder": src.decoder,
+                  "schema": str(info.schema)}))
 """
 
 
@@ -106,6 +109,17 @@ def test_describing_a_table_of_built_in_types_loads_no_adbc_driver(typed) -> Non
     assert "tz: timestamp[us, tz=UTC]" in plain["schema"]
     # a column only the driver can type: it is asked, as before
     assert _describe_alone(typed, "d_types")["adbc"] is True
+
+
+def test_describing_picks_duckdbs_decoder_without_importing_duckdb(typed) -> None:
+    """Whether DuckDB's postgres extension can decode is known from its installed copy: describe
+    (every PostgreSQL job, a pass-through too, which never reads through DuckDB) does not import
+    DuckDB for it (0.03 s of every job's start here). On the main this started from it did."""
+    from conveyor.connectors import duckext
+
+    duckext.extension_dir("postgres")  # installed once per machine and DuckDB version, as a first job would
+    described = _describe_alone(typed, "d_duck")
+    assert described["decoder"] == "duckdb" and described["duckdb"] is False
 
 
 def test_the_target_fields_known_without_the_driver_are_the_drivers(typed) -> None:
