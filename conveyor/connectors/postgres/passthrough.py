@@ -9,6 +9,10 @@ Three parts, one per side and one between them:
   the job's snapshot with the source's credentials; the stream it yields raises the source's
   error at its end, before the sink can commit.
 - :func:`relay` (the sink, in the task): 1 MiB chunks into ``COPY ... FROM STDIN (FORMAT binary)``.
+
+psql's stdout is a pipe of 1 MiB, a chunk (Linux's default maximum for a pipe; 64 KiB otherwise):
+psql goes on reading the source while the relay writes a chunk into the target, where through a
+64 KiB pipe the two sides took turns.
 """
 
 from __future__ import annotations
@@ -26,6 +30,19 @@ from conveyor.errors import Cancelled, SchemaError, TransferError
 
 FORMAT = "pgcopy-binary"
 CHUNK = 1 << 20
+
+
+def _widen(pipe: Any) -> None:
+    """Make ``pipe`` hold CHUNK bytes where the system lets us (Linux: F_SETPIPE_SZ, up to
+    /proc/sys/fs/pipe-max-size); elsewhere, or when refused, it keeps its size."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        return
+    setsz = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setsz is not None and pipe is not None:
+        with contextlib.suppress(OSError):  # over this user's pipe-buffer allowance: the default size
+            fcntl.fcntl(pipe.fileno(), setsz, CHUNK)
 
 
 def offer(columns: Sequence[PgColumn]) -> NativeExport:
@@ -100,6 +117,7 @@ def export(config: PgConnConfig, select_sql: str, begin_sql: Sequence[str], key:
         args += ["-c", stmt]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             env=config.subprocess_env())
+    _widen(proc.stdout)
     try:
         yield _CopyOut(proc, config, key)
     finally:
