@@ -34,7 +34,7 @@ def test_the_snapshot_is_exported_by_a_read_only_repeatable_read_transaction(pg_
                                    "AND query = 'SELECT pg_export_snapshot()' AND pid <> pg_backend_pid()")
         assert [r[0] for r in state] == ["idle in transaction"]
         # and the snapshot reads as the tasks read it
-        with psycopg.connect(host="127.0.0.1", port=pg_source.port, user="postgres", dbname="postgres", autocommit=True) as con:
+        with psycopg.connect(pg_source.dsn(), autocommit=True) as con:
             con.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             con.execute(f"SET TRANSACTION SNAPSHOT '{shipped.snapshot_id}'")
             assert con.execute("SELECT count(*) FROM snap_src").fetchone() == (10,)
