@@ -10,9 +10,9 @@ Three parts, one per side and one between them:
   error at its end, before the sink can commit.
 - :func:`relay` (the sink, in the task): 1 MiB chunks into ``COPY ... FROM STDIN (FORMAT binary)``.
 
-psql's stdout is a pipe of 1 MiB, a chunk (Linux's default maximum for a pipe; 64 KiB otherwise):
-psql goes on reading the source while the relay writes a chunk into the target, where through a
-64 KiB pipe the two sides took turns.
+psql's stdout is a pipe that holds one chunk, 1 MiB (Linux's default maximum pipe size), not the
+default 64 KiB: psql goes on reading the source while the relay writes a chunk into the target,
+where through a 64 KiB pipe the two sides took turns.
 """
 
 from __future__ import annotations
