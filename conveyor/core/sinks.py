@@ -38,8 +38,9 @@ class SinkPlan:
     #: special values this sink writes exactly (``INFINITY``): the job asks the source to pass
     #: them on instead of refusing them (``SupportsSpecialValues``)
     keeps: tuple[str, ...] = ()
-    #: rows the target held before an append (``verify=count`` compares what was added)
-    rows_before: int = 0
+    #: rows the target held before an append (``verify=count`` compares what was added); None: not
+    #: counted (a sink that checks each partition's rows before its commit need not scan its target)
+    rows_before: int | None = 0
     #: the partitions (indexes) this run writes, set by the job (a resumed run writes only the rest)
     to_write: tuple[int, ...] | None = None
     #: the sink's own decisions, as its own picklable dataclass (the PostgreSQL sink's writer and

@@ -236,6 +236,8 @@ class PostgresSink:
             if mode == "append" and self.options.verify == "checksum":  # what was there, to compare what was added
                 n, h = con.execute(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified()}").fetchone()
                 plan = dataclasses.replace(plan, rows_before=n, own=dataclasses.replace(plan.own, checksum_before=(n, h)))
+            elif mode == "append":  # the target is not scanned: each partition's rows are checked before its commit
+                plan = dataclasses.replace(plan, rows_before=None)
         except BaseException as exc:
             if stage_created:
                 with contextlib.suppress(Exception):
