@@ -97,6 +97,8 @@ class TaskResult:
     cancelled: bool = False
     #: committed under this load id by an earlier attempt or run: nothing was written again
     already_committed: bool = False
+    #: the rows the source said it sent for this partition (``WriteStats.source_rows``); None: not said
+    source_rows: int | None = None
     #: where the task ran and what it retried ("attempt 1 failed: ...; retried after 0.5 s"): the
     #: worker's own account, carried back so the driver's log has it whatever process ran the task
     notes: tuple[str, ...] = ()

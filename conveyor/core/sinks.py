@@ -52,6 +52,11 @@ class SinkPlan:
     checks_before_commit: bool = False
     #: {partition key: rows the source holds for it}, counted in the job's snapshot (set by the job)
     expected_rows: Mapping[str, int] | None = None
+    #: set by the job instead of ``expected_rows`` on a native path whose source counts what it
+    #: streams (``NativeExport.counts``) when the job verifies: the sink checks each partition's
+    #: rows against the stream's count (``NativeStream.rows``) inside the partition's transaction,
+    #: and reports it (``WriteStats.source_rows``); the source is not counted apart
+    counts_from_stream: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,8 @@ class WriteStats:
     seconds: float
     #: the partition had been committed under this load id before (nothing was written again)
     already_committed: bool = False
+    #: the rows the source said it sent (a native stream's own count, ``NativeStream.rows``); None: not said
+    source_rows: int | None = None
 
 
 @dataclass(frozen=True)

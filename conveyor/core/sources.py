@@ -38,6 +38,10 @@ class NativeExport:
     format: str | None = None
     #: why there is no format (e.g. "psql is not installed")
     why_not: str = ""
+    #: each stream says at its end how many rows the source sent (``NativeStream.rows``, counted
+    #: by the source database, e.g. its COPY's count): ``verify=count`` checks the target's count
+    #: against it and does not count the source again
+    counts: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,7 +229,11 @@ class SupportsChecksums(Protocol):
 
 class NativeStream(Protocol):
     """A partition in a source's wire format: ``read`` returns up to ``size`` bytes, b"" at the end,
-    and raises the source's error there if the export failed (a sink must not commit then)."""
+    and raises the source's error there if the export failed (a sink must not commit then).
+    A source whose export ``counts`` (``NativeExport.counts``) sets ``rows`` once ``read`` has
+    returned b"": the rows it sent, as the source database counted them (None: it did not say)."""
+
+    rows: int | None
 
     def read(self, size: int) -> bytes: ...
 

@@ -347,7 +347,7 @@ class Load:
         self.before = [TaskResult(p.key, p.index, rows=done[p.key], already_committed=True) for p in plan.partitions if p.key in done]
         for result in self.before:
             self.progress.finished(result)
-        self.sink_plan = _expected_rows(spec, sink_plan, self.todo, self.source)
+        self.sink_plan = _expected_rows(spec, sink_plan, self.todo, self.source, plan.info)
         self.report.sink_plan = self.sink_plan
         self.counted = self.sink_plan.expected_rows is not None
         return [Task(self.source, spec.sink, self.sink_plan, part) for part in self.todo]
@@ -392,11 +392,17 @@ class Phases:
         self.last = now
 
 
-def _expected_rows(spec: JobSpec, sink_plan: SinkPlan, todo: list[Partition], source: Any) -> SinkPlan:
+def _expected_rows(spec: JobSpec, sink_plan: SinkPlan, todo: list[Partition], source: Any, info: SourceInfo) -> SinkPlan:
     """A sink whose partition commits are final checks each partition's rows in its own transaction:
     the source's counts, in the job's snapshot, are taken before the tasks run (and serve the
-    verification after them, not counted twice)."""
-    if not sink_plan.checks_before_commit or spec.options.verify == "none" or not isinstance(source, SupportsPartitionCounts):
+    verification after them, not counted twice). On a native path whose source counts what it
+    streams (the pass-through: its COPY's count), the sink checks against that instead, and the
+    source is not scanned to count it."""
+    if spec.options.verify == "none":
+        return sink_plan
+    if sink_plan.native and info.native is not None and info.native.counts and info.native.format == sink_plan.native:
+        return dataclasses.replace(sink_plan, counts_from_stream=True)
+    if not sink_plan.checks_before_commit or not isinstance(source, SupportsPartitionCounts):
         return sink_plan
     counts = source.count_rows(todo)
     if counts is None:

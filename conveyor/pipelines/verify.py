@@ -2,7 +2,9 @@
 
 ``verify=count`` (default): each partition's rows counted at the source (one scan, in the job's
 snapshot, where the source can count) against the rows its task wrote, and the rows now in the
-written table against the total. ``verify=checksum``: in addition, an order-independent content
+written table against the total. On the pass-through the source's count is its COPY's own (the
+rows it sent, ``TaskResult.source_rows``), checked against the target's COPY count inside each
+partition's transaction: no second scan of the source. ``verify=checksum``: in addition, an order-independent content
 checksum computed by both databases (PostgreSQL on both sides: rows compared as PostgreSQL prints
 them). It runs before ``finalize``, so a mismatch in truncate / create / replace leaves the old
 target in place.
@@ -53,15 +55,20 @@ def check_mode(mode: str, source: Any, sink: Any) -> None:
 def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source: Any, sink: Any, plan: Any,
            counted: Mapping[str, int] | None = None) -> Verification:
     """``counted``: the source's counts taken before the tasks ran (a sink that checked them in each
-    partition's transaction), used instead of counting the source again."""
+    partition's transaction), used instead of counting the source again. ``plan.counts_from_stream``:
+    the source's counts are those its streams reported (``TaskResult.source_rows``)."""
     out = Verification(mode, written_rows=sum(r.rows for r in results))
     if mode == "none":
         out.notes.append("not verified (verify=none)")
         return out
     by_key = {r.partition: r.rows for r in results}
+    from_stream = counted is None and getattr(plan, "counts_from_stream", False)
     if counted is not None:
         counts: Sequence[int] | None = [counted[p.key] for p in partitions]
         out.notes.append("source counted before the load")
+    elif from_stream:
+        counts = _sent(partitions, results, source)
+        out.notes.append("source rows as the source counted them while sending (its COPY's count), per partition in the job's snapshot")
     else:
         counts = source.count_rows(partitions) if isinstance(source, SupportsPartitionCounts) else None
     if counts is None:
@@ -71,7 +78,8 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         out.mismatched += [f"{p.key}: source {n:,} rows, written {by_key.get(p.key, 0):,}"
                            for p, n in zip(partitions, counts) if n != by_key.get(p.key, 0)]
     expected = out.source_rows if out.source_rows is not None else out.written_rows
-    if counted is not None:  # the target's COPY count met the source's in each partition's transaction: no table scan
+    if counted is not None or (from_stream and plan.checks_before_commit):
+        # the target's COPY count met the source's in each partition's transaction: no table scan
         out.notes.append("the target's rows per partition (its COPY count) checked against the source's before each commit")
     elif plan.rows_before is None:  # an append whose target was not counted before it: its count tells nothing
         out.notes.append("the target's rows before the append were not counted: the rows each partition's COPY wrote stand in")
@@ -87,6 +95,20 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         if out.source_checksum != out.target_checksum:
             out.mismatched.append(f"checksum: source {out.source_checksum}, target {out.target_checksum}")
     return out
+
+
+def _sent(partitions: Sequence[Any], results: Sequence[Any], source: Any) -> list[int] | None:
+    """Each partition's rows as its source stream counted them; a partition that reports none (its
+    rows were committed by an earlier attempt, or its task stopped after the commit) is counted at
+    the source instead."""
+    sent = {r.partition: r.source_rows for r in results if getattr(r, "source_rows", None) is not None}
+    missing = [p for p in partitions if p.key not in sent]
+    if missing:
+        counted = source.count_rows(missing) if isinstance(source, SupportsPartitionCounts) else None
+        if counted is None:
+            return None
+        sent.update({p.key: n for p, n in zip(missing, counted)})
+    return [sent[p.key] for p in partitions]
 
 
 def _combine(parts: Sequence[tuple[int, int]]) -> str:

@@ -144,7 +144,7 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
             )
         else:
             result = TaskResult(key, task.partition.index, stats.rows, stats.bytes, stats.seconds, attempt,
-                                already_committed=stats.already_committed, notes=tuple(notes))
+                                already_committed=stats.already_committed, source_rows=stats.source_rows, notes=tuple(notes))
         progress.finished(result)
         return result
 

@@ -7,17 +7,28 @@ Three parts, one per side and one between them:
   on ``pgcopy-binary``; anything else says why and takes the Arrow path.
 - :func:`export` (the source, in the task): ``psql`` runs ``COPY (SELECT ...) TO STDOUT`` inside
   the job's snapshot with the source's credentials; the stream it yields raises the source's
-  error at its end, before the sink can commit.
+  error at its end, before the sink can commit, and then says how many rows the source sent
+  (``rows``: the COPY's own count, which ``verify=count`` checks the target's COPY count against,
+  so the source is not scanned a second time to count it).
 - :func:`relay` (the sink, in the task): 1 MiB chunks into ``COPY ... FROM STDIN (FORMAT binary)``.
 
-psql's stdout is a pipe that holds one chunk, 1 MiB (Linux's default maximum pipe size), not the
-default 64 KiB: psql goes on reading the source while the relay writes a chunk into the target,
-where through a 64 KiB pipe the two sides took turns.
+psql writes the stream into a pipe of its own (``\\g /dev/fd/N``), not its stdout: psql prints a
+COPY's count ("COPY n") only where the data did not go, so its stdout keeps the count. That pipe
+holds one chunk, 1 MiB (Linux's default maximum pipe size), not the default 64 KiB: psql goes on
+reading the source while the relay writes a chunk into the target, where through a 64 KiB pipe
+the two sides took turns.
+
+The statements reach psql as a script (its stdin), where psql replaces ``:NAME`` with its variable
+NAME; a query in which psql could see one (a colon before a letter, outside ``::``: ``a[1:PORT]``)
+is not sent that way: psql gets it as a ``-c`` argument, which it sends as is, and counts the
+partition's rows with a ``SELECT count(*)`` in the same snapshot (a second scan, for that query only).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -30,26 +41,33 @@ from conveyor.errors import Cancelled, SchemaError, TransferError
 
 FORMAT = "pgcopy-binary"
 CHUNK = 1 << 20
+#: where psql could interpolate one of its variables: a colon (not one of "::") before a letter,
+#: an underscore, a non-ASCII byte, a quote or a brace (``:NAME``, ``:'NAME'``, ``:"NAME"``,
+#: ``:{?NAME}``); anywhere in the text, quoted or not, so that nothing psql would change goes by script
+_PSQL_VARIABLE = re.compile(r"(?<!:):(?=[A-Za-z_\x80-\U0010ffff'\"{])")
+_COPY_TAG = re.compile(rb"^COPY (\d+)$", re.MULTILINE)
+_COUNT = re.compile(rb"^(\d+)$", re.MULTILINE)
+_SCRIPT_LINE = re.compile(r"^psql:<stdin>:\d+: ")
 
 
-def _widen(pipe: Any) -> None:
-    """Make ``pipe`` hold CHUNK bytes where the system lets us (Linux: F_SETPIPE_SZ, up to
+def _widen(fd: int) -> None:
+    """Make the pipe ``fd`` hold CHUNK bytes where the system lets us (Linux: F_SETPIPE_SZ, up to
     /proc/sys/fs/pipe-max-size); elsewhere, or when refused, it keeps its size."""
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system
-        return
+    import fcntl
+
     setsz = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if setsz is not None and pipe is not None:
+    if setsz is not None:
         with contextlib.suppress(OSError):  # over this user's pipe-buffer allowance: the default size
-            fcntl.fcntl(pipe.fileno(), setsz, CHUNK)
+            fcntl.fcntl(fd, setsz, CHUNK)
 
 
 def offer(columns: Sequence[PgColumn]) -> NativeExport:
     """What a PostgreSQL source offers: its column types, and the stream where psql is installed."""
     if shutil.which("psql") is None:
         return NativeExport("postgres", tuple(columns), None, "psql (PostgreSQL's client) is not installed")
-    return NativeExport("postgres", tuple(columns), FORMAT)
+    if os.name != "posix":
+        return NativeExport("postgres", tuple(columns), None, "the pass-through needs a POSIX system (psql writes into an inherited pipe)")
+    return NativeExport("postgres", tuple(columns), FORMAT, counts=True)
 
 
 def source_columns(native: NativeExport | None) -> dict[str, PgColumn]:
@@ -89,44 +107,82 @@ def negotiate(native: NativeExport | None, pairs: Sequence[tuple[str, str]], tar
 
 
 class _CopyOut:
-    """psql's stdout; at its end, psql's exit status and the binary COPY trailer are checked."""
+    """The stream psql writes (``data``, the pipe ``\\g`` names); at its end, psql's exit status and
+    the binary COPY trailer are checked, and ``rows`` is what the source said it sent."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], config: PgConnConfig, key: str) -> None:
-        self.proc, self.config, self.key = proc, config, key
+    def __init__(self, proc: subprocess.Popen[bytes], data: Any, config: PgConnConfig, key: str, count: re.Pattern[bytes]) -> None:
+        self.proc, self.data, self.config, self.key, self.count = proc, data, config, key, count
         self.tail = b""
+        #: the rows the source sent (its COPY's count, or its count in the same snapshot), once read to the end
+        self.rows: int | None = None
 
     def read(self, size: int) -> bytes:
-        assert self.proc.stdout is not None
-        chunk = self.proc.stdout.read(size)
+        chunk = self.data.read(size)
         if chunk:
             self.tail = (self.tail + chunk[-2:])[-2:]  # not tail + chunk, which copied every 1 MiB chunk once more
             return chunk
+        out = self.proc.stdout.read() if self.proc.stdout else b""
         err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
         if self.proc.wait() != 0 or self.tail != b"\xff\xff":  # a stream cut short has no trailer
-            msg = self.config.scrub(err.strip().splitlines()[-1] if err.strip() else f"psql exited {self.proc.returncode}")
+            last = err.strip().splitlines()[-1] if err.strip() else f"psql exited {self.proc.returncode}"
+            msg = self.config.scrub(_SCRIPT_LINE.sub("", last))
             raise TransferError(f"postgres source {self.config.where()}: reading {self.key}: {msg}",
                                 partition=self.key, retriable="connection" in msg or "terminat" in msg)
+        said = self.count.findall(out)
+        self.rows = int(said[-1]) if len(said) == 1 else None
         return b""
 
 
 @contextlib.contextmanager
 def export(config: PgConnConfig, select_sql: str, begin_sql: Sequence[str], key: str) -> Iterator[NativeStream]:
     """A partition as PostgreSQL's binary COPY stream, read by psql in the job's snapshot."""
-    args = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1"]
-    for stmt in [*begin_sql, f"COPY ({select_sql}) TO STDOUT (FORMAT binary)", "COMMIT"]:
-        args += ["-c", stmt]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            env=config.subprocess_env())
-    _widen(proc.stdout)
+    copy = f"COPY ({select_sql}) TO STDOUT (FORMAT binary)"
+    read_fd, write_fd = os.pipe()
     try:
-        yield _CopyOut(proc, config, key)
+        _widen(read_fd)
+        script: str | None = "".join(f"{stmt};\n" for stmt in begin_sql) + f"{copy} \\g /dev/fd/{write_fd}\nCOMMIT;\n"
+        if _PSQL_VARIABLE.search(script) is None:  # psql changes nothing in it: the COPY's own count
+            args, count = ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-f", "-"], _COPY_TAG
+        else:  # sent as is (-c), and counted in the same snapshot
+            args, count, script = ["psql", "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-o", f"/dev/fd/{write_fd}"], _COUNT, None
+            for stmt in [*begin_sql, copy, "\\o", f"SELECT count(*) FROM ({select_sql}) AS _conveyor_rows", "COMMIT"]:
+                args += ["-c", stmt]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL if script is None else subprocess.PIPE,
+                                pass_fds=(write_fd,), env=config.subprocess_env())
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)  # psql holds it: the stream ends when psql closes it
+    data = open(read_fd, "rb")
+    try:
+        if script is not None and proc.stdin is not None:
+            # the whole script before the stream is read: psql reads the COPY's lines before it runs
+            # it, so what is left (COMMIT) fits in the pipe whatever the query's length
+            with contextlib.suppress(BrokenPipeError):  # psql stopped early: its error is read at the stream's end
+                proc.stdin.write(script.encode())
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
+        yield _CopyOut(proc, data, config, key, count)
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-        for pipe in (proc.stdout, proc.stderr):
+        for pipe in (data, proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
-                pipe.close()
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+def sent_rows(stream: NativeStream, key: str) -> int:
+    """The rows the source said it sent, read to its end: a check before the commit needs them."""
+    rows = getattr(stream, "rows", None)
+    if rows is None:
+        raise TransferError(f"partition {key}: the source's COPY did not say how many rows it sent, so they cannot be "
+                            "checked before the commit: rolled back", partition=key,
+                            hint="use verify=none to load without the check, or sink.copy_path=arrow")
+    return rows
 
 
 def relay(con: Any, table: str, columns: Sequence[str], stream: NativeStream, key: str, freeze: bool = False) -> tuple[int, int]:

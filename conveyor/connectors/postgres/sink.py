@@ -494,17 +494,25 @@ class PostgresSink:
         return writers.write_adbc(self.config, self.options.run_id, plan, part, batches)
 
     def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats:
-        """The pass-through: the source's binary COPY stream, relayed into the target in one transaction."""
+        """The pass-through: the source's binary COPY stream, relayed into the target in one transaction.
+        With ``plan.counts_from_stream`` the target's COPY count must be the rows the source's COPY
+        said it sent, checked before the commit."""
         plan = self._into(plan, part)
         once: commits.Once = plan.own.once
         attempt = commits.Attempt(once, part.key, writers.expected_rows(plan, part))
         con = connect(self.config, partition=part.key)
+
+        def relayed() -> tuple[int, int]:
+            done = passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key, once.freeze)
+            if plan.counts_from_stream:
+                attempt.expected = passthrough.sent_rows(stream, part.key)
+            return done
+
         try:
-            return attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(),
-                               lambda: passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key,
-                                                         once.freeze))
+            stats = attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(), relayed)
         finally:
             con.close()
+        return stats if stats.already_committed else dataclasses.replace(stats, source_rows=getattr(stream, "rows", None))
 
     def leftovers(self, remove: bool) -> list[str]:
         """Conveyor's staging tables in the target's schema; with ``remove``, drop those whose run is gone."""

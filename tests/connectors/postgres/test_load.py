@@ -175,9 +175,9 @@ def test_the_pass_through_is_negotiated_on_the_sources_offer_not_its_class(pg_so
 
 
 def test_the_pass_through_reads_psql_through_a_pipe_that_holds_a_chunk(pg_source) -> None:
-    """psql's stdout holds one relay chunk (1 MiB), so psql goes on reading the source while the
-    relay writes a chunk into the target; through Linux's default 64 KiB pipe the two sides took
-    turns (TPC-H lineitem SF1, one stream, alternating runs: 8.4-8.5 s, then 8.1-8.2 s; orders
+    """The pipe psql writes the stream into holds one relay chunk (1 MiB), so psql goes on reading
+    the source while the relay writes a chunk into the target; through Linux's default 64 KiB pipe
+    the two sides took turns (TPC-H lineitem SF1, one stream, alternating runs: 8.4-8.5 s, then 8.1-8.2 s; orders
     1.73-1.80 s, then 1.63-1.67 s). Linux only (F_SETPIPE_SZ); on the main this started from: 64 KiB."""
     fcntl = pytest.importorskip("fcntl")
     from conveyor.connectors.postgres import passthrough
@@ -188,8 +188,9 @@ def test_the_pass_through_reads_psql_through_a_pipe_that_holds_a_chunk(pg_source
     pg_exec(pg_source, "DROP TABLE IF EXISTS piped", "CREATE TABLE piped AS SELECT g AS id FROM generate_series(1, 1000) g")
     with passthrough.export(PgConnConfig(port=pg_source.port), "SELECT id FROM piped",
                             ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"], "piped-0") as stream:
-        assert fcntl.fcntl(stream.proc.stdout.fileno(), fcntl.F_GETPIPE_SZ) == passthrough.CHUNK
+        assert fcntl.fcntl(stream.data.fileno(), fcntl.F_GETPIPE_SZ) == passthrough.CHUNK
         data = b"".join(iter(lambda: stream.read(passthrough.CHUNK), b""))
+    assert stream.rows == 1000  # the COPY's own count, from psql's stdout (the data went to the pipe)
     # the whole binary COPY stream: its signature, 1000 rows of one int4 (2 + 4 + 4 bytes), the trailer
     assert data.startswith(b"PGCOPY\n\xff\r\n\x00") and data.endswith(b"\xff\xff") and len(data) == 19 + 1000 * 10 + 2
 
