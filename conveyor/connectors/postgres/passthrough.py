@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -110,8 +111,9 @@ class _CopyOut:
     """The stream psql writes (``data``, the pipe ``\\g`` names); at its end, psql's exit status and
     the binary COPY trailer are checked, and ``rows`` is what the source said it sent."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], data: Any, config: PgConnConfig, key: str, count: re.Pattern[bytes]) -> None:
-        self.proc, self.data, self.config, self.key, self.count = proc, data, config, key, count
+    def __init__(self, proc: subprocess.Popen[bytes], data: Any, messages: Any, config: PgConnConfig, key: str,
+                 count: re.Pattern[bytes]) -> None:
+        self.proc, self.data, self.messages, self.config, self.key, self.count = proc, data, messages, config, key, count
         self.tail = b""
         #: the rows the source sent (its COPY's count, or its count in the same snapshot), once read to the end
         self.rows: int | None = None
@@ -122,8 +124,8 @@ class _CopyOut:
             self.tail = (self.tail + chunk[-2:])[-2:]  # not tail + chunk, which copied every 1 MiB chunk once more
             return chunk
         out = self.proc.stdout.read() if self.proc.stdout else b""
-        err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
         if self.proc.wait() != 0 or self.tail != b"\xff\xff":  # a stream cut short has no trailer
+            err = _last_bytes(self.messages).decode(errors="replace")
             last = err.strip().splitlines()[-1] if err.strip() else f"psql exited {self.proc.returncode}"
             msg = self.config.scrub(_SCRIPT_LINE.sub("", last))
             raise TransferError(f"postgres source {self.config.where()}: reading {self.key}: {msg}",
@@ -147,9 +149,16 @@ def export(config: PgConnConfig, select_sql: str, begin_sql: Sequence[str], key:
             args, count, script = ["psql", "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-o", f"/dev/fd/{write_fd}"], _COUNT, None
             for stmt in [*begin_sql, copy, "\\o", f"SELECT count(*) FROM ({select_sql}) AS _conveyor_rows", "COMMIT"]:
                 args += ["-c", stmt]
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL if script is None else subprocess.PIPE,
-                                pass_fds=(write_fd,), env=config.subprocess_env())
+        # psql's messages go to a file, not a pipe: a query whose functions raise more notices than a
+        # pipe holds (64 KiB) would stop psql until they were read, and they are read at the end
+        messages = tempfile.TemporaryFile()
+        try:
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=messages,
+                                    stdin=subprocess.DEVNULL if script is None else subprocess.PIPE,
+                                    pass_fds=(write_fd,), env=config.subprocess_env())
+        except BaseException:
+            messages.close()
+            raise
     except BaseException:
         os.close(read_fd)
         raise
@@ -164,15 +173,22 @@ def export(config: PgConnConfig, select_sql: str, begin_sql: Sequence[str], key:
                 proc.stdin.write(script.encode())
             with contextlib.suppress(BrokenPipeError):
                 proc.stdin.close()
-        yield _CopyOut(proc, data, config, key, count)
+        yield _CopyOut(proc, data, messages, config, key, count)
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-        for pipe in (data, proc.stdin, proc.stdout, proc.stderr):
+        for pipe in (data, messages, proc.stdin, proc.stdout):
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
+
+
+def _last_bytes(f: Any, size: int = 1 << 16) -> bytes:
+    """The end of the file ``f`` (psql's messages: the error is their last line)."""
+    end = f.seek(0, os.SEEK_END)
+    f.seek(max(0, end - size))
+    return f.read()
 
 
 def sent_rows(stream: NativeStream, key: str) -> int:

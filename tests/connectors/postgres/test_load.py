@@ -208,3 +208,20 @@ def test_an_append_from_a_source_that_cannot_count_into_a_table_with_rows_passes
     assert v.ok and v.written_rows == 2 and v.target_rows is None
     assert any("were not counted" in n for n in v.notes)
     assert pg_exec(pg_target, "SELECT id, label FROM counted_before ORDER BY id") == [(0, "there before"), (1, "a"), (2, "b")]
+
+
+def test_a_pass_through_whose_query_raises_many_notices_finishes(pg_source, pg_target, cli) -> None:
+    """psql writes a query's notices to its stderr. That was a pipe read only at the stream's end:
+    past 64 KiB of notices psql stopped, waiting for it to be read, and the relay waited for psql's
+    stream, so the job hung (on the main this started from, until it was killed). psql's messages
+    now go to a file. The CLI runs as a process of its own, so a hang fails on its timeout."""
+    pg_exec(pg_source, "CREATE OR REPLACE FUNCTION talkative(i int) RETURNS int LANGUAGE plpgsql AS "
+                       "$$ BEGIN RAISE NOTICE 'row % of a query that talks a lot', i; RETURN i; END $$",
+            "DROP TABLE IF EXISTS talk", "CREATE TABLE talk AS SELECT g AS id FROM generate_series(1, 20000) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS talk", "CREATE TABLE talk (id int)")
+    res = cli("run", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=null",
+              "source.query='SELECT talkative(id) AS id FROM talk'", "strategy=none", f"sink.port={pg_target.port}",
+              "sink.table=talk", "runtime=local", timeout=90)
+    assert res.code == 0, res.err
+    assert "pass-through" in res.out + res.err  # 20000 notices of ~40 bytes: 800 KB through psql's stderr
+    assert pg_exec(pg_target, "SELECT count(*), sum(id) FROM talk") == [(20000, 20000 * 20001 // 2)]
