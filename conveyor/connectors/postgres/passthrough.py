@@ -66,8 +66,9 @@ def offer(columns: Sequence[PgColumn]) -> NativeExport:
     """What a PostgreSQL source offers: its column types, and the stream where psql is installed."""
     if shutil.which("psql") is None:
         return NativeExport("postgres", tuple(columns), None, "psql (PostgreSQL's client) is not installed")
-    if os.name != "posix":
-        return NativeExport("postgres", tuple(columns), None, "the pass-through needs a POSIX system (psql writes into an inherited pipe)")
+    if os.name != "posix" or not os.path.isdir("/dev/fd"):
+        return NativeExport("postgres", tuple(columns), None,
+                            "the pass-through needs a POSIX system with /dev/fd (psql writes into an inherited pipe)")
     return NativeExport("postgres", tuple(columns), FORMAT, counts=True)
 
 
