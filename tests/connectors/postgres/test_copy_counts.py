@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conveyor.errors import TransferError, VerificationError
-from tests.helpers import PG_PASSWORD, checksum, job, pg_exec
+from tests.helpers import PG_PASSWORD, Relayed, checksum, job, pg_exec
 
 ROWS = 20000
 
@@ -91,17 +91,8 @@ def test_a_query_psql_would_rewrite_goes_to_psql_as_is_and_is_counted_in_the_sna
     assert any(s.startswith("SELECT count(*)") for s in reads)  # counted apart, for this query only
 
 
-class _Mute:
+class _Mute(Relayed):
     """The built-in source, whose streams do not say how many rows they sent."""
-
-    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
-        self.inner = inner
-
-    def describe(self):  # type: ignore[no-untyped-def]
-        return self.inner.describe()
-
-    def read(self, part):  # type: ignore[no-untyped-def]
-        return self.inner.read(part)
 
     @contextmanager
     def export_native(self, part, columns):  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conveyor.errors import SchemaError, TransferError
-from tests.helpers import checksum, job, pg_exec
+from tests.helpers import Relayed, checksum, job, pg_exec
 
 
 def _sink(server, table: str, **kw) -> dict:
@@ -132,23 +132,6 @@ def test_plan_shows_the_path_and_the_strategys_choice(pg_source, pg_target, cli)
     assert pg_exec(pg_target, "SELECT count(*) FROM planned")[0][0] == 0
 
 
-class _Relayed:
-    """A source of another class than PostgresSource that offers PostgreSQL's binary COPY stream
-    (it hands on the built-in one's): the sink sees only the offer in SourceInfo.native."""
-
-    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
-        self.inner = inner
-
-    def describe(self):  # type: ignore[no-untyped-def]
-        return self.inner.describe()
-
-    def read(self, part):  # type: ignore[no-untyped-def]
-        return self.inner.read(part)
-
-    def export_native(self, part, columns):  # type: ignore[no-untyped-def]
-        return self.inner.export_native(part, columns)
-
-
 def test_the_pass_through_is_negotiated_on_the_sources_offer_not_its_class(pg_source, pg_target) -> None:
     """The sink never receives the source: prepare gets SourceInfo.native (column types, wire format)
     and records the agreed format in SinkPlan.native; the task streams export_native into write_native."""
@@ -168,7 +151,7 @@ def test_the_pass_through_is_negotiated_on_the_sources_offer_not_its_class(pg_so
     spec = build_job(OmegaConf.create({
         "source": {"type": "postgres", "port": pg_source.port, "table": "relayed"}, "sink": _sink(pg_target, "relayed"),
         "strategy": {"type": "none"}, "runtime": {"type": "local"}, "load_mode": "append"}))
-    report = run_job(replace(spec, source=_Relayed(spec.source)))
+    report = run_job(replace(spec, source=Relayed(spec.source)))
     assert report.sink_plan is not None and report.sink_plan.native == "pgcopy-binary"
     assert report.sink_plan.path_reason.startswith("pass-through") and report.rows == 5001
     assert checksum(pg_target, "relayed") == checksum(pg_source, "relayed")
