@@ -31,6 +31,9 @@ def test_pg_to_pg_on_ray(ray_instance, pg_source, pg_target, copy_path: str) -> 
                            {"type": "ctid", "partitions": 5}))
     assert len(report.results) == 5 and report.rows == 50000
     assert checksum(pg_target, "ray_dst") == checksum(pg_source, "ray_src")
+    if copy_path == "auto":  # the pass-through: each partition's source COPY count came back from its worker
+        assert report.sink_plan.native == "pgcopy-binary" and report.sink_plan.counts_from_stream
+        assert all(r.source_rows == r.rows for r in report.results) and report.verification.source_rows == 50000
 
 
 class Recorder:
