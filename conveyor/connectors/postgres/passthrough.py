@@ -22,11 +22,14 @@ The statements reach psql as a script (its stdin), where psql replaces ``:NAME``
 NAME; a query in which psql could see one (a colon before a letter, outside ``::``: ``a[1:PORT]``)
 is not sent that way: psql gets it as a ``-c`` argument, which it sends as is, and counts the
 partition's rows with a ``SELECT count(*)`` in the same snapshot (a second scan, for that query only).
+So does a psql older than 12, which cannot send a COPY's data where ``\\g`` names (it would write
+the stream into its stdout, and the relay would wait on the other pipe for ever).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -49,6 +52,18 @@ _PSQL_VARIABLE = re.compile(r"(?<!:):(?=[A-Za-z_\x80-\U0010ffff'\"{])")
 _COPY_TAG = re.compile(rb"^COPY (\d+)$", re.MULTILINE)
 _COUNT = re.compile(rb"^(\d+)$", re.MULTILINE)
 _SCRIPT_LINE = re.compile(r"^psql:<stdin>:\d+: ")
+
+
+@functools.cache
+def _psql_major() -> int:
+    """psql's major version in this process (0 where it does not say it plainly): ``\\g FILE`` takes
+    a COPY's data from psql 12 on."""
+    try:
+        out = subprocess.run(["psql", "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    found = re.search(r"\(PostgreSQL\) (\d+)", out)
+    return int(found.group(1)) if found else 0
 
 
 def _widen(fd: int) -> None:
@@ -144,7 +159,7 @@ def export(config: PgConnConfig, select_sql: str, begin_sql: Sequence[str], key:
     try:
         _widen(read_fd)
         script: str | None = "".join(f"{stmt};\n" for stmt in begin_sql) + f"{copy} \\g /dev/fd/{write_fd}\nCOMMIT;\n"
-        if _PSQL_VARIABLE.search(script) is None:  # psql changes nothing in it: the COPY's own count
+        if _PSQL_VARIABLE.search(script) is None and _psql_major() >= 12:  # psql changes nothing in it: the COPY's own count
             args, count = ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-f", "-"], _COPY_TAG
         else:  # sent as is (-c), and counted in the same snapshot
             args, count, script = ["psql", "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-o", f"/dev/fd/{write_fd}"], _COUNT, None

@@ -135,3 +135,19 @@ def test_rows_the_target_drops_are_caught_against_the_copy_count(cc_src, pg_targ
         job(_source(cc_src, table="cc_src"), sink, load_mode="append")
     assert not any("count(" in s for s in _logged(cc_src, since))
     assert pg_exec(pg_target, "SELECT id FROM cc_drop") == [(-1,)]
+
+
+def test_a_psql_older_than_12_sends_its_stream_by_its_output_option_and_counts_apart(cc_src, pg_target, monkeypatch) -> None:
+    """psql 11 and older write a COPY's data into their stdout whatever ``\\g`` names (the relay would
+    wait on the other pipe for ever): for them the stream goes by ``-o`` and the rows are counted in the
+    same snapshot. There is no psql 11 here: its version is what is stood in (psql 15 runs both ways)."""
+    from conveyor.connectors.postgres import passthrough
+
+    monkeypatch.setattr(passthrough, "_psql_major", lambda: 11)
+    sink = _target(pg_target, "cc_old")
+    since = (cc_src.root / "log").stat().st_size
+    report = job(_source(cc_src, table="cc_src"), sink, load_mode="truncate")
+    assert report.sink_plan.native == "pgcopy-binary" and report.verification.source_rows == ROWS
+    assert checksum(pg_target, "cc_old") == checksum(cc_src, "cc_src")
+    logged = [s for s in _logged(cc_src, since) if "cc_src" in s]
+    assert any(s.startswith("SELECT count(*) FROM (SELECT") for s in logged)
