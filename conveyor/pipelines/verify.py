@@ -62,7 +62,7 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         out.notes.append("not verified (verify=none)")
         return out
     by_key = {r.partition: r.rows for r in results}
-    from_stream = counted is None and getattr(plan, "counts_from_stream", False)
+    from_stream = plan.counts_from_stream  # set by the job only where it did not count the source before the load
     if counted is not None:
         counts: Sequence[int] | None = [counted[p.key] for p in partitions]
         out.notes.append("source counted before the load")
@@ -101,7 +101,7 @@ def _sent(partitions: Sequence[Any], results: Sequence[Any], source: Any) -> lis
     """Each partition's rows as its source stream counted them; a partition that reports none (its
     rows were committed by an earlier attempt, or its task stopped after the commit) is counted at
     the source instead."""
-    sent = {r.partition: r.source_rows for r in results if getattr(r, "source_rows", None) is not None}
+    sent = {r.partition: r.source_rows for r in results if r.source_rows is not None}
     missing = [p for p in partitions if p.key not in sent]
     if missing:
         counted = source.count_rows(missing) if isinstance(source, SupportsPartitionCounts) else None
