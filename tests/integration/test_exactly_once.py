@@ -204,6 +204,27 @@ def test_one_ctrl_c_with_partitions_queued_stops_within_seconds(ex_src, pg_targe
 
 
 @pytest.mark.parametrize("kind", RUNTIMES)
+def test_one_ctrl_c_on_the_pass_through_with_partitions_queued_keeps_whole_partitions(ex_src, pg_target, tmp_path: Path, kind: str,
+                                                                                    request) -> None:
+    """The same stop on the pass-through (psql's stream relayed, each partition checked against its
+    COPY's count before its commit). A trigger on the target sleeps every 1000th row (a real, slow
+    target), so Ctrl-C comes while partitions are still queued."""
+    pg_exec(pg_target, "DROP TABLE IF EXISTS ex_cancel_pt", "CREATE TABLE ex_cancel_pt (id int, grp int, h text)",
+            "CREATE OR REPLACE FUNCTION ex_slow() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN IF NEW.id % 1000 = 0 THEN PERFORM pg_sleep(0.02); END IF; RETURN NEW; END $$",
+            "CREATE TRIGGER ex_slow BEFORE INSERT ON ex_cancel_pt FOR EACH ROW EXECUTE FUNCTION ex_slow()")
+    args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src",
+            f"sink.port={pg_target.port}", "sink.table=ex_cancel_pt", "load_mode=append", "degree=1", "strategy.partitions=20",
+            "sink.copy_path=passthrough", *runtime_args(kind, request)]
+    report, _, took = ctrl_c_run(args, tmp_path, lambda: _wait_for_copy(pg_target, "ex_cancel_pt"))
+    assert report["path"].startswith("pass-through")
+    committed = sum(p["rows"] for p in report["partitions"] if p["error"] is None)
+    _wait_until_idle(pg_target)
+    assert pg_exec(pg_target, "SELECT count(*) FROM ex_cancel_pt")[0][0] == committed < 200000  # whole partitions only
+    print(f"{kind}: Ctrl-C to exit {took:.2f} s")
+
+
+@pytest.mark.parametrize("kind", RUNTIMES)
 def test_ctrl_c_during_a_merge_leaves_the_target_as_it_was(ex_src, pg_target, tmp_path: Path, kind: str, request) -> None:
     """load_mode=merge stages every partition first: a Ctrl-C with partitions queued changes no row of
     the target and leaves no staging table once the stopped tasks have ended."""
