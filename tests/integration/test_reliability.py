@@ -130,7 +130,10 @@ def test_target_server_restarted_mid_run(big, pg_target) -> None:
     assert checksum(pg_target, "rel_restart") == checksum(big, "rel_big")
 
 
-def test_source_connection_killed_mid_partition(big, pg_target) -> None:
+@pytest.mark.parametrize("copy_path", ["arrow", "passthrough"])
+def test_source_connection_killed_mid_partition(big, pg_target, copy_path: str) -> None:
+    """The source's backend is killed while it sends a partition: the partition is retried and the target
+    is exact, on the Arrow path and on the pass-through (psql's stream cut short: its error is retriable)."""
     pg_exec(pg_target, "DROP TABLE IF EXISTS rel_kill", "CREATE TABLE rel_kill (id int, h text, ts timestamptz)")
     killed: list[int] = []
 
@@ -144,7 +147,7 @@ def test_source_connection_killed_mid_partition(big, pg_target) -> None:
 
     t = threading.Thread(target=kill_source_once)
     t.start()
-    report = job(_pg(big, "rel_big"), _pg(pg_target, "rel_kill", copy_path="arrow"), "ctid", load_mode="append", degree=2,
+    report = job(_pg(big, "rel_big"), _pg(pg_target, "rel_kill", copy_path=copy_path), "ctid", load_mode="append", degree=2,
                  max_retries=3, batch_size=5000)
     t.join()
     assert killed
