@@ -649,7 +649,7 @@ class Bench:
             ray.shutdown()
 
     # peak resident memory of a job process, lineitem at two scale factors
-    def memory(self, sfs: list[float], parts: int) -> None:
+    def memory(self, sfs: list[float], parts: int, duck: Any = None) -> None:
         script = Path(__file__).parent / "rss_job.py"
         for sf in sfs:
             data = self.work / f"mem-sf{sf:g}"
@@ -669,6 +669,10 @@ class Bench:
                 "parquet->pg files": {"source": {"type": "parquet", "path": str(data / "lineitem")},
                                       "sink": {"type": "postgres", "port": self.dst.port, "table": "mem_target"},
                                       "strategy": {"type": "files"}, "load_mode": "create"},
+                # the shipped parquet_to_postgres pipeline's batch size (its configs/pipeline/*.yaml)
+                "parquet->pg files 16k batches": {"source": {"type": "parquet", "path": str(data / "lineitem")},
+                                                  "sink": {"type": "postgres", "port": self.dst.port, "table": "mem_target"},
+                                                  "strategy": {"type": "files"}, "load_mode": "create", "batch_size": 16384},
                 "pg->pg arrow ctid": {"source": {"type": "postgres", "port": self.src.port, "table": src_table},
                                       "sink": {"type": "postgres", "port": self.dst.port, "table": "mem_target", "copy_path": "arrow"},
                                       "strategy": {"type": "ctid"}, "load_mode": "create"},
@@ -676,16 +680,35 @@ class Bench:
             for name, job in jobs.items():
                 subprocess.run(["rm", "-rf", str(out)], check=True)
                 psql(self.dst, "DROP TABLE IF EXISTS mem_target")
-                cfg = {**job, "degree": 2, "runtime": {"type": "local", "max_retries": 0}, "verify": "count"}
+                cfg = {"degree": 2, "runtime": {"type": "local", "max_retries": 0}, "verify": "count", **job}
                 res = subprocess.run([sys.executable, str(script), json.dumps(cfg)], check=True, capture_output=True, text=True)
+                self._memory_cell(name, sf, rows, json.loads(res.stdout.strip().splitlines()[-1]), batch_size=cfg.get("batch_size", 65536))
+            if duck is not None:  # the baseline the parquet->pg jobs' memory is measured against, in a process of its own
+                psql(self.dst, f"DROP TABLE IF EXISTS mem_target; CREATE TABLE mem_target ({ddl(self.src, src_table)})")
+                args = {"extension_directory": str(duck.extension_directory),
+                        "dsn": f"host=127.0.0.1 port={self.dst.port} user=postgres dbname=postgres",  # the password: $PGPASSWORD
+                        "sql": f"INSERT INTO dst.public.mem_target SELECT * FROM read_parquet('{data / 'lineitem'}/*.parquet')"}
+                res = subprocess.run([sys.executable, str(script), "duckdb", json.dumps(args)], check=True, capture_output=True, text=True,
+                                     env={**os.environ, "PGPASSWORD": self.dst.password})
                 got = json.loads(res.stdout.strip().splitlines()[-1])
-                cell = {"group": "memory", "name": f"{name} lineitem SF{sf:g}", "seconds": [got["seconds"]], "best": got["seconds"],
-                        "cpu": {}, "ceiling_s": None, "verified": got["rows"] == rows, "method": name, "degree": 2, "sf": sf,
-                        "rows": rows, "peak_rss_mb": got["peak_rss_mb"], "batch_size": 65536, "prefetch_batches": "default"}
-                self.cells.append(cell)
-                print(f"{'memory':28} {cell['name']:44} {got['seconds']:6.2f} s  peak RSS {got['peak_rss_mb']:.0f} MB  rows {got['rows']}",
-                      flush=True)
+                got["rows"] = int(psql(self.dst, "SELECT count(*) FROM mem_target"))
+                self._memory_cell(DUCK_MEMORY, sf, rows, got, batch_size=None, baseline=True)
+            psql(self.dst, "DROP TABLE IF EXISTS mem_target")
             psql(self.src, f"DROP TABLE {src_table}")
+
+    def _memory_cell(self, name: str, sf: float, rows: int, got: dict[str, Any], batch_size: int | None,
+                     baseline: bool = False) -> None:
+        cell = {"group": "memory", "name": f"{name} lineitem SF{sf:g}", "seconds": [got["seconds"]], "best": got["seconds"],
+                "cpu": {}, "ceiling_s": None, "verified": got["rows"] == rows, "method": name, "degree": 2, "sf": sf,
+                "rows": rows, "peak_rss_mb": got["peak_rss_mb"], "batch_size": batch_size, "prefetch_batches": "default",
+                **({"baseline": True} if baseline else {})}
+        self.cells.append(cell)
+        print(f"{'memory':28} {cell['name']:44} {got['seconds']:6.2f} s  peak RSS {got['peak_rss_mb']:.0f} MB  rows {got['rows']}",
+              flush=True)
+
+
+#: the memory group's baseline: DuckDB's postgres extension loading the same Parquet files
+DUCK_MEMORY = "duckdb parquet->pg (baseline)"
 
 
 class DuckBaseline:
@@ -701,7 +724,8 @@ class DuckBaseline:
         target = work / "ext" / "postgres_scanner.duckdb_extension"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(ext.read_bytes())
-        self.con = duckdb.connect(config={"extension_directory": str(work / "extdir")})
+        self.extension_directory = work / "extdir"
+        self.con = duckdb.connect(config={"extension_directory": str(self.extension_directory)})
         self.con.execute(f"FORCE INSTALL '{target}'")
         self.con.execute("LOAD postgres")
         for alias, s in (("src", server), ("dst", dst)):
@@ -821,7 +845,7 @@ def main() -> int:
             if "schema" in groups:
                 bench.schema(args.sf, max(d for d in degrees if d <= 2))
             if "memory" in groups:
-                bench.memory([float(x) for x in args.memory_sfs.split(",")], args.parts)
+                bench.memory([float(x) for x in args.memory_sfs.split(",")], args.parts, duck)
     finally:  # what was measured is kept even when a later cell fails
         results = {"settings": vars(args), "versions": versions(), "cells": bench.cells if bench is not None else [],
                    "server_settings": {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_wal_size": "2GB"}}

@@ -113,11 +113,20 @@ def _memory_table(cells: list[dict[str, Any]]) -> list[str]:
     for c in cells:
         by_job[c["method"]].append(c)
     for job, runs in by_job.items():
-        if len(runs) > 1:
+        if len(runs) > 1 and not runs[0].get("baseline"):
             small, large = min(runs, key=lambda c: c["rows"]), max(runs, key=lambda c: c["rows"])
             growth = large["peak_rss_mb"] / small["peak_rss_mb"] - 1
             lines.append(f"\n{job}: {large['rows'] / small['rows']:.1f}x the rows, peak RSS {growth:+.1%} "
                          f"(target: flat within 10%: {'met' if growth <= 0.10 else 'missed'}; one run per size)")
+    # Parquet->PG's memory against DuckDB's on the same files (the "client RSS no more than twice DuckDB's")
+    duck = {c["sf"]: c for c in cells if c.get("baseline")}
+    for c in cells:
+        base = duck.get(c.get("sf"))
+        if base is None or c.get("baseline") or not c["method"].startswith("parquet->pg"):
+            continue
+        ratio = c["peak_rss_mb"] / base["peak_rss_mb"]
+        lines.append(f"\n{c['name']}: peak RSS {c['peak_rss_mb']:.0f} MB = {ratio:.2f}x DuckDB's {base['peak_rss_mb']:.0f} MB "
+                     f"(target: at most 2x: {'met' if ratio <= 2.0 else 'missed'}; one run each)")
     lines.append("")
     return lines
 

@@ -121,6 +121,34 @@ def test_benchmark_report_renders_results_outside_the_package(tmp_path: Path) ->
     assert "1.25x its time (0.80x the speed); target at most 1.11x | **missed** |" in res.stdout
 
 
+def test_benchmark_report_marks_parquet_to_pg_memory_against_duckdbs(tmp_path: Path) -> None:
+    """The memory group's DuckDB baseline (the issue's "client RSS no more than twice DuckDB's"): each
+    parquet->pg job's peak is marked against DuckDB's at the same scale factor; the baseline itself
+    gets no growth target (before, the bench measured no DuckDB memory and the target went unmarked)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    def cell(method: str, sf: float, rss: float, **extra: object) -> dict:
+        return {"group": "memory", "name": f"{method} lineitem SF{sf:g}", "method": method, "sf": sf, "rows": int(6e6 * sf),
+                "seconds": [5.0], "best": 5.0, "cpu": {}, "ceiling_s": None, "verified": True, "peak_rss_mb": rss, "degree": 2, **extra}
+
+    cells = [cell("parquet->pg files", 1, 470), cell("parquet->pg files 16k batches", 1, 230),
+             cell("duckdb parquet->pg (baseline)", 1, 120, baseline=True), cell("duckdb parquet->pg (baseline)", 3, 150, baseline=True),
+             cell("parquet->pg files", 3, 500)]
+    (tmp_path / "results.json").write_text(json.dumps({"settings": {"sf": 1, "repeat": 1}, "versions": {"cores": "2"}, "cells": cells}))
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "report.py"), str(tmp_path / "results.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "parquet->pg files lineitem SF1: peak RSS 470 MB = 3.92x DuckDB's 120 MB (target: at most 2x: missed" in res.stdout
+    assert "parquet->pg files 16k batches lineitem SF1: peak RSS 230 MB = 1.92x DuckDB's 120 MB (target: at most 2x: met" in res.stdout
+    assert "parquet->pg files lineitem SF3: peak RSS 500 MB = 3.33x DuckDB's 150 MB" in res.stdout
+    assert "parquet->pg files: 3.0x the rows, peak RSS +6.4%" in res.stdout
+    assert "duckdb parquet->pg (baseline): 3.0x" not in res.stdout
+
+
 def test_plan_moves_nothing(cli, tpch_orders: Path, tmp_path: Path) -> None:
     db = tmp_path / "plan.duckdb"
     res = cli("plan", "pipeline=demo", f"source.path={tpch_orders}", f"sink.database={db}")
