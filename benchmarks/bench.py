@@ -669,10 +669,11 @@ class Bench:
                 "parquet->pg files": {"source": {"type": "parquet", "path": str(data / "lineitem")},
                                       "sink": {"type": "postgres", "port": self.dst.port, "table": "mem_target"},
                                       "strategy": {"type": "files"}, "load_mode": "create"},
-                # the shipped parquet_to_postgres pipeline's batch size (its configs/pipeline/*.yaml)
-                "parquet->pg files 16k batches": {"source": {"type": "parquet", "path": str(data / "lineitem")},
-                                                  "sink": {"type": "postgres", "port": self.dst.port, "table": "mem_target"},
-                                                  "strategy": {"type": "files"}, "load_mode": "create", "batch_size": 16384},
+                # the shipped parquet_to_postgres pipeline's batch size and read-ahead (configs/pipeline/parquet_to_postgres.yaml)
+                "parquet->pg files as shipped": {"source": {"type": "parquet", "path": str(data / "lineitem")},
+                                                 "sink": {"type": "postgres", "port": self.dst.port, "table": "mem_target"},
+                                                 "strategy": {"type": "files"}, "load_mode": "create", "batch_size": 16384,
+                                                 "runtime": {"type": "local", "max_retries": 0, "prefetch_batches": 2}},
                 "pg->pg arrow ctid": {"source": {"type": "postgres", "port": self.src.port, "table": src_table},
                                       "sink": {"type": "postgres", "port": self.dst.port, "table": "mem_target", "copy_path": "arrow"},
                                       "strategy": {"type": "ctid"}, "load_mode": "create"},

@@ -16,10 +16,14 @@ import resource
 import sys
 import time
 
-from omegaconf import OmegaConf
+from conveyor.cli import arrow_allocator_default
 
-from conveyor.config import build_job
-from conveyor.pipelines.job import run_job
+arrow_allocator_default()  # as the conveyor command sets it, before pyarrow is imported
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from conveyor.config import build_job  # noqa: E402
+from conveyor.pipelines.job import run_job  # noqa: E402
 
 
 def peak_rss_kb() -> int:
