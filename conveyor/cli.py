@@ -316,8 +316,8 @@ def _mode_is_the_command_lines(flags: list[str], overrides: list[str]) -> bool:
 
     from conveyor import registry
 
-    if any(flag in _HYDRA_ELSEWHERE for flag in flags):
-        return False
+    if any(flag.split("=", 1)[0] in _HYDRA_ELSEWHERE or flag.startswith(("-cd", "-cp", "-cn")) for flag in flags):
+        return False  # --config-dir x, --config-dir=x, -cd x, -cdx
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0].strip()
         if key == "hydra" or key.startswith(("hydra.mode", "hydra.searchpath")):
