@@ -683,7 +683,8 @@ class Bench:
                 psql(self.dst, "DROP TABLE IF EXISTS mem_target")
                 cfg = {"degree": 2, "runtime": {"type": "local", "max_retries": 0}, "verify": "count", **job}
                 res = subprocess.run([sys.executable, str(script), json.dumps(cfg)], check=True, capture_output=True, text=True)
-                self._memory_cell(name, sf, rows, json.loads(res.stdout.strip().splitlines()[-1]), batch_size=cfg.get("batch_size", 65536))
+                self._memory_cell(name, sf, rows, json.loads(res.stdout.strip().splitlines()[-1]), batch_size=cfg.get("batch_size", 65536),
+                                  prefetch=cfg["runtime"].get("prefetch_batches", "default"))
             if duck is not None:  # the baseline the parquet->pg jobs' memory is measured against, in a process of its own
                 psql(self.dst, f"DROP TABLE IF EXISTS mem_target; CREATE TABLE mem_target ({ddl(self.src, src_table)})")
                 args = {"extension_directory": str(duck.extension_directory),
@@ -693,15 +694,15 @@ class Bench:
                                      env={**os.environ, "PGPASSWORD": self.dst.password})
                 got = json.loads(res.stdout.strip().splitlines()[-1])
                 got["rows"] = int(psql(self.dst, "SELECT count(*) FROM mem_target"))
-                self._memory_cell(DUCK_MEMORY, sf, rows, got, batch_size=None, baseline=True)
+                self._memory_cell(DUCK_MEMORY, sf, rows, got, batch_size=None, prefetch=None, baseline=True)
             psql(self.dst, "DROP TABLE IF EXISTS mem_target")
             psql(self.src, f"DROP TABLE {src_table}")
 
-    def _memory_cell(self, name: str, sf: float, rows: int, got: dict[str, Any], batch_size: int | None,
+    def _memory_cell(self, name: str, sf: float, rows: int, got: dict[str, Any], batch_size: int | None, prefetch: Any,
                      baseline: bool = False) -> None:
         cell = {"group": "memory", "name": f"{name} lineitem SF{sf:g}", "seconds": [got["seconds"]], "best": got["seconds"],
                 "cpu": {}, "ceiling_s": None, "verified": got["rows"] == rows, "method": name, "degree": 2, "sf": sf,
-                "rows": rows, "peak_rss_mb": got["peak_rss_mb"], "batch_size": batch_size, "prefetch_batches": "default",
+                "rows": rows, "peak_rss_mb": got["peak_rss_mb"], "batch_size": batch_size, "prefetch_batches": prefetch,
                 **({"baseline": True} if baseline else {})}
         self.cells.append(cell)
         print(f"{'memory':28} {cell['name']:44} {got['seconds']:6.2f} s  peak RSS {got['peak_rss_mb']:.0f} MB  rows {got['rows']}",

@@ -308,7 +308,7 @@ _HYDRA_ELSEWHERE = {"--config-dir", "-cd", "--config-path", "-cp", "--config-nam
 def _mode_is_the_command_lines(flags: list[str], overrides: list[str]) -> bool:
     """Whether only the command line can choose run or sweep (``-m``): ``hydra.mode`` is set by no
     config Conveyor composes. True where every config comes from Conveyor's own package and Hydra's
-    (neither sets ``hydra.mode``: tests/unit/test_config.py composes every shipped pipeline to check):
+    (neither sets ``hydra.mode``: tests/unit/test_hydra_mode.py composes every shipped config to check):
     no ``--config-dir``/``--config-path``/``--config-name``, no ``hydra.searchpath`` or
     ``hydra.mode`` override (nor the whole ``hydra`` node), no plugin adding a config package, and
     no third-party Hydra plugin (``hydra_plugins``, whose search paths could add configs)."""
