@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -488,8 +489,6 @@ class Bench:
 
     # a whole schema (issue 17): TPC-H's 8 tables in one job, against pg_dump | pg_restore --jobs and one job per table
     def schema(self, sf: float, degree: int) -> None:
-        import shutil
-
         names = ["lineitem", "orders", "partsupp", "part", "customer", "supplier", "nation", "region"]
         files = self.work / "schema"
         subprocess.run([str(Path(sys.executable).parent / "tpchgen-cli"), "parquet", "-s", str(sf), f"--tables={','.join(names)}",
@@ -852,8 +851,6 @@ def main() -> int:
         results = {"settings": vars(args), "versions": versions(), "cells": bench.cells if bench is not None else [],
                    "server_settings": {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_wal_size": "2GB"}}
         (out / "results.json").write_text(json.dumps(results, indent=2))
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)  # the TPC-H files and DuckDB's extension (1.1 GB for orders and lineitem at SF1)
     sys.path.insert(0, str(Path(__file__).parent))
     from report import render  # benchmarks/report.py, beside this script
