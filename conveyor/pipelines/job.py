@@ -178,8 +178,9 @@ def _window(spec: JobSpec, source: Any) -> CursorWindow | None:
 
 
 def plan_job(spec: JobSpec) -> JobPlan:
-    """Describe the source and plan its partitions (in the source's snapshot); moves nothing."""
-    with opened(spec) as (plan, _):
+    """Describe the source and plan its partitions (in the source's snapshot); moves nothing (a Ray
+    cluster joined to count its CPUs is left again)."""
+    with runtime_started(spec), opened(spec) as (plan, _):
         return plan
 
 

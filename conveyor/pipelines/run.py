@@ -21,7 +21,7 @@ from typing import Any
 from conveyor.core import NullProgress, Progress, SupportsSnapshot, reset_cancel
 from conveyor.errors import Cancelled, ConveyorError, JobFailed
 from conveyor.log import note, say
-from conveyor.pipelines.job import RESUME_HINT, JobPlan, JobReport, execute, opened, runtime_started
+from conveyor.pipelines.job import RESUME_HINT, JobPlan, JobReport, execute, opened, plan_job, runtime_started
 from conveyor.pipelines.manifest import Manifest, Previous, load_for_resume
 from conveyor.pipelines.report import report_dict
 
@@ -46,8 +46,7 @@ def plan_run(cfg: Any) -> JobPlan:
     """Validate, describe the source and plan its partitions (in its snapshot); moves nothing."""
     from conveyor.config import build_job
 
-    with opened(build_job(cfg)) as (plan, _):
-        return plan
+    return plan_job(build_job(cfg))
 
 
 def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None = None) -> JobReport:

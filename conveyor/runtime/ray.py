@@ -77,6 +77,39 @@ class RayRuntimeConfig:
     in_driver_max_bytes: int = 8 * 1024**3
 
 
+#: the driver's disconnect from a joined cluster, running in the background (None: none begun)
+_DISCONNECTING: threading.Thread | None = None
+
+
+def _disconnect_in_background(ray: Any) -> None:
+    """``ray.shutdown()`` of a cluster this process joined, in a thread of its own: Ray's teardown of
+    its gRPC clients waits about 0.27 s here (a completion-queue poll that ends on its own deadline;
+    0.02 CPU-s), which then overlaps the driver's verify, finalize, report and exit instead of
+    preceding them. Not a daemon thread: the interpreter waits for it before its exit handlers run
+    (Ray's own handler, had it still found the driver connected, would first sleep 0.5 s). The next
+    job in this process waits for it before it looks at Ray (:func:`_disconnected`)."""
+    global _DISCONNECTING
+
+    def disconnect() -> None:
+        try:
+            ray.shutdown()
+        except Exception as exc:  # the connection ends with the process anyway
+            note(f"ray: disconnecting from the cluster: {type(exc).__name__}: {first_line(exc)}")
+
+    _disconnected()
+    thread = threading.Thread(target=disconnect, name="conveyor-ray-disconnect", daemon=False)
+    _DISCONNECTING = thread
+    thread.start()
+
+
+def _disconnected() -> None:
+    """Wait for a disconnect begun in the background (it takes about 0.3 s)."""
+    global _DISCONNECTING
+    thread, _DISCONNECTING = _DISCONNECTING, None
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
+
+
 def _remote_run(task: Task, max_retries: int, prefetch: int, collector: str | None, env: dict[str, str] | None = None) -> TaskResult:
     """Runs on a Ray worker: the same task code as the local runtime, progress sent to the run's
     collector actor, named ``collector``, once the driver has made it (or nowhere, when nobody
@@ -277,6 +310,7 @@ class RayRuntime:
     def _init(self) -> tuple[Any, bool]:
         """(ray, whether this call started it)."""
         ray = self._import()
+        _disconnected()
         if self._early is not None and not self._early_joined:
             return ray, self._join_early()
         if ray.is_initialized():
@@ -370,8 +404,12 @@ class RayRuntime:
 
     def release(self) -> None:
         """Stop the instance start_early began (if the tasks did not already let it go), and wait
-        until it is stopped."""
+        until it is stopped; leave a cluster that ``cpus()`` joined and no task used (``conveyor plan``,
+        a job that failed before its tasks), in the background."""
         self._small_job = ""
+        if self._connected_here:
+            self._connected_here = False
+            _disconnect_in_background(self._import())
         if self._early is None:
             return
         self._early_done.set()
@@ -482,7 +520,9 @@ class RayRuntime:
         finally:
             if self._early is not None:
                 self._let_go()  # stopped in the background while the job verifies and finalizes (release waits)
-            elif started:
+            elif started and self._reaper is None:  # a joined cluster: left in the background
+                _disconnect_in_background(ray)
+            elif started:  # a private instance started here: its processes stop with it
                 ray.shutdown()
                 self._end_reaper()
 
@@ -508,6 +548,8 @@ class RayRuntime:
     def _users_instance() -> bool:
         """A library user's own Ray instance is up in this process (the job runs on it)."""
         ray = sys.modules.get("ray")
+        if ray is not None:
+            _disconnected()  # not the cluster a job before this one is still leaving
         return ray is not None and ray.is_initialized()
 
     def _end_reaper(self, reap: bool = False) -> None:
