@@ -429,6 +429,40 @@ def arrow_allocator_default() -> None:
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
+def entry() -> None:
+    """The ``conveyor`` command (the console script): :func:`main`, then a quick exit.
+
+    What a normal interpreter exit does for the job's sake is done first: the threads it waits for
+    are joined (a joined Ray cluster being left), the exit handlers run (Ray's, logging's flush of
+    Hydra's log file, weakref finalizers), and Python's and C's output buffers are flushed. Then
+    ``os._exit`` skips only the teardown of every module and object one by one, which took 0.12-0.18 s
+    of a 10-row job's ~0.9 s here, and ~0.2 s more once Ray's gRPC clients are loaded. ``main`` itself
+    returns as before (tests and library callers run it in their own process)."""
+    code = main()
+    try:
+        _before_exit()
+    finally:
+        os._exit(code)
+
+
+def _before_exit() -> None:
+    """Python's exit steps that matter to the job, in its order: non-daemon threads, then atexit."""
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # the exit handlers, run once (os._exit does not run them again)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe (conveyor plan | head): nothing left to say
+            stream.flush()
+    with contextlib.suppress(Exception):  # what native libraries wrote through C's stdio
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+
+
 def main(argv: list[str] | None = None) -> int:
     arrow_allocator_default()
     args = list(sys.argv[1:] if argv is None else argv)
