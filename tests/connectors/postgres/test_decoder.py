@@ -172,3 +172,45 @@ def test_nan_in_a_numeric_column_is_refused_by_its_name_on_both_decoders(matrix,
             f"INSERT INTO dec_nan VALUES {', '.join(ROWS)}", "UPDATE dec_nan SET n2 = 'NaN' WHERE id = 3")
     with pytest.raises(TransferError, match=r"postgres column n2 \(numeric\(15,2\)\): a value does not fit decimal128\(15, 2\)"):
         _read(matrix, "dec_nan", decoder)
+
+
+def test_partitions_that_start_together_share_one_duckdb(matrix, monkeypatch) -> None:
+    """A process's DuckDB for a server (the extension's LOAD, the ATTACH: ~0.2 CPU-s) is made once: the
+    partitions a job starts at once wait for the first one's. On main each made its own, and all but one
+    were closed again (seen in every pg -> Parquet job's first two partitions)."""
+    import threading
+    import time
+
+    import duckdb
+
+    assert duckdecode.unavailable() is None  # the extension installed before counting
+    made: list[int] = []
+    real = duckdb.connect
+
+    def counted(*args, **kw):
+        made.append(1)
+        time.sleep(0.3)  # the other partition asks meanwhile
+        return real(*args, **kw)
+
+    monkeypatch.setattr(duckdb, "connect", counted)
+    # a connect_timeout no other test uses: a DuckDB of its own (the process keeps one per server and settings)
+    src = PostgresSource(PostgresSourceConfig(port=matrix.port, table="dec_matrix", decoder="duckdb", connect_timeout=23),
+                         JobOptions(batch_size=2))
+    src.describe()
+    start, rows, errors = threading.Barrier(2), [], []
+    with src.session() as shipped:
+
+        def read() -> None:
+            try:
+                start.wait(timeout=30)
+                rows.append(sum(b.num_rows for b in shipped.read(WholeSource(0, 1))))
+            except Exception as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors and rows == [4, 4]
+    assert len(made) == 1
