@@ -56,3 +56,45 @@ def test_the_quick_exit_keeps_the_commands_exit_code(tmp_path: Path) -> None:
 def test_the_console_script_is_the_quick_exit() -> None:
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["conveyor"] == "conveyor.cli:entry"
+
+
+_GC_SCRIPT = """
+import atexit, gc, json, sys
+from pathlib import Path
+import conveyor.config as config
+import conveyor.pipelines.job as job
+from conveyor import cli
+
+seen, out = {}, Path(sys.argv[1])
+build, tasks = config.build_job, job.Load.tasks
+def build_job(*args, **kw):
+    seen["composing"] = gc.isenabled()
+    return build(*args, **kw)
+def tasks_(self):
+    seen["tasks"], seen["frozen"] = gc.isenabled(), gc.get_freeze_count()
+    return tasks(self)
+config.build_job, job.Load.tasks = build_job, tasks_
+atexit.register(lambda: out.write_text(json.dumps(seen)))
+sys.argv = ["conveyor", *sys.argv[2:]]
+cli.entry()
+"""
+
+
+def test_a_run_starts_without_the_garbage_collector_and_transfers_with_it(tmp_path: Path) -> None:
+    """Start-up (imports, composing, planning) makes long-lived objects and next to no garbage: the
+    collector is held back until the job is planned, then what start-up made is frozen and it runs
+    again for the transfer (a long job must not run without it)."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": list(range(100))}), tmp_path / "in" / "a.parquet")
+    seen = tmp_path / "seen.json"
+    proc = subprocess.run([sys.executable, "-c", _GC_SCRIPT, str(seen), "run", "source=parquet", f"source.path={tmp_path / 'in'}",
+                           "sink=parquet", f"sink.path={tmp_path / 'out'}", "load_mode=create", "runtime=local",
+                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(seen.read_text())
+    assert got["composing"] is False and got["tasks"] is True and got["frozen"] > 10_000, got
