@@ -469,13 +469,19 @@ def entry() -> None:
 
 
 def _before_exit() -> None:
-    """Python's exit steps that matter to the job, in its order: non-daemon threads, then atexit."""
+    """Python's exit steps that matter to the job, in its order: threading's own shutdown (its exit
+    callbacks, which tell idle thread-pool workers to stop, then every non-daemon thread joined: a
+    library's pool left open would otherwise be waited for for ever), then the atexit handlers."""
     import atexit
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls at exit (CPython 3.x)
+    if shutdown is not None:
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()  # the exit handlers, run once (os._exit does not run them again)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe (conveyor plan | head): nothing left to say

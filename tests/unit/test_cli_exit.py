@@ -16,7 +16,7 @@ import tomllib
 from tests.helpers import REPO
 
 _SCRIPT = """
-import atexit, ctypes, sys, threading, time
+import atexit, concurrent.futures, ctypes, sys, threading, time
 from pathlib import Path
 from conveyor import cli
 
@@ -26,6 +26,8 @@ def late():
     time.sleep(0.3)
     (out / "thread").write_text("done")
 threading.Thread(target=late).start()
+pool = concurrent.futures.ThreadPoolExecutor(2)  # a library's pool, never shut down: its idle workers must not hold the exit
+pool.submit(time.sleep, 0.01).result()
 ctypes.CDLL(None).printf(b"written through C's stdio\\n")
 print("written through Python's stdout", end="")
 sys.argv = ["conveyor", *sys.argv[2:]]
