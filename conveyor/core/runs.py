@@ -53,7 +53,11 @@ class Strategy(Protocol):
 
 
 class Progress(Protocol):
-    """Receives what tasks do, per batch (never per row)."""
+    """Receives what tasks do, per batch (never per row).
+
+    A display may also have ``live_rows_after`` (seconds): how far into the run it first shows the
+    rows of partitions still running (a log line every 10 s: 10). A runtime that must start
+    something to gather those counts (Ray: an actor, a worker process of its own) waits that long."""
 
     def started(self, key: str) -> None: ...
 

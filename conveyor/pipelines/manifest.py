@@ -79,6 +79,11 @@ class Manifest:
         ident = identity(config)
         self.data: dict[str, Any] = {"identity": ident, "fingerprint": _fingerprint(ident), "partitions": {}}
 
+    @property
+    def live_rows_after(self) -> float:
+        """The wrapped display's (Progress): when it first shows running partitions' rows."""
+        return float(getattr(self.inner, "live_rows_after", 0.0))
+
     def start(self, run_id: str, load_id: str, partitions: list[Any], snapshot: str | None, done_before: dict[str, int]) -> None:
         self.data.update(run_id=run_id, load_id=load_id, snapshot=snapshot)
         for p in partitions:

@@ -79,6 +79,8 @@ class LogProgress:
 
         self._clock = time.monotonic
         self._out = out or sys.stderr
+        #: its first line comes after ``interval`` seconds: running partitions' rows are not shown before
+        self.live_rows_after = interval
         self._lock = threading.Lock()
         self._total, self._partitions, self._interval = total_rows, partitions, interval
         self._rows = self._bytes = self._done = 0

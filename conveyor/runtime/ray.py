@@ -63,7 +63,8 @@ class RayRuntimeConfig:
     #: seconds a run's tasks go before the driver starts the actor that gathers their rows and bytes
     #: for the progress display: an actor is a worker process of its own (about a second of CPU on
     #: this 2-core machine, ~0.4 s of a short job's wall time); a shorter run shows each partition's
-    #: rows when it finishes. 0: from the start
+    #: rows when it finishes. Off a terminal, not before the log's first progress line (10 s), which is
+    #: the first to show running partitions' rows. 0: from the start
     progress_actor_after: float = 5.0
     #: a job of one task with no Ray instance to join runs that task in the driver process, as the
     #: local runtime would: starting a private instance for it costs seconds (5-7 s to start and
@@ -573,6 +574,8 @@ class RayRuntime:
         # when something shows progress and the tasks have run progress_actor_after seconds (the
         # tasks find it by its name), and polled without blocking the scheduling loop.
         name = f"conveyor-progress-{uuid.uuid4().hex}" if not isinstance(progress, NullProgress) else None
+        # not before the display shows running partitions' rows (off a terminal: its first log line)
+        actor_after = max(self.config.progress_actor_after, float(getattr(progress, "live_rows_after", 0.0)))
         collector = None
         began = time.monotonic()
         missing = [k for k in self.config.forward_env if k not in os.environ]
@@ -597,7 +600,7 @@ class RayRuntime:
                     task = pending.pop()
                     progress.started(task.partition.key)
                     running[remote.remote(task, self.config.max_retries, self.config.prefetch_batches, name, env_ref)] = task
-                if name is not None and collector is None and running and time.monotonic() - began >= self.config.progress_actor_after:
+                if name is not None and collector is None and running and time.monotonic() - began >= actor_after:
                     collector = ray.remote(num_cpus=0)(_Collector).options(name=name).remote()
                 done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)
                 if collector is not None:
