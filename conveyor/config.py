@@ -153,7 +153,7 @@ class _LazyDefaults(dict):  # type: ignore[type-arg]
     """``conveyor_defaults/<kind>`` in Hydra's ConfigStore, whose nodes are made the first time a
     composition looks one up (``name in group``, then ``group[name]``, as ConfigStore does): a run
     imports the plugins it names, not every installed one, and wraps four nodes, not 26 (registering
-    them all took 0.06-0.07 s of every run here). Listed by name from the entry points; a plugin that
+    them all took 0.07-0.1 s of every run here). Listed by name from the entry points; a plugin that
     does not load is, once asked for, not there (as when it was not registered)."""
 
     def __init__(self, kind: str, names: Iterable[str]) -> None:
