@@ -393,6 +393,9 @@ def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
     except SystemExit as exc:  # Hydra exits 1 after printing a composition error
         code = exc.code if isinstance(exc.code, int) else EXIT_CONFIG
         sys.stderr = real_stderr
+        unloadable = _unloadable_plugin(held.getvalue())
+        if unloadable is not None:
+            return report_error(unloadable, verbose)
         if held.getvalue().strip():
             _hydra_error(held.getvalue())
         return EXIT_CONFIG if code == 1 else code
@@ -402,6 +405,24 @@ def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
     if held.getvalue().strip():  # said before the job ran, and not an error: pass it on
         real_stderr.write(held.getvalue())
     return max(codes, default=0)
+
+
+def _unloadable_plugin(text: str) -> Exception | None:
+    """Why a plugin the job names does not load, where Hydra said only "Could not load
+    'conveyor_defaults/<kind>/<name>'" (an installed plugin whose module fails to import registers
+    no defaults): the registry's own error, which names the package to install."""
+    import re
+
+    from conveyor import registry
+
+    found = re.search(r"Could not load 'conveyor_defaults/(\w+)/([^'/]+)'", text)
+    if found is None:
+        return None
+    try:
+        registry.load(found[1], found[2])
+    except Exception as exc:  # the reason, said as the registry says it
+        return exc
+    return None
 
 
 def _hydra_error(text: str) -> None:

@@ -71,3 +71,28 @@ def test_the_installed_entry_points_are_read_once_per_sys_path(monkeypatch, tmp_
     (info / "entry_points.txt").write_text("[conveyor.sources]\nprobe = conveyor.connectors.files:ParquetSource\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "probe" in {e.name for e in registry.available("source")} and len(calls) == 2
+
+
+def test_a_named_plugin_that_does_not_import_says_which_package_to_install(tmp_path) -> None:
+    """An installed plugin whose module fails to import registers no defaults, and Hydra's composition
+    said only "Could not load 'conveyor_defaults/source/mysql'" with a hint to run again with --verbose:
+    now the one line is the registry's own, naming the missing package, with the pip command as the
+    hint. (The plugin's import is made to fail in a subprocess: no broken package is installed here.)"""
+    script = """
+import sys
+from importlib.metadata import EntryPoint
+real = EntryPoint.load
+def load(self):
+    if self.value.startswith("conveyor.connectors.mysql.source"):
+        raise ModuleNotFoundError("No module named 'pymysql_broken'", name="pymysql_broken")
+    return real(self)
+EntryPoint.load = load
+from conveyor import cli
+sys.exit(cli.main(["plan", "source=mysql", "source.table=t", "sink=parquet", f"sink.path={sys.argv[1]}", "runtime=local"]))
+"""
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["error: source 'mysql' needs the Python package 'pymysql_broken', which is not installed",
+                     "hint: pip install pymysql_broken"], proc.stderr
