@@ -496,13 +496,7 @@ def _before_exit() -> None:
     import atexit
     import threading
 
-    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls at exit (CPython 3.x)
-    if shutdown is not None:
-        shutdown()
-    else:
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
+    threading._shutdown()  # what the interpreter itself calls at exit
     atexit._run_exitfuncs()  # the exit handlers, run once (os._exit does not run them again)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe (conveyor plan | head): nothing left to say
