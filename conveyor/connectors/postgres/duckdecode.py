@@ -9,10 +9,11 @@ transaction's first statement), so every partition still reads the one snapshot.
 Only columns whose DuckDB decoding is exactly ADBC's are read this way (``EXACT``: integers, floats,
 bool, text, varchar, bytea, date, timestamp(tz), numeric(p<=38,s), and every column read as its text
 form). DuckDB reads a numeric NaN as 0: the partition's query makes the server fail at a NaN in a
-numeric column, and the NaN is refused by name as on ADBC's path; each batch is then cast to the schema ADBC gives, so a job's batches are the same whichever
-decoder read them (tests/connectors/postgres/test_decoder.py compares the two on a type matrix with
-edge values). DuckDB writes infinity dates/timestamps as its own sentinels: they are mapped to ADBC's
-encodings, so ``source.special_values`` applies to both the same way.
+numeric column, and the NaN is refused by name as on ADBC's path; each batch is then cast to the
+schema ADBC gives, so a job's batches are the same whichever decoder read them
+(tests/connectors/postgres/test_decoder.py compares the two on a type matrix with edge values).
+DuckDB writes infinity dates/timestamps as its own sentinels: they are mapped to ADBC's encodings,
+so ``source.special_values`` applies to both the same way.
 
 The extension comes from PyPI (``duckdb-extension-postgres``, pinned by itself to one duckdb
 version) and is installed offline into a per-user cache folder: no download.

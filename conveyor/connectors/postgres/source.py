@@ -491,8 +491,8 @@ class PostgresSource(SqlSource):
         """The partition's query for DuckDB's decoder, which reads a numeric NaN as 0: the server refuses
         the read at a NaN in ``numerics`` instead, naming the column by its index there (the error
         ``_NAN_SEEN`` finds). The check is a filter that never drops a row (NULL IS NULL), not a column:
-        a computed column would make PostgreSQL project every row (+1.2-1.9 s of server CPU on
-        lineitem, SF1, against +0.35 s for the filter). Where a query's own filters or the incremental
+        a computed column makes PostgreSQL project every row (+1.1-2.2 s of the server's CPU on
+        lineitem, SF1, against 0-0.5 s for the filter). Where a query's own filters or the incremental
         window decide which rows are read, the rows are fenced off (OFFSET 0) so that the check sees
         only those, whatever order the planner gives the conditions."""
         if not numerics:
@@ -568,13 +568,13 @@ class PostgresSource(SqlSource):
         return pc.if_else(bad, clamped, ints).view(arr.type)
 
 
-# ADBC reads PostgreSQL's dates and timestamps by adding the 1970-2000 offset, which wraps around
-# for infinity, -infinity and timestamps after 294247-01-10: every such value lands below PostgreSQL's
-# earliest (4714-11-24 BC), where no real value can be. Below that bound: (infinity, -infinity).
 #: the text the server fails to read as an integer at a numeric NaN (nan_refusing_sql), with the column's index
 _NAN_MARK = "conveyor-nan-"
 _NAN_SEEN = re.compile(re.escape(_NAN_MARK) + r"(\d+)")
 
+# ADBC reads PostgreSQL's dates and timestamps by adding the 1970-2000 offset, which wraps around
+# for infinity, -infinity and timestamps after 294247-01-10: every such value lands below PostgreSQL's
+# earliest (4714-11-24 BC), where no real value can be. Below that bound: (infinity, -infinity).
 _OUT_OF_RANGE = {"date": (-2440588, -2147472692, -2147472691),
                  "timestamp": (-210866803200000000, -9222425352054775809, -9222425352054775808),
                  "timestamptz": (-210866803200000000, -9222425352054775809, -9222425352054775808)}
