@@ -39,7 +39,6 @@ EXACT = {"int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar", 
 
 def unfit_column(columns: tuple[PgColumn, ...]) -> PgColumn | None:
     """The first column DuckDB would not decode exactly as ADBC does (None: all of them are fine)."""
-    numerics = 0
     for col in columns:
         if col.unconstrained_numeric or not col.native:
             continue  # read as its text form
@@ -47,8 +46,7 @@ def unfit_column(columns: tuple[PgColumn, ...]) -> PgColumn | None:
             return col
         if col.typname == "numeric":
             typ = numeric_arrow_type(col)
-            numerics += 1  # each has a bit in a bigint where the server flags NaN (DuckDB would read 0)
-            if typ is None or typ.precision > 38 or numerics > 63:
+            if typ is None or typ.precision > 38:
                 return col
             continue
         if col.typname not in EXACT:

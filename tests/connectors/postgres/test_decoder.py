@@ -231,6 +231,22 @@ def test_a_nan_in_rows_the_job_does_not_read_is_no_error(matrix) -> None:
             list(shipped.windowed(CursorWindow("id", low=None, high=4)).read(WholeSource(0, 1)))
 
 
+def test_a_table_of_many_numeric_columns_is_decoded_by_duckdb_and_its_nan_refused_by_name(matrix) -> None:
+    """The NaN flags were bits of one bigint, so a table of more than 63 numeric columns fell back to
+    ADBC's reader (3x the client CPU) on main; the filter has no such bound."""
+    cols = ", ".join(f"n{i} numeric(10,2)" for i in range(70))
+    pg_exec(matrix, "DROP TABLE IF EXISTS dec_wide", f"CREATE TABLE dec_wide (id int, {cols})",
+            f"INSERT INTO dec_wide SELECT g, {', '.join(f'g + {i}.25' for i in range(70))} FROM generate_series(1, 5) g")
+    wide = _read(matrix, "dec_wide", "duckdb")
+    assert wide.num_rows == 5 and str(wide["n69"][0].as_py()) == "70.25"
+    src = PostgresSource(PostgresSourceConfig(port=matrix.port, table="dec_wide"), JobOptions(batch_size=2))
+    src.describe()
+    assert src.decoder == "duckdb"  # auto: DuckDB where it decodes every column exactly
+    pg_exec(matrix, "UPDATE dec_wide SET n69 = 'NaN' WHERE id = 4")
+    with pytest.raises(TransferError, match=r"postgres column n69 \(numeric\(10,2\)\): a value does not fit decimal128\(10, 2\): NaN"):
+        _read(matrix, "dec_wide", "duckdb")
+
+
 def test_partitions_that_start_together_share_one_duckdb(matrix, monkeypatch) -> None:
     """A process's DuckDB for a server (the extension's LOAD, the ATTACH: ~0.2 CPU-s) is made once: the
     partitions a job starts at once wait for the first one's. On main each made its own, and all but one
