@@ -492,17 +492,19 @@ class PostgresSource(SqlSource):
         the read at a NaN in ``numerics`` instead, naming the column by its index there (the error
         ``_NAN_SEEN`` finds). The check is a filter that never drops a row (NULL IS NULL), not a column:
         a computed column makes PostgreSQL project every row (+1.1-2.2 s of the server's CPU on
-        lineitem, SF1, against 0-0.5 s for the filter). Where a query's own filters or the incremental
-        window decide which rows are read, the rows are fenced off (OFFSET 0) so that the check sees
-        only those, whatever order the planner gives the conditions."""
+        lineitem, SF1, against 0-0.5 s for the filter). It sees only the rows the job reads, whatever
+        order the planner gives the conditions: outside the incremental window the CASE stops before
+        any comparison (a partition's bounds need no such guard: every row is some partition's); a
+        query's own filters are fenced off (OFFSET 0: a projection again, as the flags cost)."""
         if not numerics:
             return self.select_sql(part)
         whens = " ".join(f"WHEN {ident(c.name)} = 'NaN' THEN '{_NAN_MARK}{i}'" for i, c in enumerate(numerics))
-        check = f"(CASE {whens} END)::int IS NULL"
+        if not self.config.table:
+            return f"SELECT * FROM ({self.select_sql(part)} OFFSET 0) AS _conveyor_rows WHERE (CASE {whens} END)::int IS NULL"
+        window = self._window_sql()
+        check = f"(CASE {f'WHEN ({window}) IS NOT TRUE THEN NULL ' if window else ''}{whens} END)::int IS NULL"
         where = self.where(part).removeprefix(" WHERE ")
-        if self.config.table and not self._window_sql():  # only partitions' bounds: every row is some partition's
-            return f"SELECT {self._select_list()} FROM {self._from()} WHERE " + (f"({where}) AND {check}" if where else check)
-        return f"SELECT * FROM ({self.select_sql(part)} OFFSET 0) AS _conveyor_rows WHERE {check}"
+        return f"SELECT {self._select_list()} FROM {self._from()} WHERE " + (f"({where}) AND {check}" if where else check)
 
     def _convert(self, reader: Any, key: str) -> Iterator[Any]:
         """numeric text -> decimal, extension metadata stripped; column by column, never per row."""

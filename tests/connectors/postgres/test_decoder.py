@@ -208,10 +208,10 @@ def test_the_nan_check_makes_postgres_compute_no_column(matrix, monkeypatch) -> 
     assert "NaN" in sql and plan["Node Type"] == "Seq Scan"
 
 
-def test_a_nan_in_rows_the_job_does_not_read_is_no_error(matrix) -> None:
+def test_a_nan_in_rows_the_job_does_not_read_is_no_error(matrix, monkeypatch) -> None:
     """The check sees only the rows the job reads: a query that filters the NaN row out, or an
-    incremental window that does not reach it, reads the rest (the check is fenced off from the
-    query's own conditions, whatever order the planner gives them); inside the window it is refused."""
+    incremental window that does not reach it, reads the rest (whatever order the planner gives the
+    conditions: a query's are fenced off, the window guards the check); inside the window it is refused."""
     from conveyor.core import CursorWindow
 
     pg_exec(matrix, "DROP TABLE IF EXISTS dec_nan_old", "CREATE TABLE dec_nan_old (LIKE dec_matrix)",
@@ -224,11 +224,22 @@ def test_a_nan_in_rows_the_job_does_not_read_is_no_error(matrix) -> None:
             assert sorted(r for b in shipped.read(WholeSource(0, 1)) for r in b.column("id").to_pylist()) == [2, 3, 4], decoder
     src = PostgresSource(PostgresSourceConfig(port=matrix.port, table="dec_nan_old", decoder="duckdb"), JobOptions(batch_size=2))
     src.describe()
+    seen = []
+    real = duckdecode.batches
+    monkeypatch.setattr(duckdecode, "batches", lambda con, sql, size: seen.append(sql) or real(con, sql, size))
     with src.session() as shipped:
         newer = shipped.windowed(CursorWindow("id", low=1, high=4))
         assert sorted(r for b in newer.read(WholeSource(0, 1)) for r in b.column("id").to_pylist()) == [2, 3, 4]
         with pytest.raises(TransferError, match=r"postgres column n2 \(numeric\(15,2\)\).*: NaN"):
             list(shipped.windowed(CursorWindow("id", low=None, high=4)).read(WholeSource(0, 1)))
+    # and the window costs no projection either: the table's scan, its output the columns (a fence, as the
+    # query above needs, would make the server project every row again)
+    import psycopg
+
+    with psycopg.connect(host="127.0.0.1", port=matrix.port, user="postgres", dbname="postgres", password=PG_PASSWORD) as con:
+        plan = con.execute(f"EXPLAIN (VERBOSE, FORMAT JSON) {seen[0]}").fetchone()[0][0]["Plan"]
+    assert plan["Node Type"] == "Seq Scan", (plan["Node Type"], seen[0])
+    assert not [o for o in plan["Output"] if "NaN" in o or "_conveyor" in o], plan["Output"]
 
 
 def test_a_table_of_many_numeric_columns_is_decoded_by_duckdb_and_its_nan_refused_by_name(matrix) -> None:
