@@ -482,9 +482,7 @@ class PostgresSource(SqlSource):
             hit = _NAN_SEEN.search(str(exc))
             if hit and int(hit.group(1)) < len(numerics):
                 col = numerics[int(hit.group(1))]
-                raise TransferError(f"postgres column {col.name} ({col.type_sql}): a value does not fit {numeric_arrow_type(col)}: NaN",
-                                    partition=part.key,
-                                    hint="NaN and Infinity have no Arrow decimal form; cast the column to text or float8 in source.query") from None
+                raise _unfit_decimal(col, numeric_arrow_type(col), "NaN", part.key) from None
             raise translate(exc, self.config, f"reading {part.key}", part.key) from None
 
     def nan_refusing_sql(self, part: Partition, numerics: list[PgColumn]) -> str:
@@ -524,11 +522,7 @@ class PostgresSource(SqlSource):
                         try:
                             arr = pc.cast(storage, target)
                         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                            raise TransferError(
-                                f"postgres column {col.name} ({col.type_sql}): a value does not fit {target}: {exc}",
-                                partition=key,
-                                hint="NaN and Infinity have no Arrow decimal form; cast the column to text or float8 in source.query",
-                            ) from None
+                            raise _unfit_decimal(col, target, exc, key) from None
                     arrays.append(arr)
                 if schema is None:
                     schema = pa.schema([pa.field(c.name, a.type, metadata=_text_of(c)) for c, a in zip(self.columns, arrays)])
@@ -568,6 +562,13 @@ class PostgresSource(SqlSource):
         high, lowest = _CLAMP["date" if col.typname == "date" else "timestamp"]
         clamped = pc.if_else(pc.equal(ints, neg_inf), lowest, high).cast(ints.type)
         return pc.if_else(bad, clamped, ints).view(arr.type)
+
+
+def _unfit_decimal(col: PgColumn, target: Any, why: Any, key: str) -> TransferError:
+    """A numeric value with no Arrow decimal form (NaN, Infinity, too many digits), refused by name:
+    ADBC's path finds it casting the text, DuckDB's path when the server fails at a NaN."""
+    return TransferError(f"postgres column {col.name} ({col.type_sql}): a value does not fit {target}: {why}", partition=key,
+                         hint="NaN and Infinity have no Arrow decimal form; cast the column to text or float8 in source.query")
 
 
 #: the text the server fails to read as an integer at a numeric NaN (nan_refusing_sql), with the column's index
