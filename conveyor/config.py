@@ -184,7 +184,7 @@ class _LazyDefaults(dict):  # type: ignore[type-arg]
         return dict.__getitem__(self, key)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        return self[key] if self._made(key) else default
+        return dict.__getitem__(self, key) if self._made(key) else default
 
 
 def hydra_overrides(overrides: list[str]) -> list[str]:
