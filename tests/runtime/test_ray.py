@@ -295,3 +295,31 @@ def test_a_partition_killed_because_another_failed_is_cancelled_not_the_runs_err
         if raced:
             break
     assert raced, "no trial had the killed task report back before its worker ended"
+
+
+@pytest.mark.parametrize("runtime", ["local", "ray"])
+def test_a_nan_stops_its_partition_on_both_runtimes_and_the_others_land_whole(request, pg_source, pg_target, runtime: str) -> None:
+    """DuckDB's decoder has the server fail the partition's COPY at a numeric NaN (a filter in its
+    query): on a Ray worker as in the driver's threads, that partition is refused by the column's
+    name and writes nothing, and every partition that committed (append) is in the target whole."""
+    from conveyor.errors import TransferError
+    from conveyor.pipelines.job import execute, opened, runtime_started
+
+    if runtime == "ray":
+        request.getfixturevalue("ray_instance")
+    pg_exec(pg_source, "DROP TABLE IF EXISTS ray_nan", "CREATE TABLE ray_nan AS SELECT g AS id, (g / 7.0)::numeric(12,2) AS amount "
+                       "FROM generate_series(1, 40000) g", "UPDATE ray_nan SET amount = 'NaN' WHERE id = 39000")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS ray_nan_dst", "CREATE TABLE ray_nan_dst (id int, amount numeric(12,2))")
+    spec = build_job(OmegaConf.create({
+        "source": {"type": "postgres", "port": pg_source.port, "table": "ray_nan", "decoder": "duckdb"},
+        "sink": {"type": "postgres", "port": pg_target.port, "table": "ray_nan_dst", "copy_path": "arrow"},
+        "strategy": {"type": "ctid", "partitions": 4}, "runtime": {"type": runtime, "max_retries": 0},
+        "load_mode": "append", "degree": 2}))
+    with runtime_started(spec) as described, opened(spec, described) as (plan, source):
+        report = execute(plan, None, None, source)
+    assert isinstance(report.error, TransferError) and "postgres column amount (numeric(12,2))" in str(report.error), report.error
+    failed = [r for r in report.results if not r.ok]
+    assert failed and any("NaN" in str(r.error) for r in failed)
+    landed = sum(r.rows for r in report.results if r.ok and not r.cancelled)
+    rows, nan_rows = (int(v) for v in pg_exec(pg_target, "SELECT count(*), count(*) FILTER (WHERE id = 39000) FROM ray_nan_dst")[0])
+    assert rows == landed and nan_rows == 0
