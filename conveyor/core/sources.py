@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -140,6 +140,31 @@ class Source(Protocol):
     def describe(self) -> SourceInfo: ...
 
     def read(self, part: Partition) -> Iterator[pa.RecordBatch]: ...
+
+
+class SentBatches:
+    """A partition's batches, as ``Source.read`` may return them when its database counts what it
+    sends: ``sent`` is that count (the rows the server's scan returned), set once every batch has
+    been read; None where it did not count. ``verify=count`` takes it for the partition's source
+    count where it equals the rows written (the count the rows are checked against, taken in the same
+    read instead of by a second scan), and counts the partition again where it does not.
+
+    ``read`` makes the batches, given this object to set ``sent`` on."""
+
+    def __init__(self, read: Callable[[SentBatches], Iterator[Any]]) -> None:
+        self.sent: int | None = None
+        self._batches = read(self)
+
+    def __iter__(self) -> SentBatches:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._batches)
+
+    def close(self) -> None:
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
 
 
 #: infinity and -infinity of dates and timestamps, carried in Arrow as DuckDB does: date32
@@ -323,6 +348,7 @@ __all__ = [
     "SupportsKeys",
     "SupportsPrimaryKey",
     "Source",
+    "SentBatches",
     "INFINITY",
     "INFINITY_DAYS",
     "INFINITY_TICKS",

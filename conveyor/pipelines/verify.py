@@ -4,7 +4,10 @@
 snapshot, where the source can count) against the rows its task wrote, and the rows now in the
 written table against the total. On the pass-through the source's count is its COPY's own (the
 rows it sent, ``TaskResult.source_rows``), checked against the target's COPY count inside each
-partition's transaction: no second scan of the source. ``verify=checksum``: in addition, an order-independent content
+partition's transaction: no second scan of the source. Where a partition's read reports the rows its
+server's scan returned (PostgreSQL read by DuckDB's decoder, :class:`conveyor.core.SentBatches`) and
+the sink is checked after its tasks, that count stands for the source's where it equals the rows
+written, and the partition is counted at the source where it does not. ``verify=checksum``: in addition, an order-independent content
 checksum computed by both databases (PostgreSQL on both sides: rows compared as PostgreSQL prints
 them). It runs before ``finalize``, so a mismatch in truncate / create / replace leaves the old
 target in place.
@@ -69,6 +72,11 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
     elif from_stream:
         counts = _sent(partitions, results, source)
         out.notes.append("source rows as the source counted them while sending (its COPY's count), per partition in the job's snapshot")
+    elif any(r.source_rows is not None for r in results):
+        counts, again = _witnessed(partitions, results, by_key, source)
+        out.notes.append("source rows as the source's server counted them while sending (the rows its scan of each partition "
+                         "returned, in the job's snapshot)" + (f"; counted again where that was not the rows written: {again}"
+                                                               if again else ""))
     else:
         counts = source.count_rows(partitions) if isinstance(source, SupportsPartitionCounts) else None
     if counts is None:
@@ -109,6 +117,22 @@ def _sent(partitions: Sequence[Any], results: Sequence[Any], source: Any) -> lis
             return None
         sent.update({p.key: n for p, n in zip(missing, counted)})
     return [sent[p.key] for p in partitions]
+
+
+def _witnessed(partitions: Sequence[Any], results: Sequence[Any], written: Mapping[str, int], source: Any) -> tuple[list[int] | None, str]:
+    """Each partition's source rows from what its read's server said it sent (``TaskResult.source_rows``)
+    where that equals the rows written; the others (no such count, or another number) are counted
+    at the source, in the job's snapshot, and that count decides. A server's scan count that is not
+    the partition's rows (a plan the source did not foresee) costs a count, never a false verdict.
+    Returns the counts and which partitions were counted again."""
+    sent = {r.partition: r.source_rows for r in results if r.source_rows is not None}
+    again = [p for p in partitions if sent.get(p.key) != written.get(p.key, 0)]
+    if again:
+        counted = source.count_rows(again) if isinstance(source, SupportsPartitionCounts) else None
+        if counted is None:
+            return None, ""
+        sent.update({p.key: n for p, n in zip(again, counted)})
+    return [sent[p.key] for p in partitions], ", ".join(p.key for p in again)
 
 
 def _combine(parts: Sequence[tuple[int, int]]) -> str:

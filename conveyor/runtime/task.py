@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from conveyor.core import (
@@ -85,8 +85,9 @@ def read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
         except BaseException as exc:  # handed to the consumer
             put(_Failed(exc))
         finally:
-            if isinstance(batches, Generator):  # the source's own clean-up (its connection) runs now
-                batches.close()
+            close = getattr(batches, "close", None)  # a generator, or SentBatches around one
+            if close is not None:  # the source's own clean-up (its connection) runs now
+                close()
 
     reader = threading.Thread(target=produce, name="conveyor-prefetch", daemon=True)
     reader.start()
@@ -121,8 +122,10 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
                 stats = pass_through(task.source, task.sink, task.plan, task.partition)
                 progress.advanced(key, stats.rows, stats.bytes)
             else:
-                batches = _reported(read_ahead(task.source.read(task.partition), prefetch), key, progress)
-                stats = task.sink.write(task.plan, task.partition, batches)
+                reading = task.source.read(task.partition)
+                stats = task.sink.write(task.plan, task.partition, _reported(read_ahead(reading, prefetch), key, progress))
+                if stats.source_rows is None and not stats.already_committed:  # what the source's server said it sent
+                    stats = dataclasses.replace(stats, source_rows=getattr(reading, "sent", None))
         except Exception as exc:  # every failure becomes a TaskResult
             err = _as_conveyor_error(exc, key)
             retriable = isinstance(err, TransferError) and err.retriable and not cancel_requested()

@@ -53,3 +53,24 @@ def test_stopping_early_closes_the_source() -> None:
 
 def test_depth_zero_reads_in_line() -> None:
     assert list(read_ahead(iter(range(5)), 0)) == [0, 1, 2, 3, 4]
+
+
+def test_stopping_early_closes_a_source_that_counts_what_it_sent() -> None:
+    """A source's read may return SentBatches (the PostgreSQL source through DuckDB's decoder), not
+    a generator: its generator is closed all the same, in the reader thread, when the writer stops."""
+    from conveyor.core import SentBatches
+
+    closed = threading.Event()
+
+    def read(sent: SentBatches):
+        try:
+            yield from range(1000)
+            sent.sent = 1000
+        finally:
+            closed.set()
+
+    reading = SentBatches(read)
+    it = read_ahead(reading, 2)
+    assert next(it) == 0
+    it.close()
+    assert closed.wait(5) and reading.sent is None  # stopped before its end: no count

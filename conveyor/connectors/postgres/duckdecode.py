@@ -110,6 +110,16 @@ def connection(conf: PgConnConfig, snapshot: str | None) -> Iterator[Any]:
                 con.execute("ROLLBACK")
 
 
+def scan_count(con: Any, relid: int, first: bool = False) -> int:
+    """The rows the server's scans of table ``relid`` returned so far in this connection's
+    transaction (``pg_stat_get_xact_tuples_returned``: counted in the process that scans, so
+    ``first`` also keeps the transaction's plans to that one process, no parallel workers)."""
+    if first:
+        con.execute("CALL postgres_execute('src', 'SET LOCAL max_parallel_workers_per_gather = 0')")
+    sql = f"SELECT pg_stat_get_xact_tuples_returned({int(relid)}::oid)"
+    return int(con.execute(f"SELECT * FROM postgres_query('src', {_quote(sql)})").fetchone()[0])
+
+
 def batches(con: Any, sql: str, batch_size: int) -> Iterator[Any]:
     """The query's rows as Arrow record batches, decoded by DuckDB from the server's binary COPY."""
     reader = con.execute(f"SELECT * FROM postgres_query('src', {_quote(sql)})").to_arrow_reader(batch_size)

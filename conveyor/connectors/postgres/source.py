@@ -32,6 +32,7 @@ from conveyor.core import (
     NativeStream,
     PageRange,
     Partition,
+    SentBatches,
     SourceInfo,
     SourceTable,
     WholeSource,
@@ -102,6 +103,9 @@ class PostgresSource(SqlSource):
         self.decoder = "adbc"
         #: the server's version number (set by describe; 0: not known)
         self.server_version = 0
+        #: the table's oid and kind (pg_class.relkind), set by describe (None: a query)
+        self.relid: int | None = None
+        self.relkind = ""
 
     def keeping(self, kinds: tuple[str, ...]) -> PostgresSource:
         """This source, passing on the special values a sink keeps (only under the default policy)."""
@@ -139,6 +143,7 @@ class PostgresSource(SqlSource):
             estimate, size, keys = None, None, ((), ())
             if self.config.table:
                 kind, _, oid, reltuples = self._relation_info(con)
+                self.relid, self.relkind = int(oid), kind
                 keys = _keys(con, oid)
                 estimate = int(reltuples) if reltuples and reltuples > 0 else None
                 size = con.execute("SELECT coalesce((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree(%s::oid) WHERE isleaf), "
@@ -435,9 +440,11 @@ class PostgresSource(SqlSource):
     def read(self, part: Partition) -> Iterator[Any]:
         if self.decoder == "duckdb":
             if self.config.decoder == "duckdb" or duckdecode.unavailable() is None:
-                yield from self._read_duckdb(part)
-                return
+                return SentBatches(lambda sent: self._read_duckdb(part, sent))
             # auto, and this worker cannot load the extension: ADBC's batches are the same (test_decoder.py)
+        return self._read_adbc(part)
+
+    def _read_adbc(self, part: Partition) -> Iterator[Any]:
         sql = self.select_sql(part)
         conn = adbc_connect(self.config, part.key, self.options.run_id)
         cur = conn.cursor()
@@ -458,13 +465,16 @@ class PostgresSource(SqlSource):
                 conn.rollback()
             conn.close()
 
-    def _read_duckdb(self, part: Partition) -> Iterator[Any]:
-        """The partition decoded by DuckDB's postgres extension, in the job's snapshot, cast to ADBC's schema."""
+    def _read_duckdb(self, part: Partition, sent: SentBatches) -> Iterator[Any]:
+        """The partition decoded by DuckDB's postgres extension, in the job's snapshot, cast to ADBC's
+        schema; ``sent.sent``: the rows the server's scan returned, where :meth:`_scan_counts`."""
         import pyarrow as pa
 
         numerics = [c for c in self.columns if c.typname == "numeric" and c.native and not c.unconstrained_numeric]
+        relid = self.relid if self._scan_counts(part) else None
         try:
             with duckdecode.connection(self.config, self.snapshot_id) as con:
+                before = duckdecode.scan_count(con, relid, first=True) if relid is not None else 0
                 reader = duckdecode.batches(con, self.nan_refusing_sql(part, numerics), self.options.batch_size)
                 for batch in reader:
                     arrays = []
@@ -476,6 +486,8 @@ class PostgresSource(SqlSource):
                         arrays.append(arr)
                     if batch.num_rows:
                         yield pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+                if relid is not None:
+                    sent.sent = duckdecode.scan_count(con, relid) - before
         except TransferError:
             raise
         except Exception as exc:
@@ -484,6 +496,16 @@ class PostgresSource(SqlSource):
                 col = numerics[int(hit.group(1))]
                 raise _unfit_decimal(col, numeric_arrow_type(col), "NaN", part.key) from None
             raise translate(exc, self.config, f"reading {part.key}", part.key) from None
+
+    def _scan_counts(self, part: Partition) -> bool:
+        """Whether the rows the server's scan returns for ``part`` are the rows its query sends, so
+        that the scan's count (``pg_stat_get_xact_tuples_returned``) is the partition's source count:
+        a table's whole heap (a sequential scan) or a page range (a TID range scan, PostgreSQL 14+),
+        no incremental window (a filter above the scan: it returns rows the query drops). Only when
+        the job verifies counts."""
+        if self.options.verify == "none" or self.relid is None or self.relkind not in ("r", "m") or self.window is not None:
+            return False
+        return isinstance(part, WholeSource) or (isinstance(part, PageRange) and self.server_version >= 140000)
 
     def nan_refusing_sql(self, part: Partition, numerics: list[PgColumn]) -> str:
         """The partition's query for DuckDB's decoder, which reads a numeric NaN as 0: the server refuses
