@@ -54,6 +54,14 @@ class _Failed:
 _DONE = object()
 
 
+def close_batches(batches: Any) -> None:
+    """Close a source's read (a generator, or SentBatches around one): its clean-up runs now, in this
+    thread, not whenever it is collected. Closing a read that has ended does nothing."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+
+
 def read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
     """Read ahead in a thread, at most ``depth`` batches, so reading overlaps writing.
 
@@ -85,9 +93,7 @@ def read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
         except BaseException as exc:  # handed to the consumer
             put(_Failed(exc))
         finally:
-            close = getattr(batches, "close", None)  # a generator, or SentBatches around one
-            if close is not None:  # the source's own clean-up (its connection) runs now
-                close()
+            close_batches(batches)  # the source's own clean-up (its connection) runs now
 
     reader = threading.Thread(target=produce, name="conveyor-prefetch", daemon=True)
     reader.start()
@@ -122,6 +128,7 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
                 stats = pass_through(task.source, task.sink, task.plan, task.partition)
                 progress.advanced(key, stats.rows, stats.bytes)
             else:
+                # the read is closed by read_ahead (its reader thread, or its yield from) when the sink stops early
                 reading = task.source.read(task.partition)
                 stats = task.sink.write(task.plan, task.partition, _reported(read_ahead(reading, prefetch), key, progress))
                 if stats.source_rows is None and not stats.already_committed:  # what the source's server said it sent

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import pickle
 import uuid
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from conveyor.core import (
     sink_capabilities,
 )
 from conveyor.errors import ConveyorError
-from conveyor.runtime.task import pass_through
+from conveyor.runtime.task import close_batches, pass_through
 
 __all__ = ["Contract", "ContractBroken", "conveyor_contract"]
 
@@ -168,8 +168,7 @@ def _write(sink: Any, plan: Any, source: Any, part: Partition, native: bool) -> 
     try:
         return sink.write(plan, part, batches)
     finally:
-        if isinstance(batches, Generator):
-            batches.close()  # the source's connection closes now, not when collected
+        close_batches(batches)  # the source's connection closes now, not when collected
 
 
 def _failing(batches: Iterator[Any]) -> Iterator[Any]:
@@ -180,8 +179,7 @@ def _failing(batches: Iterator[Any]) -> Iterator[Any]:
                 yield batch.slice(0, batch.num_rows // 2)
             raise _Injected("the source failed half way (injected by the contract kit)")
     finally:
-        if isinstance(batches, Generator):
-            batches.close()
+        close_batches(batches)
 
 
 def _rows_of(source: Any, part: Partition) -> int:
@@ -189,8 +187,7 @@ def _rows_of(source: Any, part: Partition) -> int:
     try:
         return sum(b.num_rows for b in batches)
     finally:
-        if isinstance(batches, Generator):
-            batches.close()
+        close_batches(batches)
 
 
 def _strategy(name: str, params: Mapping[str, Any], options: JobOptions) -> Any:

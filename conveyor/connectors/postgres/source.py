@@ -83,6 +83,14 @@ class PostgresSourceConfig(PgConnConfig):
             raise ValueError(f"decoder: {self.decoder!r} is not one of {', '.join(DECODERS)}")
 
 
+def _scan_count(cur: Any, relid: int, first: bool = False) -> int:
+    """ADBC's cursor: what :func:`duckdecode.scan_count` asks on DuckDB's connection."""
+    if first:
+        cur.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+    cur.execute(f"SELECT pg_stat_get_xact_tuples_returned({int(relid)}::oid)")
+    return int(cur.fetchone()[0])
+
+
 class PostgresSource(SqlSource):
     """Reads a PostgreSQL table or query as Arrow batches; serves every partition method."""
 
@@ -442,10 +450,12 @@ class PostgresSource(SqlSource):
             if self.config.decoder == "duckdb" or duckdecode.unavailable() is None:
                 return SentBatches(lambda sent: self._read_duckdb(part, sent))
             # auto, and this worker cannot load the extension: ADBC's batches are the same (test_decoder.py)
-        return self._read_adbc(part)
+        return SentBatches(lambda sent: self._read_adbc(part, sent))
 
-    def _read_adbc(self, part: Partition) -> Iterator[Any]:
+    def _read_adbc(self, part: Partition, sent: SentBatches) -> Iterator[Any]:
+        """The partition decoded by ADBC's COPY reader, in the job's snapshot; ``sent.sent`` as on DuckDB's."""
         sql = self.select_sql(part)
+        relid = self.relid if self._scan_counts(part) else None
         conn = adbc_connect(self.config, part.key, self.options.run_id)
         cur = conn.cursor()
         try:
@@ -454,11 +464,17 @@ class PostgresSource(SqlSource):
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 if self.snapshot_id:
                     cur.execute(f"SET TRANSACTION SNAPSHOT {literal(self.snapshot_id)}")
+                before = _scan_count(cur, relid, first=True) if relid is not None else 0
                 cur.execute(sql)
                 reader = cur.fetch_record_batch()
             except Exception as exc:
                 raise translate(exc, self.config, f"reading {part.key}", part.key) from None
             yield from rebatch(self._convert(reader, part.key), self.options.batch_size)
+            if relid is not None:
+                try:
+                    sent.sent = _scan_count(cur, relid) - before
+                except Exception as exc:
+                    raise translate(exc, self.config, f"reading {part.key}", part.key) from None
         finally:
             with contextlib.suppress(Exception):  # a killed connection cannot roll back; it is gone anyway
                 cur.close()
