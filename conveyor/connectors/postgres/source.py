@@ -111,9 +111,11 @@ class PostgresSource(SqlSource):
         self.decoder = "adbc"
         #: the server's version number (set by describe; 0: not known)
         self.server_version = 0
-        #: the table's oid and kind (pg_class.relkind), set by describe (None: a query)
+        #: the table's oid and kind (pg_class.relkind), set by describe (None: a query), and whether
+        #: the server counts the rows each scan returns (pg_stat_get_xact_tuples_returned)
         self.relid: int | None = None
         self.relkind = ""
+        self.scan_stats = False
 
     def keeping(self, kinds: tuple[str, ...]) -> PostgresSource:
         """This source, passing on the special values a sink keeps (only under the default policy)."""
@@ -152,6 +154,11 @@ class PostgresSource(SqlSource):
             if self.config.table:
                 kind, _, oid, reltuples = self._relation_info(con)
                 self.relid, self.relkind = int(oid), kind
+                # a server that counts each scan's rows for the read's own transaction (not every
+                # server that speaks PostgreSQL's protocol has the function, or counts: track_counts)
+                self.scan_stats = bool(con.execute(
+                    "SELECT to_regprocedure('pg_catalog.pg_stat_get_xact_tuples_returned(oid)') IS NOT NULL "
+                    "AND current_setting('track_counts', true) = 'on'").fetchone()[0])
                 keys = _keys(con, oid)
                 estimate = int(reltuples) if reltuples and reltuples > 0 else None
                 size = con.execute("SELECT coalesce((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree(%s::oid) WHERE isleaf), "
@@ -517,9 +524,9 @@ class PostgresSource(SqlSource):
         """Whether the rows the server's scan returns for ``part`` are the rows its query sends, so
         that the scan's count (``pg_stat_get_xact_tuples_returned``) is the partition's source count:
         a table's whole heap (a sequential scan) or a page range (a TID range scan, PostgreSQL 14+),
-        no incremental window (a filter above the scan: it returns rows the query drops). Only when
-        the job verifies counts."""
-        if self.options.verify == "none" or self.relid is None or self.relkind not in ("r", "m") or self.window is not None:
+        no incremental window (a filter above the scan: it returns rows the query drops), on a server
+        that counts scans (describe asks). Only when the job verifies counts."""
+        if self.options.verify == "none" or not self.scan_stats or self.relkind not in ("r", "m") or self.window is not None:
             return False
         return isinstance(part, WholeSource) or (isinstance(part, PageRange) and self.server_version >= 140000)
 
