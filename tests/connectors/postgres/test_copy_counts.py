@@ -154,7 +154,7 @@ def test_a_psql_older_than_12_sends_its_stream_by_its_output_option_and_counts_a
     assert any(s.startswith("SELECT count(*) FROM (SELECT") for s in logged)
 
 
-# --- DuckDB's decoder: the server's scan counts what it sends ------------------------------------
+# --- the Arrow path (DuckDB's decoder or ADBC's): the server's scan counts what it sends ------------
 
 
 def _parquet_rows(path) -> int:  # type: ignore[no-untyped-def]
