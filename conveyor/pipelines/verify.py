@@ -70,10 +70,10 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         counts: Sequence[int] | None = [counted[p.key] for p in partitions]
         out.notes.append("source counted before the load")
     elif from_stream:
-        counts = _sent(partitions, results, source)
+        counts, _ = _sent(partitions, results, source)
         out.notes.append("source rows as the source counted them while sending (its COPY's count), per partition in the job's snapshot")
     elif any(r.source_rows is not None for r in results):
-        counts, again = _witnessed(partitions, results, by_key, source)
+        counts, again = _sent(partitions, results, source, written=by_key)
         out.notes.append("source rows as the source's server counted them while sending (the rows its scan of each partition "
                          "returned, in the job's snapshot)" + (f"; counted again where that was not the rows written: {again}"
                                                                if again else ""))
@@ -105,28 +105,17 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
     return out
 
 
-def _sent(partitions: Sequence[Any], results: Sequence[Any], source: Any) -> list[int] | None:
-    """Each partition's rows as its source stream counted them; a partition that reports none (its
-    rows were committed by an earlier attempt, or its task stopped after the commit) is counted at
-    the source instead."""
+def _sent(partitions: Sequence[Any], results: Sequence[Any], source: Any,
+          written: Mapping[str, int] | None = None) -> tuple[list[int] | None, str]:
+    """Each partition's rows as its source counted them while sending (``TaskResult.source_rows``); a
+    partition that reports none (its rows were committed by an earlier attempt, or its task stopped
+    after the commit) is counted at the source instead. With ``written`` (the count is the server's
+    scan count, a witness rather than the stream's own count), so is a partition whose count is not
+    the rows written: that count decides, so a scan count that is not the partition's rows (a plan
+    the source did not foresee) costs a count, never a false verdict. Returns the counts (None: the
+    source cannot count) and which partitions were counted at the source."""
     sent = {r.partition: r.source_rows for r in results if r.source_rows is not None}
-    missing = [p for p in partitions if p.key not in sent]
-    if missing:
-        counted = source.count_rows(missing) if isinstance(source, SupportsPartitionCounts) else None
-        if counted is None:
-            return None
-        sent.update({p.key: n for p, n in zip(missing, counted)})
-    return [sent[p.key] for p in partitions]
-
-
-def _witnessed(partitions: Sequence[Any], results: Sequence[Any], written: Mapping[str, int], source: Any) -> tuple[list[int] | None, str]:
-    """Each partition's source rows from what its read's server said it sent (``TaskResult.source_rows``)
-    where that equals the rows written; the others (no such count, or another number) are counted
-    at the source, in the job's snapshot, and that count decides. A server's scan count that is not
-    the partition's rows (a plan the source did not foresee) costs a count, never a false verdict.
-    Returns the counts and which partitions were counted again."""
-    sent = {r.partition: r.source_rows for r in results if r.source_rows is not None}
-    again = [p for p in partitions if sent.get(p.key) != written.get(p.key, 0)]
+    again = [p for p in partitions if p.key not in sent or (written is not None and sent[p.key] != written.get(p.key, 0))]
     if again:
         counted = source.count_rows(again) if isinstance(source, SupportsPartitionCounts) else None
         if counted is None:
