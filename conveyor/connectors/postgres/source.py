@@ -154,15 +154,14 @@ class PostgresSource(SqlSource):
             if self.config.table:
                 kind, _, oid, reltuples = self._relation_info(con)
                 self.relid, self.relkind = int(oid), kind
-                # a server that counts each scan's rows for the read's own transaction (not every
-                # server that speaks PostgreSQL's protocol has the function, or counts: track_counts)
-                self.scan_stats = bool(con.execute(
-                    "SELECT to_regprocedure('pg_catalog.pg_stat_get_xact_tuples_returned(oid)') IS NOT NULL "
-                    "AND current_setting('track_counts', true) = 'on'").fetchone()[0])
                 keys = _keys(con, oid)
                 estimate = int(reltuples) if reltuples and reltuples > 0 else None
-                size = con.execute("SELECT coalesce((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree(%s::oid) WHERE isleaf), "
-                                   "pg_table_size(%s::oid))::bigint", [oid, oid]).fetchone()[0]
+                # and whether the server counts each scan's rows for the read's own transaction (not every
+                # server that speaks PostgreSQL's protocol has the function, or counts: track_counts)
+                size, self.scan_stats = con.execute(
+                    "SELECT coalesce((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree(%s::oid) WHERE isleaf), "
+                    "pg_table_size(%s::oid))::bigint, to_regprocedure('pg_catalog.pg_stat_get_xact_tuples_returned(oid)') "
+                    "IS NOT NULL AND current_setting('track_counts', true) = 'on'", [oid, oid]).fetchone()
                 label = f"postgres {_KIND_NAMES.get(kind, 'relation')} {self.relation}"
             else:
                 label = "postgres query"
