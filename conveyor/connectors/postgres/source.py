@@ -532,19 +532,23 @@ class PostgresSource(SqlSource):
     def nan_refusing_sql(self, part: Partition, numerics: list[PgColumn]) -> str:
         """The partition's query for DuckDB's decoder, which reads a numeric NaN as 0: the server refuses
         the read at a NaN in ``numerics`` instead, naming the column by its index there (the error
-        ``_NAN_SEEN`` finds). The check is a filter that never drops a row (NULL IS NULL), not a column:
+        ``_NAN_SEEN`` finds). The check is a filter that never drops a row (0 <> 1), not a column:
         a computed column makes PostgreSQL project every row (+1.1-2.2 s of the server's CPU on
-        lineitem, SF1, against 0-0.5 s for the filter). It sees only the rows the job reads, whatever
-        order the planner gives the conditions: outside the incremental window the CASE stops before
-        any comparison (a partition's bounds need no such guard: every row is some partition's); a
-        query's own filters are fenced off (OFFSET 0: a projection again, as the flags cost)."""
+        lineitem, SF1, against 0-0.5 s for the filter). Written as ``<> 1``, which the planner
+        estimates to keep 99.5% of the rows (an ``IS NULL`` of the same CASE: 0.5%, so a whole
+        table's read was planned as a Gather over a Parallel Seq Scan, where the plain query has a
+        Seq Scan). It sees only the rows the job reads, whatever order the planner gives the
+        conditions: outside the incremental window the CASE stops before any comparison (a
+        partition's bounds need no such guard: every row is some partition's); a query's own filters
+        are fenced off (OFFSET 0: a projection again, as the flags cost)."""
         if not numerics:
             return self.select_sql(part)
         whens = " ".join(f"WHEN {ident(c.name)} = 'NaN' THEN '{_NAN_MARK}{i}'" for i, c in enumerate(numerics))
         if not self.config.table:
-            return f"SELECT * FROM ({self.select_sql(part)} OFFSET 0) AS _conveyor_rows WHERE (CASE {whens} END)::int IS NULL"
+            return f"SELECT * FROM ({self.select_sql(part)} OFFSET 0) AS _conveyor_rows WHERE (CASE {whens} ELSE '0' END)::int <> 1"
         window = self._window_sql()
-        check = f"(CASE {f'WHEN ({window}) IS NOT TRUE THEN NULL ' if window else ''}{whens} END)::int IS NULL"
+        guard = f"WHEN ({window}) IS NOT TRUE THEN '0' " if window else ""
+        check = f"(CASE {guard}{whens} ELSE '0' END)::int <> 1"
         where = self.where(part).removeprefix(" WHERE ")
         return f"SELECT {self._select_list()} FROM {self._from()} WHERE " + (f"({where}) AND {check}" if where else check)
 

@@ -208,6 +208,29 @@ def test_the_nan_check_makes_postgres_compute_no_column(matrix, monkeypatch) -> 
     assert "NaN" in sql and plan["Node Type"] == "Seq Scan"
 
 
+def test_the_nan_check_is_planned_as_keeping_every_row(matrix, monkeypatch) -> None:
+    """The check keeps every row but one it refuses, and the planner must think so too: on main it was
+    ``(CASE ...)::int IS NULL``, which PostgreSQL estimates to keep 0.5% of the rows, so a whole table's
+    read (strategy=none, or one ctid partition; verify=none, where the read may use parallel workers)
+    was planned as a Gather over a Parallel Seq Scan with JIT, where the plain query is a Seq Scan
+    (lineitem SF1: 30,005 rows estimated of 6,001,215)."""
+    import psycopg
+
+    pg_exec(matrix, "DROP TABLE IF EXISTS dec_estimate",
+            "CREATE TABLE dec_estimate (id int, n numeric(15,2), m numeric(15,2), t text)",
+            "INSERT INTO dec_estimate SELECT g, g / 100.0, g % 7, 'x' FROM generate_series(1, 20000) g",
+            "ANALYZE dec_estimate")
+    _, sql = _duck_sql(matrix, "dec_estimate", monkeypatch)
+    assert "NaN" in sql
+    with psycopg.connect(host="127.0.0.1", port=matrix.port, user="postgres", dbname="postgres", password=PG_PASSWORD) as con:
+        for setting in ("parallel_setup_cost = 0", "parallel_tuple_cost = 0.001", "min_parallel_table_scan_size = 0"):
+            con.execute(f"SET {setting}")  # parallel plans as cheap as a table this small needs to be offered one
+        plan = con.execute(f"EXPLAIN (FORMAT JSON) {sql}").fetchone()[0][0]["Plan"]
+        plain = con.execute("EXPLAIN (FORMAT JSON) SELECT * FROM dec_estimate").fetchone()[0][0]["Plan"]
+    assert plan["Plan Rows"] >= 0.9 * 20000, f"the planner expects {plan['Plan Rows']} of 20,000 rows: {sql}"
+    assert plan["Node Type"] == plain["Node Type"], (plan["Node Type"], plain["Node Type"], sql)
+
+
 def test_a_nan_in_rows_the_job_does_not_read_is_no_error(matrix, monkeypatch) -> None:
     """The check sees only the rows the job reads: a query that filters the NaN row out, or an
     incremental window that does not reach it, reads the rest (whatever order the planner gives the
