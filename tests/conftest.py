@@ -134,6 +134,20 @@ def ray_instance(pg_servers):
     ray.shutdown()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (``timeout``, a CI runner stopping the job) unwinds like Ctrl-C: pytest then tears the
+    session's fixtures down, so the throwaway PostgreSQL and MariaDB servers are stopped and their
+    folders removed (under the default SIGTERM the process just ended, and they kept running)."""
+    import signal
+    import threading
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 _SLOW_FIXTURES = {"ray_instance", "s3", "installed_plugin", "tpch_orders"}
 
 
