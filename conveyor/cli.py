@@ -227,13 +227,24 @@ def _quit_now(signum: int, frame: Any) -> None:
     os._exit(130)
 
 
-def _install_signals() -> None:
+@contextlib.contextmanager
+def _signals() -> Iterator[None]:
+    """Ctrl-C / SIGTERM cancel the run while it runs (:func:`_on_signal`); the handlers that were there
+    before are put back after it, so a program that calls :func:`main` keeps its own."""
     import signal
     import threading
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _on_signal)
-        signal.signal(signal.SIGTERM, _on_signal)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in before:
+        signal.signal(sig, _on_signal)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _hydra_dir() -> Any:
@@ -261,10 +272,10 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
         if mode == "plan":
             console.print(plan_table(plan_run(cfg)))
             return 0
-        _install_signals()
         place = RunPlace(run_dir=_hydra_dir(), report_path=Path(REPORT_PATH[0]) if REPORT_PATH else None)
         try:
-            report = run(cfg, place, progress=lambda plan: _progress(console, plan))
+            with _signals():
+                report = run(cfg, place, progress=lambda plan: _progress(console, plan))
         finally:
             emit_run_files(place.run_dir)  # a job sent by conveyor submit: its files go back with the log
         console.print(summary_table(report))

@@ -100,3 +100,37 @@ def test_a_run_starts_without_the_garbage_collector_and_transfers_with_it(tmp_pa
     assert proc.returncode == 0, proc.stderr
     got = json.loads(seen.read_text())
     assert got["composing"] is False and got["tasks"] is True and got["frozen"] > 10_000, got
+
+
+_SIGNAL_SCRIPT = """
+import signal, sys
+from conveyor import cli
+
+seen = []
+def mine(signum, frame):
+    seen.append(signum)
+signal.signal(signal.SIGINT, mine)
+signal.signal(signal.SIGTERM, mine)
+code = cli.main(sys.argv[1:])
+assert code == 0, code
+assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine, (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+signal.raise_signal(signal.SIGINT)
+assert seen == [signal.SIGINT], seen
+print("handlers kept")
+"""
+
+
+def test_a_program_calling_main_keeps_its_signal_handlers(tmp_path: Path) -> None:
+    """``main(["run", ...])`` takes Ctrl-C / SIGTERM over while the run runs (they cancel it); on main
+    it left its own handlers installed after returning, so the calling program's next Ctrl-C printed
+    "interrupted: cancelling the running partitions" and did nothing else (a second one ended the
+    process with os._exit)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": list(range(100))}), tmp_path / "in" / "a.parquet")
+    proc = subprocess.run([sys.executable, "-c", _SIGNAL_SCRIPT, "run", "source=parquet", f"source.path={tmp_path / 'in'}",
+                           "sink=parquet", f"sink.path={tmp_path / 'out'}", "load_mode=create", "runtime=local",
+                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "handlers kept" in proc.stdout, proc.stderr[-3000:]
