@@ -51,12 +51,17 @@ class SinkPlan:
     #: partition's own transaction, and the job counts the source before the tasks run to fill it
     checks_before_commit: bool = False
     #: {partition key: rows the source holds for it}, counted in the job's snapshot (set by the job)
-    expected_rows: Mapping[str, int] | None = None
+    expected_rows: Mapping[str, int | ReadCount] | None = None
     #: set by the job instead of ``expected_rows`` on a native path whose source counts what it
     #: streams (``NativeExport.counts``) when the job verifies: the sink checks each partition's
     #: rows against the stream's count (``NativeStream.rows``) inside the partition's transaction,
     #: and reports it (``WriteStats.source_rows``); the source is not counted apart
     counts_from_stream: bool = False
+    #: set by the job instead of ``expected_rows`` where the source's reads count what they send
+    #: (``SupportsReadCounts``) and the sink checks before its commits: each task gives the sink a
+    #: :class:`ReadCount` for its partition in ``expected_rows``, and the source is not counted before
+    #: the tasks
+    counts_from_read: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,10 +178,35 @@ class SupportsForeignKeys(Protocol):
     def add_foreign_keys(self, plan: SinkPlan, keys: Sequence[tuple[ForeignKey, Any]]) -> list[str]: ...
 
 
-def check_partition_rows(target: str, partition: str, expected: int | None, rows: int) -> None:
+class ReadCount:
+    """One partition's source count, taken by its read (``SentBatches.sent``: the rows the source's
+    server said its scan returned), for a sink that checks the partition before its commit
+    (``SinkPlan.counts_from_read``). Where that count is the rows written, it stands; where it is
+    not, or missing, the partition is counted at the source in the job's snapshot and that count
+    decides: a plan the source did not foresee costs a count, never a false verdict, and rows a
+    decoder lost are still caught. ``value``: the count that decided, once resolved."""
+
+    def __init__(self, reading: Any, source: Any, part: Partition) -> None:
+        self.reading, self.source, self.part = reading, source, part
+        self.value: int | None = None
+
+    def resolve(self, rows: int) -> int | None:
+        sent = getattr(self.reading, "sent", None)
+        if sent is not None and sent == rows:
+            self.value = sent
+        else:
+            counted = self.source.count_rows([self.part])
+            self.value = None if counted is None else counted[0]
+        return self.value
+
+
+def check_partition_rows(target: str, partition: str, expected: int | ReadCount | None, rows: int) -> None:
     """A sink whose partition commits are final (``SinkPlan.checks_before_commit``) calls this inside
     the partition's transaction, before COMMIT: rows written must be the rows the source counted
-    (``expected``; None: not counted), else nothing of the partition stays."""
+    (``expected``; None: not counted; a :class:`ReadCount`: the read's count, resolved here), else
+    nothing of the partition stays."""
+    if isinstance(expected, ReadCount):
+        expected = expected.resolve(rows)
     if expected is not None and rows != expected:
         from conveyor.errors import VerificationError
 
@@ -270,6 +300,7 @@ class SupportsCursorState(Protocol):
 
 
 __all__ = [
+    "ReadCount",
     "CursorState",
     "SupportsCursorState",
     "SinkPlan",

@@ -246,6 +246,16 @@ class SupportsPartitionCounts(Protocol):
 
 
 @runtime_checkable
+class SupportsReadCounts(Protocol):
+    """A source whose ``read`` of a partition reports the rows its database sent for it
+    (:class:`SentBatches`: ``sent``), where ``counts_while_reading`` says so: a sink that checks each
+    partition before its commit checks against that count, and the job does not count the source
+    before the tasks (``SinkPlan.counts_from_read``)."""
+
+    def counts_while_reading(self, part: Partition) -> bool: ...
+
+
+@runtime_checkable
 class SupportsChecksums(Protocol):
     """A source that sums a 64-bit hash of every row per partition (``verify=checksum``)."""
 
@@ -331,6 +341,7 @@ class SupportsWindow(Protocol):
 
 
 __all__ = [
+    "SupportsReadCounts",
     "ForeignKey",
     "SourceTable",
     "SupportsManyTables",

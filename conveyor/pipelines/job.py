@@ -34,6 +34,7 @@ from conveyor.core import (
     SupportsCursorState,
     SupportsManyTables,
     SupportsPartitionCounts,
+    SupportsReadCounts,
     SupportsSpecialValues,
     SupportsTargetLayout,
     SupportsWindow,
@@ -398,13 +399,16 @@ def _expected_rows(spec: JobSpec, sink_plan: SinkPlan, todo: list[Partition], so
     the source's counts, in the job's snapshot, are taken before the tasks run (and serve the
     verification after them, not counted twice). On a native path whose source counts what it
     streams (the pass-through: its COPY's count), the sink checks against that instead, and the
-    source is not scanned to count it."""
+    source is not scanned to count it; so it does where every partition's read reports its
+    server's scan count (``SupportsReadCounts``: a PostgreSQL table on the Arrow path)."""
     if spec.options.verify == "none":
         return sink_plan
     if sink_plan.native and info.native is not None and info.native.counts and info.native.format == sink_plan.native:
         return dataclasses.replace(sink_plan, counts_from_stream=True)
     if not sink_plan.checks_before_commit or not isinstance(source, SupportsPartitionCounts):
         return sink_plan
+    if not sink_plan.native and isinstance(source, SupportsReadCounts) and todo and all(source.counts_while_reading(p) for p in todo):
+        return dataclasses.replace(sink_plan, counts_from_read=True)  # each read's own count (run_task's ReadCount)
     counts = source.count_rows(todo)
     if counts is None:
         return sink_plan

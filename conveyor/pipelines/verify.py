@@ -86,7 +86,7 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         out.mismatched += [f"{p.key}: source {n:,} rows, written {by_key.get(p.key, 0):,}"
                            for p, n in zip(partitions, counts) if n != by_key.get(p.key, 0)]
     expected = out.source_rows if out.source_rows is not None else out.written_rows
-    if counted is not None or (from_stream and plan.checks_before_commit):
+    if counted is not None or ((from_stream or plan.counts_from_read) and plan.checks_before_commit):
         # the target's COPY count met the source's in each partition's transaction: no table scan
         out.notes.append("the target's rows per partition (its COPY count) checked against the source's before each commit")
     elif plan.rows_before is None:  # an append whose target was not counted before it: its count tells nothing

@@ -18,6 +18,7 @@ from typing import Any
 from conveyor.core import (
     Partition,
     Progress,
+    ReadCount,
     SinkPlan,
     SupportsNativeExport,
     SupportsNativeWrite,
@@ -130,9 +131,14 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
             else:
                 # the read is closed by read_ahead (its reader thread, or its yield from) when the sink stops early
                 reading = task.source.read(task.partition)
-                stats = task.sink.write(task.plan, task.partition, _reported(read_ahead(reading, prefetch), key, progress))
+                plan, counted = task.plan, None
+                if plan.counts_from_read:  # the sink checks before its commit against the read's own count
+                    counted = ReadCount(reading, task.source, task.partition)
+                    plan = dataclasses.replace(plan, expected_rows={key: counted})
+                stats = task.sink.write(plan, task.partition, _reported(read_ahead(reading, prefetch), key, progress))
                 if stats.source_rows is None and not stats.already_committed:  # what the source's server said it sent
-                    stats = dataclasses.replace(stats, source_rows=getattr(reading, "sent", None))
+                    sent = counted.value if counted is not None and counted.value is not None else getattr(reading, "sent", None)
+                    stats = dataclasses.replace(stats, source_rows=sent)
         except Exception as exc:  # every failure becomes a TaskResult
             err = _as_conveyor_error(exc, key)
             retriable = isinstance(err, TransferError) and err.retriable and not cancel_requested()

@@ -27,7 +27,7 @@ from typing import Any
 from conveyor.connectors import guard
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, sqlstate, translate
 from conveyor.connectors.staged import Stage, stage_label
-from conveyor.core import WriteStats, cancel_requested, check_partition_rows
+from conveyor.core import ReadCount, WriteStats, cancel_requested, check_partition_rows
 from conveyor.errors import Cancelled, ConveyorError, TransferError
 
 MARKERS = "_conveyor_commits"
@@ -251,7 +251,7 @@ class Attempt:
     before, sealed (guard check + marker) just before commit, a failure rolled back and turned
     into the error to raise. Every PostgreSQL writer (ADBC, pgpq, pass-through) runs through it."""
 
-    def __init__(self, once: Once, key: str, expected: int | None = None) -> None:
+    def __init__(self, once: Once, key: str, expected: int | ReadCount | None = None) -> None:
         self.once, self.key, self.expected = once, key, expected
         self.start = time.perf_counter()
 

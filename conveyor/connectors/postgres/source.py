@@ -519,6 +519,10 @@ class PostgresSource(SqlSource):
                 raise _unfit_decimal(col, numeric_arrow_type(col), "NaN", part.key) from None
             raise translate(exc, self.config, f"reading {part.key}", part.key) from None
 
+    def counts_while_reading(self, part: Partition) -> bool:
+        """Whether :meth:`read` of ``part`` reports its server's scan count (``SentBatches.sent``)."""
+        return self._scan_counts(part)
+
     def _scan_counts(self, part: Partition) -> bool:
         """Whether the rows the server's scan returns for ``part`` are the rows its query sends, so
         that the scan's count (``pg_stat_get_xact_tuples_returned``) is the partition's source count:

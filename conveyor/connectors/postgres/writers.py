@@ -18,7 +18,7 @@ from conveyor.casts import ColumnType
 from conveyor.connectors.postgres import commits
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, translate
 from conveyor.connectors.postgres.types import PgColumn, adbc_field
-from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, Partition, SinkPlan, WriteStats
+from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, Partition, ReadCount, SinkPlan, WriteStats
 from conveyor.errors import ConveyorError, SchemaError, TransferError
 
 
@@ -284,7 +284,7 @@ def _routed_copy(con: Any, load: PgLoad, cols: str, batches: Iterable[Any], wire
     return taken
 
 
-def expected_rows(plan: SinkPlan, part: Partition) -> int | None:
+def expected_rows(plan: SinkPlan, part: Partition) -> int | ReadCount | None:
     """The source's count of a partition, to check in its transaction (None: not checked there)."""
     return None if plan.expected_rows is None else plan.expected_rows.get(part.key)
 

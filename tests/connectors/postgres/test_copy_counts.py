@@ -233,3 +233,92 @@ def test_a_server_that_does_not_count_scans_is_counted_as_before(pg_source, tmp_
     v = report.verification
     assert v.ok and v.source_rows == ROWS == _parquet_rows(tmp_path / "out")
     assert [r.source_rows for r in report.results] == [None] * 3 and not any("scan" in n for n in v.notes), v.notes
+
+
+# --- sinks that check each partition before its commit, on the Arrow path ------------------------
+
+
+def _checked_target(kind: str, pg_target, tmp_path, mysql_server=None) -> tuple[dict, callable]:
+    """A target whose sink checks each partition's rows before its commit, holding one row already;
+    and how many rows it holds."""
+    if kind == "postgres":
+        pg_exec(pg_target, "DROP TABLE IF EXISTS cc_checked", "CREATE TABLE cc_checked (id int, h text, port int)",
+                "INSERT INTO cc_checked (id) VALUES (-1)")
+        return ({"type": "postgres", "port": pg_target.port, "table": "cc_checked", "copy_path": "arrow"},
+                lambda: pg_exec(pg_target, "SELECT count(*) FROM cc_checked")[0][0])
+    if kind == "duckdb":
+        import duckdb
+
+        db = tmp_path / "checked.duckdb"
+        with duckdb.connect(str(db)) as con:
+            con.execute("CREATE TABLE cc_checked (id INTEGER, h VARCHAR, port INTEGER); INSERT INTO cc_checked (id) VALUES (-1)")
+
+        def rows() -> int:
+            with duckdb.connect(str(db), read_only=True) as con:
+                return con.execute("SELECT count(*) FROM cc_checked").fetchone()[0]
+        return {"type": "duckdb", "database": str(db), "table": "cc_checked"}, rows
+    m = mysql_server
+    m.execute("DROP TABLE IF EXISTS cc_checked", "CREATE TABLE cc_checked (id int, h text, port int)", "INSERT INTO cc_checked (id) VALUES (-1)")
+    return ({"type": "mysql", "port": m.port, "user": m.user, "database": m.database, "table": "cc_checked"},
+            lambda: m.execute("SELECT count(*) FROM cc_checked")[0][0])
+
+
+@pytest.mark.parametrize("kind, mode, strategy, params", [
+    ("postgres", "append", "ctid", {"partitions": 3}),     # each partition's own transaction
+    ("postgres", "truncate", "none", {}),                  # one transaction: TRUNCATE, COPY, check, COMMIT
+    ("duckdb", "append", "ctid", {"partitions": 3}),
+    ("mysql", "append", "ctid", {"partitions": 3}),
+])
+def test_a_sink_checking_before_its_commit_takes_the_reads_scan_count_not_a_count_before_the_load(
+        cc_src, pg_target, tmp_path, request, kind, mode, strategy, params) -> None:
+    """A sink whose commits are final (an append into PostgreSQL, DuckDB or MySQL, PostgreSQL's truncate in
+    one transaction) checks each partition's rows before its COMMIT. On the main this started from the job
+    counted every partition at the source before the tasks for it (a count(*) over the whole source: the
+    "count source" phase); each partition's check now takes the rows its read's server said its scan
+    returned (the same count verify=count takes into Parquet), so the source is read once."""
+    sink, held = _checked_target(kind, pg_target, tmp_path, request.getfixturevalue("mysql_server") if kind == "mysql" else None)
+    since = (cc_src.root / "log").stat().st_size
+    report = job(_source(cc_src, table="cc_src"), sink, strategy, params, load_mode=mode, degree=2, batch_size=5000)
+    logged = [s for s in _logged(cc_src, since) if "cc_src" in s]
+    assert not report.sink_plan.native and report.sink_plan.checks_before_commit and report.sink_plan.counts_from_read
+    assert not [s for s in logged if "count(" in s], logged  # the source is not counted apart
+    assert "count source" not in report.phases, report.phases
+    v = report.verification
+    assert v.ok and v.source_rows == ROWS and [r.source_rows for r in report.results] == [r.rows for r in report.results]
+    assert any("checked against the source's before each commit" in n for n in v.notes), v.notes
+    assert held() == ROWS + (1 if mode == "append" else 0)
+
+
+def test_a_scan_count_that_is_not_the_partitions_rows_is_counted_before_the_commit_not_failed(pg_source, pg_target) -> None:
+    """TID range scans off: each page range's scan returns the whole table, so the read's count is not
+    the partition's rows; the sink then counts the partition at the source (in the job's snapshot,
+    inside its transaction, before its COMMIT) and that count decides: the run commits every partition."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS cc_seq2", "CREATE TABLE cc_seq2 AS SELECT g AS id, md5(g::text) AS h, 2 AS port FROM generate_series(1, 20000) g")
+    sink = _target(pg_target, "cc_seq2_t")
+    report = job({"type": "postgres", "port": pg_source.port, "table": "cc_seq2", "options": {"options": "-c enable_tidscan=off"}},
+                 {**sink, "copy_path": "arrow"}, "ctid", {"partitions": 3}, load_mode="append")
+    assert report.sink_plan.counts_from_read and report.verification.ok and report.verification.source_rows == ROWS
+    assert [r.source_rows for r in report.results] == [r.rows for r in report.results] and all(r.rows < ROWS for r in report.results)
+    assert pg_exec(pg_target, "SELECT count(*) FROM cc_seq2_t") == [(ROWS + 1,)]
+
+
+def test_rows_the_decoder_loses_are_rolled_back_before_the_commit(cc_src, pg_target, monkeypatch) -> None:
+    """A decoder that loses a batch (stood in for by dropping the second partition's last batch after
+    the real read) writes fewer rows than the server's scan returned: that partition is counted at the
+    source before its commit, the counts differ, it is rolled back and the run fails naming it; the
+    partition committed before it stays whole, and the message says so."""
+    from conveyor.connectors.postgres.source import PostgresSource
+
+    real = PostgresSource._read_duckdb
+
+    def lossy(self, part, sent):  # type: ignore[no-untyped-def]
+        batches = list(real(self, part, sent))
+        yield from (batches[:-1] if part.index == 1 else batches)
+
+    monkeypatch.setattr(PostgresSource, "_read_duckdb", lossy)
+    sink = _target(pg_target, "cc_lossy")
+    with pytest.raises(VerificationError, match=r"partition ctid-00001: source ([\d,]+) rows, written [\d,]+: rolled back") as caught:
+        job(_source(cc_src, table="cc_src"), {**sink, "copy_path": "arrow"}, "ctid", {"partitions": 3}, load_mode="append", batch_size=2000)
+    said = re.search(r"1 of 3 partitions had committed: their ([\d,]+) rows stay in the target", str(caught.value))
+    assert said, str(caught.value)  # the run stopped starting partitions at the failure: ctid-00000 committed whole
+    assert pg_exec(pg_target, "SELECT count(*) FROM cc_lossy") == [(1 + int(said.group(1).replace(",", "")),)]
