@@ -5,9 +5,10 @@ snapshot, where the source can count) against the rows its task wrote, and the r
 written table against the total. On the pass-through the source's count is its COPY's own (the
 rows it sent, ``TaskResult.source_rows``), checked against the target's COPY count inside each
 partition's transaction: no second scan of the source. Where a partition's read reports the rows its
-server's scan returned (a PostgreSQL table on the Arrow path, :class:`conveyor.core.SentBatches`) and
-the sink is checked after its tasks, that count stands for the source's where it equals the rows
-written, and the partition is counted at the source where it does not. ``verify=checksum``: in addition, an order-independent content
+server's scan returned (a PostgreSQL table on the Arrow path, :class:`conveyor.core.SentBatches`),
+that count stands for the source's where it equals the rows written, and the partition is counted at
+the source where it does not: after the tasks for a sink checked after them, inside the partition's
+transaction for one that checks before its commits (:class:`conveyor.core.ReadCount`). ``verify=checksum``: in addition, an order-independent content
 checksum computed by both databases (PostgreSQL on both sides: rows compared as PostgreSQL prints
 them). It runs before ``finalize``, so a mismatch in truncate / create / replace leaves the old
 target in place.
