@@ -33,7 +33,23 @@ def test_pg_to_pg_on_ray(ray_instance, pg_source, pg_target, copy_path: str) -> 
     assert checksum(pg_target, "ray_dst") == checksum(pg_source, "ray_src")
     if copy_path == "auto":  # the pass-through: each partition's source COPY count came back from its worker
         assert report.sink_plan.native == "pgcopy-binary" and report.sink_plan.counts_from_stream
-        assert all(r.source_rows == r.rows for r in report.results) and report.verification.source_rows == 50000
+    else:  # the Arrow path: each partition checked before its commit against its read's scan count, on its worker
+        assert not report.sink_plan.native and report.sink_plan.counts_from_read
+    assert all(r.source_rows == r.rows for r in report.results) and report.verification.source_rows == 50000
+
+
+def test_a_scan_count_that_is_not_the_partitions_rows_is_counted_on_the_worker_before_the_commit(ray_instance, pg_source, pg_target) -> None:
+    """TID range scans off: each page range's scan returns the whole table, so a worker's sink counts its
+    partition at the source (in the job's snapshot, the driver holding it) before its commit, and the
+    append commits every partition whole."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS ray_seq", "CREATE TABLE ray_seq AS SELECT g AS id, md5(g::text) AS h FROM generate_series(1, 30000) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS ray_seq_t", "CREATE TABLE ray_seq_t (id int, h text)")
+    report = run_job(ray_spec({"type": "postgres", "port": pg_source.port, "table": "ray_seq", "options": {"options": "-c enable_tidscan=off"}},
+                              {"type": "postgres", "port": pg_target.port, "table": "ray_seq_t", "copy_path": "arrow"},
+                              {"type": "ctid", "partitions": 3}))
+    assert report.sink_plan.counts_from_read and report.verification.ok and report.verification.source_rows == 30000
+    assert [r.source_rows for r in report.results] == [r.rows for r in report.results] and all(r.rows < 30000 for r in report.results)
+    assert checksum(pg_target, "ray_seq_t") == checksum(pg_source, "ray_seq")
 
 
 class Recorder:
