@@ -204,10 +204,9 @@ def test_a_scan_count_that_is_not_the_partitions_rows_is_counted_again_not_faile
     assert any("counted again where that was not the rows written: ctid-00000, ctid-00001, ctid-00002" in n for n in v.notes), v.notes
 
 
-def test_rows_the_decoder_loses_are_caught_against_the_servers_scan_count(cc_src, tmp_path, monkeypatch) -> None:
-    """The scan's count is the server's, not the decoder's: a decoder that loses a batch (stood in
-    for by dropping the second partition's last batch after the read) writes fewer rows than the
-    server sent, the partition is counted again at the source, and the run fails naming it."""
+def _lose_a_batch(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """DuckDB's decoder made to lose the second partition's last batch, after the real read (the
+    server's scan count is taken as usual): a decoder that drops rows."""
     from conveyor.connectors.postgres.source import PostgresSource
 
     real = PostgresSource._read_duckdb
@@ -217,6 +216,13 @@ def test_rows_the_decoder_loses_are_caught_against_the_servers_scan_count(cc_src
         yield from (batches[:-1] if part.index == 1 else batches)
 
     monkeypatch.setattr(PostgresSource, "_read_duckdb", lossy)
+
+
+def test_rows_the_decoder_loses_are_caught_against_the_servers_scan_count(cc_src, tmp_path, monkeypatch) -> None:
+    """The scan's count is the server's, not the decoder's: a decoder that loses a batch (stood in
+    for by dropping the second partition's last batch after the read) writes fewer rows than the
+    server sent, the partition is counted again at the source, and the run fails naming it."""
+    _lose_a_batch(monkeypatch)
     with pytest.raises(VerificationError, match=r"ctid-00001: source [\d,]+ rows, written [\d,]+") as caught:
         job(_source(cc_src, table="cc_src"), {"type": "parquet", "path": str(tmp_path / "out")}, "ctid", {"partitions": 3},
             load_mode="replace", batch_size=2000)
@@ -307,15 +313,7 @@ def test_rows_the_decoder_loses_are_rolled_back_before_the_commit(cc_src, pg_tar
     the real read) writes fewer rows than the server's scan returned: that partition is counted at the
     source before its commit, the counts differ, it is rolled back and the run fails naming it; the
     partition committed before it stays whole, and the message says so."""
-    from conveyor.connectors.postgres.source import PostgresSource
-
-    real = PostgresSource._read_duckdb
-
-    def lossy(self, part, sent):  # type: ignore[no-untyped-def]
-        batches = list(real(self, part, sent))
-        yield from (batches[:-1] if part.index == 1 else batches)
-
-    monkeypatch.setattr(PostgresSource, "_read_duckdb", lossy)
+    _lose_a_batch(monkeypatch)
     sink = _target(pg_target, "cc_lossy")
     with pytest.raises(VerificationError, match=r"partition ctid-00001: source ([\d,]+) rows, written [\d,]+: rolled back") as caught:
         job(_source(cc_src, table="cc_src"), {**sink, "copy_path": "arrow"}, "ctid", {"partitions": 3}, load_mode="append", batch_size=2000)
