@@ -7,15 +7,18 @@ the column and both types. The rules (``judge``), in short:
 ==========================================  ==========================================================
 allowed                                     why it is exact
 ==========================================  ==========================================================
-the same type (same PostgreSQL type name,   nothing changes (a value too long for varchar(n) or too
-same or wider typmod)                       large for numeric(p,s) is still refused, by PostgreSQL)
+the same type (same PostgreSQL type name,   nothing changes (a value too large for numeric(p,s) is
+same or wider typmod)                       still refused, by PostgreSQL; one too long for varchar(n)
+                                            or char(n): below)
 integer -> wider or narrower integer        checked per value: a value that does not fit is an error
 integer -> float, numeric                   checked per value (Arrow refuses an integer a float
                                             cannot hold exactly)
 float4 -> float8                            every float4 is a float8
 numeric(p,s) -> numeric(q,t), t >= s        no digit is dropped (precision checked per value)
 numeric(p,0) -> integer                     checked per value
-any text type -> any text type              the characters are kept (varchar(n) checks the length)
+any text type -> any text type              the characters are kept; into varchar(n) / char(n) a
+                                            longer value is refused by name before PostgreSQL sees
+                                            it (PostgreSQL would cut excess spaces without a word)
 text -> json, jsonb, uuid, enum, xml        the text *is* the value's form; PostgreSQL refuses a bad one
 a column read as PostgreSQL's text form     the same type on both sides (inet, money, ranges, ...)
 of a type -> that type

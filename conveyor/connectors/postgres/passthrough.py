@@ -3,7 +3,8 @@
 Three parts, one per side and one between them:
 
 - :func:`negotiate` (the sink, in prepare): the source's offer (``SourceInfo.native``) against
-  the target's columns: identical types (typmods may differ: PostgreSQL checks each value) agree
+  the target's columns: identical types (typmods may differ where PostgreSQL checks each value
+  without changing it; a narrower varchar(n) / char(n) takes the Arrow path, which checks lengths) agree
   on ``pgcopy-binary``; anything else says why and takes the Arrow path.
 - :func:`export` (the source, in the task): ``psql`` runs ``COPY (SELECT ...) TO STDOUT`` inside
   the job's snapshot with the source's credentials; the stream it yields raises the source's
@@ -39,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from conveyor.connectors.postgres.common import PgConnConfig, ident
-from conveyor.connectors.postgres.types import PgColumn
+from conveyor.connectors.postgres.types import PgColumn, text_length_limit
 from conveyor.core import NativeExport, NativeStream, cancel_requested
 from conveyor.errors import Cancelled, SchemaError, TransferError
 
@@ -111,6 +112,10 @@ def negotiate(native: NativeExport | None, pairs: Sequence[tuple[str, str]], tar
             same = same or (sc.typtype == "e" and t.typtype == "e" and sc.typname == t.typname)
             if not same:
                 why = f"column {s}: {sc.type_sql} -> {t.type_sql} differ"
+                break
+            if text_length_limit(sc, t) is not None:
+                why = (f"column {s}: {sc.type_sql} -> {t.type_sql}: each value's length is checked (PostgreSQL would cut "
+                       "a longer value's trailing spaces)")
                 break
     if why is None:
         differ = [f"{s} {src[s].type_sql} -> {t.type_sql}" for (s, _), t in zip(pairs, targets) if src[s].type_sql != t.type_sql]

@@ -378,7 +378,9 @@ class PostgresSink:
         if native is None:
             casts, writer, why, pgpq_types = writers.plan_arrow(self.config, self.config.writer, self.options.run_id, request.schema,
                                                                 pairs, self._qualified(write_table), self._where, tcols, forced)
-            load = dataclasses.replace(load, writer=writer, casts=casts, pgpq_types=pgpq_types)
+            lengths = writers.length_limits(pairs, passthrough.source_columns(request.info.native), tcols, forced)
+            load = dataclasses.replace(load, writer=writer, casts=casts, pgpq_types=pgpq_types,
+                                       lengths=lengths if any(n is not None for n in lengths) else ())
             if tree is not None and (writer != "pgpq" or None in casts):
                 why_not = f"the {writer} encoder ({why})" if writer != "pgpq" else "PostgreSQL casts a column (through a temp table)"
                 if self.config.routing == "leaves":
@@ -489,6 +491,9 @@ class PostgresSink:
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
         plan = self._into(plan, part)
+        if plan.own.lengths:  # varchar(n) / char(n) targets: each value's length, before PostgreSQL sees it
+            pairs = list(zip(plan.source_columns, plan.columns))
+            batches = writers.length_checked(batches, pairs, plan.own.lengths, plan.own.target_types, part.key)
         if plan.own.writer == "pgpq":
             return writers.write_pgpq(self.config, plan, part, batches)
         return writers.write_adbc(self.config, self.options.run_id, plan, part, batches)

@@ -213,3 +213,18 @@ def column_ddl(field: Any, source_col: PgColumn | None) -> str:
     if source_col is not None and source_col.typtype == "d" and source_col.base_sql:
         return source_col.base_sql
     return arrow_to_pg(field)
+
+
+def text_length_limit(source: PgColumn | None, target: PgColumn) -> int | None:
+    """n, for a ``varchar(n)`` / ``char(n)`` target that the source's own type does not bound to n
+    characters; None where no value can be longer than n.
+
+    PostgreSQL refuses a longer value, except one whose excess characters are all spaces: those it
+    cuts off without a word (``'abc  '`` into varchar(3) is stored as ``'abc'``). So such a column's
+    values are checked before they reach it (a char(m) source's values are read with their padding:
+    they count at m characters)."""
+    if target.typname not in ("varchar", "bpchar") or target.typmod < 0:
+        return None
+    if source is not None and source.typname in ("varchar", "bpchar") and 0 <= source.typmod <= target.typmod:
+        return None
+    return target.typmod - 4

@@ -17,7 +17,7 @@ from conveyor.arrowutil import CountingBatches
 from conveyor.casts import ColumnType
 from conveyor.connectors.postgres import commits
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, translate
-from conveyor.connectors.postgres.types import PgColumn, adbc_field
+from conveyor.connectors.postgres.types import PgColumn, adbc_field, text_length_limit
 from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, Partition, ReadCount, SinkPlan, WriteStats
 from conveyor.errors import ConveyorError, SchemaError, TransferError
 
@@ -52,6 +52,9 @@ class PgLoad:
     route: Any = None
     #: the Arrow bytes a routed partition holds before it COPYs every leaf's share (routing_buffer_mb)
     route_buffer: int = 64 << 20
+    #: per column: n where a varchar(n) / char(n) target needs each value's length checked
+    #: (types.text_length_limit), else None
+    lengths: tuple[int | None, ...] = ()
 
 
 def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str,
@@ -447,3 +450,34 @@ def _cast_batches(batches: Iterator[Any], pairs: Sequence[tuple[str, str]], cast
                                         hint="cast it in the source, or widen the target column") from None
             arrays.append(arr)
         yield pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+
+
+def length_limits(pairs: Sequence[tuple[str, str]], sources: dict[str, PgColumn], tcols: Sequence[PgColumn],
+                  forced: Sequence[str]) -> tuple[int | None, ...]:
+    """PgLoad.lengths: the varchar(n) / char(n) columns whose values are checked before the COPY (not
+    the ones ``sink.allow_cast`` hands to PostgreSQL's own cast)."""
+    return tuple(None if t in forced else text_length_limit(sources.get(s), col) for (s, t), col in zip(pairs, tcols))
+
+
+def length_checked(batches: Iterable[Any], pairs: Sequence[tuple[str, str]], lengths: Sequence[int | None],
+                   target_types: Sequence[str], key: str) -> Iterator[Any]:
+    """The batches, each string column bound for a varchar(n) / char(n) target checked first: a
+    value longer than n characters is refused by name (PostgreSQL would refuse it too, except one
+    whose excess is spaces, which it would cut off), one vectorized length per batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    checks = [(s, t, n, typ) for (s, t), n, typ in zip(pairs, lengths, target_types) if n is not None]
+    for batch in batches:
+        for s, t, n, typ in checks:
+            arr = _storage(batch.column(s))
+            if pa.types.is_dictionary(arr.type):
+                arr = arr.dictionary_decode()
+            if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+                continue  # judged in prepare (casts.py): only text reaches a text column
+            longest = pc.max(pc.utf8_length(arr)).as_py()
+            if longest is not None and longest > n:
+                raise TransferError(f"column {s} -> {t}: a value of {longest} characters does not fit {typ} "
+                                    f"(PostgreSQL would refuse it, or cut its trailing spaces without a word)", partition=key,
+                                    hint=f"widen {t} in the target, or shorten the values in the source (source.query)")
+        yield batch
