@@ -12,6 +12,7 @@ tasks in the driver's process (``runtime=local``).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -52,14 +53,27 @@ def qualified(schema: str, table: str) -> str:
     return f"{qident(schema)}.{qident(table)}"
 
 
+#: DuckDB's connect and close, one thread at a time in a process: each partition's write opens the
+#: file and closes it after its commit, and a close that shut the file's database down (its last
+#: connection) while another thread opened the same file failed that open ("Unique file handle
+#: conflict: ... already attached"; ~3% of opens with two threads here)
+_OPEN_CLOSE = threading.Lock()
+
+
 def _connect(database: str, read_only: bool = False) -> Any:
     import duckdb
 
     try:
-        return duckdb.connect(database, read_only=read_only)
+        with _OPEN_CLOSE:
+            return duckdb.connect(database, read_only=read_only)
     except duckdb.Error as exc:
         raise ConnectError(f"duckdb database {database!r}: {str(exc).splitlines()[0]}",
                            hint="check the path and that no other process holds it open for writing") from None
+
+
+def _close(con: Any) -> None:
+    with _OPEN_CLOSE:
+        con.close()
 
 
 @dataclass
@@ -141,7 +155,7 @@ class DuckDBSource(SqlSource):
         try:
             return self._execute(con, sql, params).fetchall()
         finally:
-            con.close()
+            _close(con)
 
     def describe(self) -> SourceInfo:
         con = self._con()
@@ -152,7 +166,7 @@ class DuckDBSource(SqlSource):
             if self.config.table:
                 rows = self._execute(con, f"SELECT count(*) FROM {qualified(self.config.schema, self.config.table)}").fetchone()[0]
         finally:
-            con.close()
+            _close(con)
         what = f"table {self.config.schema}.{self.config.table}" if self.config.table else "query"
         return SourceInfo(schema=schema, label=f"duckdb {what} in {self.config.database}", estimated_rows=rows)
 
@@ -173,7 +187,7 @@ class DuckDBSource(SqlSource):
             except Exception as exc:  # raised by DuckDB while it scans (a damaged file, a lost connection)
                 raise TransferError(f"duckdb source {part.key}: {str(exc).splitlines()[0]}", partition=part.key) from None
         finally:
-            con.close()
+            _close(con)
 
 
 @dataclass
@@ -271,7 +285,7 @@ class DuckDBSink(StagedSink):
         try:
             return state.committed(con, self.config.schema, self.options.load, self._name)
         finally:
-            con.close()
+            _close(con)
 
     def cursor_state(self, column: str) -> CursorState:
         """The cursor the last finished load committed into this target, and an unfinished run's window."""
@@ -279,7 +293,7 @@ class DuckDBSink(StagedSink):
         try:
             return state.cursor_state(con, self.config.schema, self._name, column)
         finally:
-            con.close()
+            _close(con)
 
     def _stage_name(self) -> str:
         return f"_conveyor_stage_{self.options.run_id}"
@@ -332,7 +346,7 @@ class DuckDBSink(StagedSink):
                                       "stopped half way from one that loaded nothing", key="sink.commit_markers")
                 state.record_pending(con, self.config.schema, self._name, request.window, self.options.load, mode)
         finally:
-            con.close()
+            _close(con)
         return SinkPlan(
             own=DuckPlan(merge, request.window),
             rows_before=before,
@@ -409,7 +423,7 @@ class DuckDBSink(StagedSink):
                     raise
                 raise TransferError(f"duckdb {plan.target}: {str(exc).splitlines()[0]}", partition=part.key) from None
         finally:
-            con.close()
+            _close(con)
         return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
 
     def count_rows(self, plan: SinkPlan) -> int:
@@ -417,7 +431,7 @@ class DuckDBSink(StagedSink):
         try:
             return int(con.execute(f"SELECT count(*) FROM {qualified(self.config.schema, plan.write_target)}").fetchone()[0])
         finally:
-            con.close()
+            _close(con)
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         own: DuckPlan = plan.own
@@ -460,7 +474,7 @@ class DuckDBSink(StagedSink):
             if own.window is not None:
                 state.clear_pending(con, self.config.schema, self._name, own.window.column, self.options.load)
         finally:
-            con.close()
+            _close(con)
 
     # StagedSink's finalize / abort, in DuckDB's spelling
 
@@ -491,11 +505,11 @@ class DuckDBSink(StagedSink):
             con.execute("ROLLBACK")
             raise
         finally:
-            con.close()
+            _close(con)
 
     def _drop(self, table: str) -> None:
         con = _connect(self.config.database)
         try:
             con.execute(f"DROP TABLE IF EXISTS {qualified(self.config.schema, table)}")
         finally:
-            con.close()
+            _close(con)
