@@ -6,8 +6,11 @@ On the main this started from there was no mysql connector: every test here fail
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, PlanningError, SchemaError, TransferError
@@ -325,3 +328,21 @@ def test_merge_keys_must_be_the_targets_only_unique_index(merge_target, tmp_path
     with pytest.raises(ConfigError, match="it has 2 unique indexes"):
         job({"type": "parquet", "path": str(src)}, _my(m, table="mt"), "files", load_mode="merge")
     assert not _leftovers(m)
+
+
+@pytest.mark.parametrize("bulk", ["insert", "load_data"])
+def test_trailing_spaces_past_a_varchar_length_are_refused_not_cut(mysql_server, tmp_path: Path, bulk: str) -> None:
+    """MySQL cuts a value's excess trailing spaces to fit varchar(n) / char(n) with only a note, in any
+    sql_mode: on main the insert path (DuckDB's mysql extension, which never shows the notes) stored
+    'abc  ' as 'abc' and the run verified (LOAD DATA's notes were already refused). Each value's length
+    is checked before MySQL sees it, on both paths; values that fit arrive as they were."""
+    m = mysql_server
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "v": ["ab ", "abc  "]}), tmp_path / "in" / "a.parquet")
+    m.execute("DROP TABLE IF EXISTS tl_my", "CREATE TABLE tl_my (id bigint, v varchar(3))")
+    with pytest.raises(TransferError, match=re.escape("column v -> v: a value of 5 characters does not fit varchar(3)")):
+        job({"type": "parquet", "path": str(tmp_path / "in")}, _my(m, table="tl_my", bulk=bulk), "files", load_mode="append")
+    assert m.execute("SELECT count(*) FROM tl_my")[0][0] == 0
+    pq.write_table(pa.table({"id": [1, 2], "v": ["ab ", "abc"]}), tmp_path / "in" / "a.parquet")
+    job({"type": "parquet", "path": str(tmp_path / "in")}, _my(m, table="tl_my", bulk=bulk), "files", load_mode="append")
+    assert m.execute("SELECT id, concat(v, '|') FROM tl_my ORDER BY id") == [(1, "ab |"), (2, "abc|")]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.arrowutil import CountingBatches
+from conveyor.arrowutil import CountingBatches, length_checked
 from conveyor.connectors import duckext, guard
 from conveyor.connectors import merge as merging
 from conveyor.connectors.merge import MergeOptions
@@ -55,6 +55,10 @@ class MyPlan:
     bulk: str
     once: commits.Once
     merge: merging.MergePlan | None = None
+    #: (source column, target column, n, type) of each varchar(n) / char(n) target column: each value's
+    #: length checked before MySQL sees it (MySQL cuts excess trailing spaces with only a note,
+    #: which the insert path never sees)
+    lengths: tuple[tuple[str, str, int, str], ...] = ()
 
 
 def arrow_to_mysql(f: Any) -> str:
@@ -199,6 +203,7 @@ class MySqlSink(StagedSink):
             if write_target != self.config.table:  # whose it is: a run that dies leaves it to the next one, or conveyor clean
                 commits.label_stage(self.config, write_target, self.options.run_id, self._marked_as())
             self._check_types(pairs, schema, write_target, where)
+            lengths = self._text_lengths(pairs, write_target)
             before = self._count(self.config.table) if mode == "append" and self.options.verify != "none" else 0
             bulk, reason = self._bulk()
         except BaseException:
@@ -208,8 +213,19 @@ class MySqlSink(StagedSink):
         once = commits.Once(self._marked_as(), self.options.load, self.config.commit_markers, self.options.run_id)
         return SinkPlan(rows_before=before, target=f"{self.config.where()}.{self.config.table}", write_target=write_target,
                         load_mode=mode, columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
-                        own=MyPlan(bulk, once, merge if mode == "merge" else None), path_reason=reason,
+                        own=MyPlan(bulk, once, merge if mode == "merge" else None, lengths), path_reason=reason,
                         checks_before_commit=mode == "append")
+
+    def _text_lengths(self, pairs: list[tuple[str, str]], table: str) -> tuple[tuple[str, str, int, str], ...]:
+        """MyPlan.lengths: the varchar(n) / char(n) columns of ``table`` the rows go into (not those
+        ``sink.allow_cast`` leaves to MySQL's own rules)."""
+        rows = self.config.run("SELECT column_name, character_maximum_length, column_type FROM information_schema.columns "
+                               f"WHERE table_schema = DATABASE() AND table_name = {MYSQL_DIALECT.literal(table)} "
+                               "AND data_type IN ('varchar', 'char')", doing="reading the target")
+        limits = {name.lower(): (int(n), typ) for name, n, typ in rows}
+        allowed = {c.lower() for c in self.config.allow_cast}
+        return tuple((s, t, *limits[t.lower()]) for s, t in pairs
+                     if t.lower() in limits and "*" not in allowed and t.lower() not in allowed)
 
     def _marked_as(self) -> str:
         """The target as its commit markers name it."""
@@ -282,6 +298,8 @@ class MySqlSink(StagedSink):
         done = attempt.committed_before()
         if done is not None:  # committed by an earlier attempt or run under this load id: nothing to write
             return done
+        if plan.own.lengths:  # varchar(n) / char(n) targets: each value's length, before MySQL sees it
+            batches = length_checked(batches, plan.own.lengths, part.key, "MySQL")
         try:
             if plan.own.bulk == "load_data":
                 return self._load_data(plan, part, batches, attempt)

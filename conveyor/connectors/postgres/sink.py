@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.arrowutil import length_checked
 from conveyor.casts import ColumnType, check_casts
 from conveyor.connectors import merge as merging
 from conveyor.connectors.merge import MergeOptions
@@ -492,8 +493,9 @@ class PostgresSink:
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
         plan = self._into(plan, part)
         if plan.own.lengths:  # varchar(n) / char(n) targets: each value's length, before PostgreSQL sees it
-            pairs = list(zip(plan.source_columns, plan.columns))
-            batches = writers.length_checked(batches, pairs, plan.own.lengths, plan.own.target_types, part.key)
+            checks = [(s, t, n, typ) for s, t, n, typ in zip(plan.source_columns, plan.columns, plan.own.lengths, plan.own.target_types)
+                      if n is not None]
+            batches = length_checked(batches, checks, part.key, "PostgreSQL")
         if plan.own.writer == "pgpq":
             return writers.write_pgpq(self.config, plan, part, batches)
         return writers.write_adbc(self.config, self.options.run_id, plan, part, batches)

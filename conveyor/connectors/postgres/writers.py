@@ -457,27 +457,3 @@ def length_limits(pairs: Sequence[tuple[str, str]], sources: dict[str, PgColumn]
     """PgLoad.lengths: the varchar(n) / char(n) columns whose values are checked before the COPY (not
     the ones ``sink.allow_cast`` hands to PostgreSQL's own cast)."""
     return tuple(None if t in forced else text_length_limit(sources.get(s), col) for (s, t), col in zip(pairs, tcols))
-
-
-def length_checked(batches: Iterable[Any], pairs: Sequence[tuple[str, str]], lengths: Sequence[int | None],
-                   target_types: Sequence[str], key: str) -> Iterator[Any]:
-    """The batches, each string column bound for a varchar(n) / char(n) target checked first: a
-    value longer than n characters is refused by name (PostgreSQL would refuse it too, except one
-    whose excess is spaces, which it would cut off), one vectorized length per batch."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    checks = [(s, t, n, typ) for (s, t), n, typ in zip(pairs, lengths, target_types) if n is not None]
-    for batch in batches:
-        for s, t, n, typ in checks:
-            arr = _storage(batch.column(s))
-            if pa.types.is_dictionary(arr.type):
-                arr = arr.dictionary_decode()
-            if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-                continue  # judged in prepare (casts.py): only text reaches a text column
-            longest = pc.max(pc.utf8_length(arr)).as_py()
-            if longest is not None and longest > n:
-                raise TransferError(f"column {s} -> {t}: a value of {longest} characters does not fit {typ} "
-                                    f"(PostgreSQL would refuse it, or cut its trailing spaces without a word)", partition=key,
-                                    hint=f"widen {t} in the target, or shorten the values in the source (source.query)")
-        yield batch
