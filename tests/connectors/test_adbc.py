@@ -185,3 +185,25 @@ def test_an_unknown_distribute_key_is_refused_by_name_in_every_sql_source(sqlite
             source.key_stats("nope")
         assert err.value.hint.startswith("columns are: id")
         assert source.key_stats("id").kind == "integer"
+
+
+def test_a_value_longer_than_a_varchar_n_target_is_refused_not_cut(pg_target, tmp_path: Path) -> None:
+    """Through ADBC's PostgreSQL driver too: PostgreSQL cuts a value's excess trailing spaces to fit
+    varchar(n) without an error, so on main 'abc  ' arrived as 'abc'; the driver names the column's
+    type and length, and each value's length is checked before the database sees it."""
+    import pyarrow as pa
+
+    from conveyor.errors import TransferError
+    from tests.helpers import PG_PASSWORD, pg_exec
+
+    pg_exec(pg_target, "DROP TABLE IF EXISTS adbc_len", "CREATE TABLE adbc_len (id bigint, v varchar(3))")
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "v": ["ab ", "abc  "]}), src)
+    sink = {"type": "adbc", "driver": "postgresql", "table": "adbc_len",
+            "uri": f"postgresql://postgres:{PG_PASSWORD}@127.0.0.1:{pg_target.port}/postgres"}
+    with pytest.raises(TransferError, match=r"column v -> v: a value of 5 characters does not fit character varying\(3\)"):
+        job({"type": "parquet", "path": str(src)}, sink, load_mode="append")
+    assert pg_exec(pg_target, "SELECT count(*) FROM adbc_len") == [(0,)]
+    pq.write_table(pa.table({"id": [1, 2], "v": ["ab ", "abc"]}), src)
+    job({"type": "parquet", "path": str(src)}, sink, load_mode="append")
+    assert pg_exec(pg_target, "SELECT id, v FROM adbc_len ORDER BY id") == [(1, "ab "), (2, "abc")]

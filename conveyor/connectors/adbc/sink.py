@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from conveyor.arrowutil import CountingBatches
+from conveyor.arrowutil import CountingBatches, length_checked
 from conveyor.connectors.adbc.common import AdbcBase, AdbcSinkConfig, qident
 from conveyor.connectors.staged import StagedSink, check_mode
 from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, WriteStats
@@ -71,6 +71,7 @@ class AdbcSink(AdbcBase, StagedSink):
         import pyarrow as pa
 
         mode, schema = self.options.load_mode, self._writable(request.schema)
+        lengths: tuple[tuple[str, str, int, str], ...] = ()
         where = f"{self._where()} table {self.config.table}"
         target = self._target_columns()
         stage = f"_conveyor_stage_{self.options.run_id}"
@@ -89,6 +90,7 @@ class AdbcSink(AdbcBase, StagedSink):
                 # int32 into a bigint column must be an int64 first (checked value by value)
                 to = {s: tschema.field(t).type for s, t in pairs if _castable(schema.field(s).type, tschema.field(t).type)}
                 schema = pa.schema([f.with_type(to[f.name]) if f.name in to else f for f in schema])
+                lengths = self._text_lengths(pairs, tschema)
         write_table = self.config.table
         if mode != "append":
             out_schema = pa.schema([pa.field(t, schema.field(s).type) for s, t in pairs])
@@ -101,8 +103,25 @@ class AdbcSink(AdbcBase, StagedSink):
         return SinkPlan(
             rows_before=before,
             target=f"{self._where()} {self.config.table}", write_target=write_table, load_mode=mode,
-            columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
-        )  # batches are conformed (cast) to ``schema`` on their way in
+            columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema, own=lengths,
+        )  # batches are conformed (cast) to ``schema`` on their way in; ``own``: the lengths to check
+
+    def _text_lengths(self, pairs: list[tuple[str, str]], tschema: Any) -> tuple[tuple[str, str, int, str], ...]:
+        """(source, target, n, type) of each varchar(n) / char(n) target column where the driver names
+        PostgreSQL's types (its field metadata; the lengths come from information_schema): PostgreSQL
+        cuts a longer value's excess trailing spaces without an error, so each value's length is
+        checked first (not for columns in ``allow_cast``)."""
+        allowed = set(self.config.allow_cast)
+        texts = [(s, t) for s, t in pairs if _column_type(tschema.field(t)).db in ("varchar", "bpchar")
+                 and t not in allowed and "*" not in allowed]
+        if not texts:
+            return ()
+        schema = "current_schema()" if not self.config.db_schema else "'" + self.config.db_schema.replace("'", "''") + "'"
+        rows = self._run("SELECT column_name, character_maximum_length, data_type FROM information_schema.columns "
+                         f"WHERE table_schema = {schema} AND table_name = '{self.config.table.replace(chr(39), chr(39) * 2)}' "
+                         "AND character_maximum_length IS NOT NULL", doing="reading the target's column lengths")
+        limits = {name: (int(n), f"{typ}({n})") for name, n, typ in rows}
+        return tuple((s, t, *limits[t]) for s, t in texts if t in limits)
 
     def _sql_step(self, sql: str, mode: str) -> None:
         try:
@@ -115,6 +134,9 @@ class AdbcSink(AdbcBase, StagedSink):
 
         start = time.perf_counter()
         out_schema = pa.schema([pa.field(t, plan.schema.field(s).type) for s, t in zip(plan.source_columns, plan.columns)])
+
+        if plan.own:  # varchar(n) / char(n) targets: each value's length, before the database sees it
+            batches = length_checked(batches, plan.own, part.key, self.config.driver)
 
         def renamed() -> Iterator[Any]:
             for batch in CountingBatches(batches, plan.schema):
