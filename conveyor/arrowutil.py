@@ -114,7 +114,7 @@ def length_checked(batches: Iterable[pa.RecordBatch], checks: Sequence[tuple[str
                 continue  # judged in prepare (casts.py): only text reaches a text column
             longest = pc.max(pc.utf8_length(arr)).as_py()
             if longest is not None and longest > n:
-                raise TransferError(f"column {s} -> {t}: a value of {longest} characters does not fit {shown} "
+                raise TransferError(f"writing {key}: column {s} -> {t}: a value of {longest} characters is too long for {shown} "
                                     f"({database} would refuse it, or cut its trailing spaces without a word)", partition=key,
                                     hint=f"widen {t} in the target, or shorten the values in the source (source.query)")
         yield batch

@@ -201,7 +201,7 @@ def test_a_value_longer_than_a_varchar_n_target_is_refused_not_cut(pg_target, tm
     pq.write_table(pa.table({"id": [1, 2], "v": ["ab ", "abc  "]}), src)
     sink = {"type": "adbc", "driver": "postgresql", "table": "adbc_len",
             "uri": f"postgresql://postgres:{PG_PASSWORD}@127.0.0.1:{pg_target.port}/postgres"}
-    with pytest.raises(TransferError, match=r"column v -> v: a value of 5 characters does not fit character varying\(3\)"):
+    with pytest.raises(TransferError, match=r"column v -> v: a value of 5 characters is too long for character varying\(3\)"):
         job({"type": "parquet", "path": str(src)}, sink, load_mode="append")
     assert pg_exec(pg_target, "SELECT count(*) FROM adbc_len") == [(0,)]
     pq.write_table(pa.table({"id": [1, 2], "v": ["ab ", "abc"]}), src)

@@ -340,7 +340,7 @@ def test_trailing_spaces_past_a_varchar_length_are_refused_not_cut(mysql_server,
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"id": [1, 2], "v": ["ab ", "abc  "]}), tmp_path / "in" / "a.parquet")
     m.execute("DROP TABLE IF EXISTS tl_my", "CREATE TABLE tl_my (id bigint, v varchar(3))")
-    with pytest.raises(TransferError, match=re.escape("column v -> v: a value of 5 characters does not fit varchar(3)")):
+    with pytest.raises(TransferError, match=re.escape("column v -> v: a value of 5 characters is too long for varchar(3)")):
         job({"type": "parquet", "path": str(tmp_path / "in")}, _my(m, table="tl_my", bulk=bulk), "files", load_mode="append")
     assert m.execute("SELECT count(*) FROM tl_my")[0][0] == 0
     pq.write_table(pa.table({"id": [1, 2], "v": ["ab ", "abc"]}), tmp_path / "in" / "a.parquet")

@@ -34,7 +34,7 @@ def _tables(src, dst, values: str, target_type: str = "varchar(3)") -> tuple[dic
 @pytest.mark.parametrize("target_type, shown", [("varchar(3)", "character varying(3)"), ("char(3)", "character(3)")])
 def test_trailing_spaces_past_the_length_are_refused_not_cut(pg_source, pg_target, copy_path: str, target_type: str, shown: str) -> None:
     src, dst = _tables(pg_source, pg_target, "(1, 'abc  '), (2, 'xy')", target_type)
-    with pytest.raises(TransferError, match=re.escape(f"column v -> v: a value of 5 characters does not fit {shown}")):
+    with pytest.raises(TransferError, match=re.escape(f"column v -> v: a value of 5 characters is too long for {shown}")):
         job(src, {**dst, "copy_path": copy_path}, load_mode="append")
     assert pg_exec(pg_target, "SELECT count(*) FROM tl_dst") == [(0,)]  # the one partition rolled back
 
@@ -67,7 +67,7 @@ def test_a_parquet_string_into_varchar_n_is_checked_too(pg_target, tmp_path) -> 
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"id": [1, 2], "v": ["ok", "toolong   "]}), tmp_path / "in" / "a.parquet")
     pg_exec(pg_target, "DROP TABLE IF EXISTS tl_pq", "CREATE TABLE tl_pq (id bigint, v varchar(7))")
-    with pytest.raises(TransferError, match=r"column v -> v: a value of 10 characters does not fit character varying\(7\)"):
+    with pytest.raises(TransferError, match=r"column v -> v: a value of 10 characters is too long for character varying\(7\)"):
         job({"type": "parquet", "path": str(tmp_path / "in")}, {"type": "postgres", "port": pg_target.port, "table": "tl_pq"},
             "files", load_mode="append")
     assert pg_exec(pg_target, "SELECT count(*) FROM tl_pq") == [(0,)]
