@@ -379,9 +379,8 @@ class PostgresSink:
         if native is None:
             casts, writer, why, pgpq_types = writers.plan_arrow(self.config, self.config.writer, self.options.run_id, request.schema,
                                                                 pairs, self._qualified(write_table), self._where, tcols, forced)
-            lengths = writers.length_limits(pairs, passthrough.source_columns(request.info.native), tcols, forced)
             load = dataclasses.replace(load, writer=writer, casts=casts, pgpq_types=pgpq_types,
-                                       lengths=lengths if any(n is not None for n in lengths) else ())
+                                       lengths=writers.length_limits(pairs, passthrough.source_columns(request.info.native), tcols, forced))
             if tree is not None and (writer != "pgpq" or None in casts):
                 why_not = f"the {writer} encoder ({why})" if writer != "pgpq" else "PostgreSQL casts a column (through a temp table)"
                 if self.config.routing == "leaves":
@@ -493,9 +492,7 @@ class PostgresSink:
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
         plan = self._into(plan, part)
         if plan.own.lengths:  # varchar(n) / char(n) targets: each value's length, before PostgreSQL sees it
-            checks = [(s, t, n, typ) for s, t, n, typ in zip(plan.source_columns, plan.columns, plan.own.lengths, plan.own.target_types)
-                      if n is not None]
-            batches = length_checked(batches, checks, part.key, "PostgreSQL")
+            batches = length_checked(batches, plan.own.lengths, part.key, "PostgreSQL")
         if plan.own.writer == "pgpq":
             return writers.write_pgpq(self.config, plan, part, batches)
         return writers.write_adbc(self.config, self.options.run_id, plan, part, batches)

@@ -52,9 +52,9 @@ class PgLoad:
     route: Any = None
     #: the Arrow bytes a routed partition holds before it COPYs every leaf's share (routing_buffer_mb)
     route_buffer: int = 64 << 20
-    #: per column: n where a varchar(n) / char(n) target needs each value's length checked
-    #: (types.text_length_limit), else None
-    lengths: tuple[int | None, ...] = ()
+    #: (source column, target column, n, target type) of each varchar(n) / char(n) column whose
+    #: values' lengths are checked before the COPY (types.text_length_limit; arrowutil.length_checked)
+    lengths: tuple[tuple[str, str, int, str], ...] = ()
 
 
 def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str,
@@ -453,7 +453,8 @@ def _cast_batches(batches: Iterator[Any], pairs: Sequence[tuple[str, str]], cast
 
 
 def length_limits(pairs: Sequence[tuple[str, str]], sources: dict[str, PgColumn], tcols: Sequence[PgColumn],
-                  forced: Sequence[str]) -> tuple[int | None, ...]:
+                  forced: Sequence[str]) -> tuple[tuple[str, str, int, str], ...]:
     """PgLoad.lengths: the varchar(n) / char(n) columns whose values are checked before the COPY (not
     the ones ``sink.allow_cast`` hands to PostgreSQL's own cast)."""
-    return tuple(None if t in forced else text_length_limit(sources.get(s), col) for (s, t), col in zip(pairs, tcols))
+    limits = [(s, t, text_length_limit(sources.get(s), col), col.type_sql) for (s, t), col in zip(pairs, tcols) if t not in forced]
+    return tuple((s, t, n, typ) for s, t, n, typ in limits if n is not None)
