@@ -116,10 +116,10 @@ class AdbcSink(AdbcBase, StagedSink):
                  and t not in allowed and "*" not in allowed]
         if not texts:
             return ()
-        schema = "current_schema()" if not self.config.db_schema else "'" + self.config.db_schema.replace("'", "''") + "'"
         rows = self._run("SELECT column_name, character_maximum_length, data_type FROM information_schema.columns "
-                         f"WHERE table_schema = {schema} AND table_name = '{self.config.table.replace(chr(39), chr(39) * 2)}' "
-                         "AND character_maximum_length IS NOT NULL", doing="reading the target's column lengths")
+                         "WHERE table_schema = coalesce($1, current_schema()) AND table_name = $2 "
+                         "AND character_maximum_length IS NOT NULL", [self.config.db_schema, self.config.table],
+                         doing="reading the target's column lengths")  # PostgreSQL's driver: $n parameters
         limits = {name: (int(n), f"{typ}({n})") for name, n, typ in rows}
         return tuple((s, t, *limits[t]) for s, t in texts if t in limits)
 
