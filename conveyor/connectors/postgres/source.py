@@ -544,15 +544,19 @@ class PostgresSource(SqlSource):
         Seq Scan). It sees only the rows the job reads, whatever order the planner gives the
         conditions: outside the incremental window the CASE stops before any comparison (a
         partition's bounds need no such guard: every row is some partition's); a query's own filters
-        are fenced off (OFFSET 0: a projection again, as the flags cost)."""
+        are fenced off (OFFSET 0: a projection again, as the flags cost). Only the branch that met a
+        NaN casts text to int (its text holds the column's value, so the planner cannot fold it
+        ahead): a CASE of text cast for every row cost the server 0.09 CPU-s more of the check's
+        ~0.6 s on lineitem, SF1 (4 numeric columns, 4 alternating runs of its count)."""
         if not numerics:
             return self.select_sql(part)
-        whens = " ".join(f"WHEN {ident(c.name)} = 'NaN' THEN '{_NAN_MARK}{i}'" for i, c in enumerate(numerics))
+        whens = " ".join(f"WHEN {ident(c.name)} = 'NaN' THEN ('{_NAN_MARK}{i}' || {ident(c.name)})::int"
+                         for i, c in enumerate(numerics))
         if not self.config.table:
-            return f"SELECT * FROM ({self.select_sql(part)} OFFSET 0) AS _conveyor_rows WHERE (CASE {whens} ELSE '0' END)::int <> 1"
+            return f"SELECT * FROM ({self.select_sql(part)} OFFSET 0) AS _conveyor_rows WHERE (CASE {whens} ELSE 0 END) <> 1"
         window = self._window_sql()
-        guard = f"WHEN ({window}) IS NOT TRUE THEN '0' " if window else ""
-        check = f"(CASE {guard}{whens} ELSE '0' END)::int <> 1"
+        guard = f"WHEN ({window}) IS NOT TRUE THEN 0 " if window else ""
+        check = f"(CASE {guard}{whens} ELSE 0 END) <> 1"
         where = self.where(part).removeprefix(" WHERE ")
         return f"SELECT {self._select_list()} FROM {self._from()} WHERE " + (f"({where}) AND {check}" if where else check)
 
