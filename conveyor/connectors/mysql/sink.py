@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -103,23 +102,20 @@ class _Rows:
         return cur
 
 
-def _drain(fifo: str, writer: threading.Thread) -> None:
-    """A pipe's writer still running (the server stopped reading, or never began): read the pipe empty,
-    so the writer's open() and writes return and it ends (bounded: 30 s)."""
+def _drain(fd: int, writer: threading.Thread) -> None:
+    """A pipe's writer still running (the server stopped reading, or never began): read the pipe empty
+    through ``fd``, its read end, so the writer's writes return and it ends (bounded: 30 s)."""
     if not writer.is_alive():
         return
     with contextlib.suppress(OSError):
-        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            deadline = time.monotonic() + 30
-            while writer.is_alive() and time.monotonic() < deadline:
-                try:
-                    if not os.read(fd, 1 << 20):
-                        time.sleep(0.01)
-                except BlockingIOError:
+        os.set_blocking(fd, False)
+        deadline = time.monotonic() + 30
+        while writer.is_alive() and time.monotonic() < deadline:
+            try:
+                if not os.read(fd, 1 << 20):
                     time.sleep(0.01)
-        finally:
-            os.close(fd)
+            except BlockingIOError:
+                time.sleep(0.01)
     writer.join(timeout=5)
 
 
@@ -311,7 +307,12 @@ class MySqlSink(StagedSink):
             raise outcome from None
 
     def _load_data(self, plan: SinkPlan, part: Partition, batches: Iterable[Any], attempt: commits.Attempt) -> WriteStats:
-        """LOAD DATA LOCAL INFILE in one transaction, fed through a named pipe by DuckDB's CSV writer.
+        """LOAD DATA LOCAL INFILE in one transaction, fed through a pipe by DuckDB's CSV writer.
+
+        The pipe has no name on disk: DuckDB writes to ``/dev/fd/<its write end>`` and the client
+        reads ``/dev/fd/<its read end>``, both this process's. A named pipe in a temporary folder
+        was left behind by a process killed mid-load (SIGKILL, the OOM killer): one per partition
+        in flight, never removed.
 
         Every non-NULL field is quoted (a bare NULL is NULL; ``ESCAPED BY ''``: no backslash rules),
         bytes travel as hex (UNHEX on the server), bools as 0/1, timestamps with a time zone as UTC. LOAD
@@ -322,9 +323,6 @@ class MySqlSink(StagedSink):
         start = time.perf_counter()
         counted = CountingBatches(batches, plan.schema)
         reader = pa.RecordBatchReader.from_batches(plan.schema, counted)
-        folder = tempfile.mkdtemp(prefix="conveyor-mysql-")
-        fifo = os.path.join(folder, "rows.csv")
-        os.mkfifo(fifo, 0o600)
         exprs, targets, sets = [], [], []
         for i, (src, tgt) in enumerate(zip(plan.source_columns, plan.columns)):
             typ, q = plan.schema.field(src).type, _dq(src)
@@ -349,25 +347,34 @@ class MySqlSink(StagedSink):
 
         def produce() -> None:
             try:
-                duck.execute(f"COPY (SELECT {', '.join(exprs)} FROM __conveyor_batches) TO {duckext.quote(fifo)} "
+                duck.execute(f"COPY (SELECT {', '.join(exprs)} FROM __conveyor_batches) TO {duckext.quote(f'/dev/fd/{write_end}')} "
                              "(FORMAT csv, HEADER false, DELIMITER ',', QUOTE '\"', ESCAPE '\"', NULLSTR 'NULL', FORCE_QUOTE *, "
                              "NEW_LINE '\n')")
             except BaseException as exc:  # reported by the loading side
                 failed.append(exc)
+            finally:  # DuckDB closed its own; the reader sees the end once this one is closed too
+                os.close(write_end)
 
+        read_end, write_end = os.pipe()
         writer = threading.Thread(target=produce, name="conveyor-mysql-csv", daemon=True)
-        writer.start()
+        try:
+            writer.start()
+        except BaseException:
+            for fd in (read_end, write_end):
+                os.close(fd)
+            duck.close()
+            raise
         con = None
         try:
             con = self.config.connect(autocommit=False, partition=part.key, local_infile=True)
-            sql = (f"LOAD DATA LOCAL INFILE '{fifo}' INTO TABLE {self._qualified(plan.write_target)} "
+            sql = (f"LOAD DATA LOCAL INFILE '/dev/fd/{read_end}' INTO TABLE {self._qualified(plan.write_target)} "
                    "CHARACTER SET utf8mb4 FIELDS TERMINATED BY ',' ENCLOSED BY '\"' ESCAPED BY '' LINES TERMINATED BY '\n' "
                    f"({', '.join(targets)})" + (f" SET {', '.join(sets)}" if sets else ""))
             with con.cursor() as cur:
                 try:
                     loaded = cur.execute(sql)
                 except Exception as exc:
-                    _drain(fifo, writer)
+                    _drain(read_end, writer)
                     if counted.error is not None:
                         raise counted.error from None
                     raise self.config.translate(exc, f"writing {part.key}", part.key) from None
@@ -399,15 +406,13 @@ class MySqlSink(StagedSink):
                     con.rollback()
             raise
         finally:
-            _drain(fifo, writer)
+            _drain(read_end, writer)
             if con is not None:
                 with contextlib.suppress(Exception):
                     con.close()
             with contextlib.suppress(Exception):
                 duck.close()
-            with contextlib.suppress(OSError):
-                os.unlink(fifo)
-                os.rmdir(folder)
+            os.close(read_end)
         return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
 
     def _insert(self, plan: SinkPlan, part: Partition, batches: Iterable[Any], attempt: commits.Attempt) -> WriteStats:
