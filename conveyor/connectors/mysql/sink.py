@@ -119,6 +119,11 @@ def _drain(fd: int, writer: threading.Thread) -> None:
     writer.join(timeout=5)
 
 
+def _fd_path(fd: int) -> str:
+    """A path that opens this process's file descriptor ``fd`` (a pipe's end: it has no name of its own)."""
+    return f"/dev/fd/{fd}" if os.path.isdir("/dev/fd") else f"/proc/self/fd/{fd}"
+
+
 def _dq(name: str) -> str:
     """A DuckDB identifier."""
     return '"' + name.replace('"', '""') + '"'
@@ -347,7 +352,7 @@ class MySqlSink(StagedSink):
 
         def produce() -> None:
             try:
-                duck.execute(f"COPY (SELECT {', '.join(exprs)} FROM __conveyor_batches) TO {duckext.quote(f'/dev/fd/{write_end}')} "
+                duck.execute(f"COPY (SELECT {', '.join(exprs)} FROM __conveyor_batches) TO {duckext.quote(_fd_path(write_end))} "
                              "(FORMAT csv, HEADER false, DELIMITER ',', QUOTE '\"', ESCAPE '\"', NULLSTR 'NULL', FORCE_QUOTE *, "
                              "NEW_LINE '\n')")
             except BaseException as exc:  # reported by the loading side
@@ -367,7 +372,7 @@ class MySqlSink(StagedSink):
         con = None
         try:
             con = self.config.connect(autocommit=False, partition=part.key, local_infile=True)
-            sql = (f"LOAD DATA LOCAL INFILE '/dev/fd/{read_end}' INTO TABLE {self._qualified(plan.write_target)} "
+            sql = (f"LOAD DATA LOCAL INFILE '{_fd_path(read_end)}' INTO TABLE {self._qualified(plan.write_target)} "
                    "CHARACTER SET utf8mb4 FIELDS TERMINATED BY ',' ENCLOSED BY '\"' ESCAPED BY '' LINES TERMINATED BY '\n' "
                    f"({', '.join(targets)})" + (f" SET {', '.join(sets)}" if sets else ""))
             with con.cursor() as cur:
