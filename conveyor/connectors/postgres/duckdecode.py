@@ -131,6 +131,21 @@ _INFINITIES = {"date": ((2**31 - 1, -2147472692), (-(2**31 - 1), -2147472691)),
                "timestamp": ((2**63 - 1, -9222425352054775809), (-(2**63 - 1), -9222425352054775808))}
 
 
+def in_range(typname: str, arr: Any, low: int) -> bool:
+    """Whether a date/timestamp column holds neither of DuckDB's infinity sentinels nor a value
+    below ``low`` (what Arrow's dates cannot hold): one pass (min_max) where the checks below take
+    five, on every date and timestamp column of every batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = "date" if typname == "date" else "timestamp"
+    ints = arr.view(pa.int32() if kind == "date" else pa.int64())
+    (pos, _), _ = _INFINITIES[kind]
+    mm = pc.min_max(ints)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    return lo is None or (lo >= low and hi < pos)  # lo >= low > the negative sentinel
+
+
 def as_adbc_infinity(typname: str, arr: Any) -> Any:
     """Date/timestamp column with DuckDB's infinity sentinels turned into ADBC's encodings."""
     import pyarrow as pa

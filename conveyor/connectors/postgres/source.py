@@ -502,7 +502,9 @@ class PostgresSource(SqlSource):
                     arrays = []
                     for col, arr, field in zip(self.columns, batch.columns, self.schema):
                         if col.typname in _OUT_OF_RANGE and not col.elem and col.native:
-                            arr = self._special(col, duckdecode.as_adbc_infinity(col.typname, arr.cast(field.type)), part.key)
+                            arr = arr.cast(field.type)
+                            if not duckdecode.in_range(col.typname, arr, _OUT_OF_RANGE[col.typname][0]):
+                                arr = self._special(col, duckdecode.as_adbc_infinity(col.typname, arr), part.key)
                         if arr.type != field.type:
                             arr = arr.cast(field.type)  # same values (tz name, int width): safe casts, refused if not
                         arrays.append(arr)

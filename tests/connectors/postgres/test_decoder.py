@@ -324,3 +324,23 @@ def test_partitions_that_start_together_share_one_duckdb(matrix, monkeypatch) ->
             t.join(timeout=60)
     assert not errors and rows == [4, 4]
     assert len(made) == 1
+
+
+def test_the_one_pass_range_check_sends_every_special_date_and_timestamp_to_the_full_checks() -> None:
+    """duckdecode.in_range (one min_max per column and batch) decides whether a batch skips the
+    sentinel and Arrow-range checks: it must say no for DuckDB's infinity sentinels and for values
+    below Arrow's range, yes for ordinary and all-NULL columns."""
+    from conveyor.connectors.postgres.source import _OUT_OF_RANGE
+
+    low_d, low_ts = _OUT_OF_RANGE["date"][0], _OUT_OF_RANGE["timestamp"][0]
+    dates = lambda *v: pa.array(v, pa.int32()).view(pa.date32())  # noqa: E731
+    stamps = lambda *v: pa.array(v, pa.int64()).view(pa.timestamp("us"))  # noqa: E731
+    assert duckdecode.in_range("date", dates(0, 19000, None, low_d), low_d)
+    assert duckdecode.in_range("date", dates(None, None), low_d)
+    assert not duckdecode.in_range("date", dates(0, 2**31 - 1), low_d)  # DuckDB's infinity
+    assert not duckdecode.in_range("date", dates(-(2**31 - 1), 0), low_d)  # and -infinity
+    assert not duckdecode.in_range("date", dates(0, low_d - 1), low_d)  # before 4714-11-24 BC
+    assert duckdecode.in_range("timestamp", stamps(0, 2**62, low_ts), low_ts)
+    assert not duckdecode.in_range("timestamp", stamps(0, 2**63 - 1), low_ts)
+    assert not duckdecode.in_range("timestamptz", stamps(-(2**63 - 1)), low_ts)
+    assert not duckdecode.in_range("timestamp", stamps(low_ts - 1, None), low_ts)
