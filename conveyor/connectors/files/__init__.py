@@ -7,9 +7,19 @@ and renamed when whole, so a failed partition leaves no file behind. ``truncate`
 only when every partition succeeded.
 """
 
-from conveyor.connectors.files.sinks import CsvSink, CsvSinkConfig, FileSinkConfig, ParquetSink, ParquetSinkConfig
-from conveyor.connectors.files.sources import CsvSource, CsvSourceConfig, FileSourceConfig, ParquetSource
+from typing import TYPE_CHECKING
 
+from conveyor.registry import lazy_exports
+
+if TYPE_CHECKING:
+    from conveyor.connectors.files.sinks import CsvSink, CsvSinkConfig, FileSinkConfig, ParquetSink, ParquetSinkConfig
+    from conveyor.connectors.files.sources import CsvSource, CsvSourceConfig, FileSourceConfig, ParquetSource
+
+__getattr__ = lazy_exports(
+    __name__,
+    sinks=("CsvSink", "CsvSinkConfig", "FileSinkConfig", "ParquetSink", "ParquetSinkConfig"),
+    sources=("CsvSource", "CsvSourceConfig", "FileSourceConfig", "ParquetSource"),
+)
 __all__ = [
     "CsvSink", "CsvSinkConfig", "CsvSource", "CsvSourceConfig", "FileSinkConfig", "FileSourceConfig",
     "ParquetSink", "ParquetSinkConfig", "ParquetSource",

@@ -6,7 +6,13 @@ exactly and what is consistent). ``sink``: LOAD DATA LOCAL INFILE (or INSERTs), 
 transaction per partition. ``commits``: exactly once (commit markers, the driver's guard).
 """
 
-from conveyor.connectors.mysql.sink import MySqlSink, MySqlSinkConfig
-from conveyor.connectors.mysql.source import MySqlSource, MySqlSourceConfig
+from typing import TYPE_CHECKING
 
+from conveyor.registry import lazy_exports
+
+if TYPE_CHECKING:
+    from conveyor.connectors.mysql.sink import MySqlSink, MySqlSinkConfig
+    from conveyor.connectors.mysql.source import MySqlSource, MySqlSourceConfig
+
+__getattr__ = lazy_exports(__name__, sink=("MySqlSink", "MySqlSinkConfig"), source=("MySqlSource", "MySqlSourceConfig"))
 __all__ = ["MySqlSink", "MySqlSinkConfig", "MySqlSource", "MySqlSourceConfig"]
