@@ -11,10 +11,11 @@ At most ``degree`` tasks run at once; a negative degree is a fraction of the clu
 Failures: a task whose worker process dies is retried by Ray (``max_retries``); a retriable
 error (dropped connection, server restart, deadlock) is retried inside the task with backoff.
 Since the sink writes each partition in one transaction, a retry neither duplicates nor loses
-rows. A fatal error cancels the running tasks (their processes end, their open transactions
-roll back) and fails the job: the killed partitions are reported cancelled, even when their
-task reported the failure the kill caused first (psql killed with its worker), and the job's
-error is the partition that stopped it.
+rows. A fatal error or a Ctrl-C asks the running tasks to stop (each rolls back at its next
+batch, as the local runtime's threads do, and reports itself cancelled); the workers of those
+that have not stopped after ``stop_wait`` seconds are killed (their open transactions roll back),
+and the killed partitions are reported cancelled, even when their task reported the failure the
+kill caused first (psql killed with its worker). The job's error is the partition that stopped it.
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.core import JobOptions, NullProgress, Progress, Task, TaskResult, cancel_requested, sink_capabilities
+from conveyor.core import JobOptions, NullProgress, Progress, Task, TaskResult, cancel_requested, request_cancel, reset_cancel, sink_capabilities
 from conveyor.errors import ConfigError, ConnectError, TransferError, first_line
 from conveyor.log import note, say, warn
 from conveyor.runtime.reaper import Reaper
-from conveyor.runtime.task import not_run, retries_allowed, run_task, stopped
+from conveyor.runtime.task import asked, not_run, retries_allowed, run_task, stopped
 
 # seconds a stopping run waits for killed tasks to be confirmed before it reports them as stopped
 _STOP_SECONDS = 10.0
+# seconds between a task's looks for the run's stop signal
+_STOP_POLL = 0.2
 
 
 @dataclass
@@ -76,6 +79,10 @@ class RayRuntimeConfig:
     #: the same cores and costs seconds to start and stop, more than it can save on a job of about a
     #: minute. A source of unknown size starts the instance. 0: always start it
     in_driver_max_bytes: int = 8 * 1024**3
+    #: seconds a stopping run (Ctrl-C, SIGTERM, a failed partition) gives its running tasks to stop
+    #: themselves: each rolls back at its next batch or before its commit, as the local runtime's
+    #: threads do; the workers of those still running then are killed (their transactions roll back)
+    stop_wait: float = 10.0
 
 
 #: the driver's disconnect from a joined cluster, running in the background (None: none begun)
@@ -111,14 +118,60 @@ def _disconnected() -> None:
         thread.join()
 
 
-def _remote_run(task: Task, max_retries: int, prefetch: int, collector: str | None, env: dict[str, str] | None = None) -> TaskResult:
+def _remote_run(task: Task, max_retries: int, prefetch: int, collector: str | None, env: dict[str, str] | None = None,
+                stop: str | None = None) -> TaskResult:
     """Runs on a Ray worker: the same task code as the local runtime, progress sent to the run's
     collector actor, named ``collector``, once the driver has made it (or nowhere, when nobody
-    watches), with the forwarded environment set while it runs."""
+    watches), with the forwarded environment set while it runs. Once an actor named ``stop`` exists
+    (the driver makes it when the run stops), the task is cancelled as the local runtime's are: it
+    rolls back at its next batch and returns a cancelled result (:func:`_watch_for_stop`)."""
     from unittest import mock  # the standard library's way to set and restore os.environ
 
-    with mock.patch.dict(os.environ, env or {}):
+    with mock.patch.dict(os.environ, env or {}), _watch_for_stop(stop):
         return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries, prefetch=prefetch)
+
+
+@contextlib.contextmanager
+def _watch_for_stop(stop: str | None) -> Iterator[None]:
+    """While the block runs, a thread looks every ``_STOP_POLL`` s for the actor named ``stop`` and,
+    once it is there, asks this worker's task to stop (``request_cancel``: the flag the task checks
+    at each batch, and the connectors' guards wait on). The driver stops a run this way, not with
+    ``ray.cancel``: a cancel that meets a task's completion on its way back fails a check in Ray's
+    core worker, which ends the driver process (``Check failed: it != submissible_tasks_.end()
+    Tried to complete task that was not pending``, Ray 2.60; seen here on a Ctrl-C that met a
+    partition's commit), and a task stopped this way rolls back on its own instead of by its
+    worker's death. The flag is cleared before and after: Ray runs the job's next task in this process."""
+    if stop is None:
+        yield
+        return
+    import ray
+
+    reset_cancel()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(_STOP_POLL):
+            try:
+                ray.get_actor(stop)
+            except ValueError:  # not there: the run goes on
+                continue
+            except Exception:  # the driver or the instance going away: the task ends with them anyway
+                return
+            request_cancel()
+            return
+
+    watcher = threading.Thread(target=watch, name="conveyor-stop-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        reset_cancel()
+
+
+class _Stop:
+    """The run's stop signal: its name exists while the run stops (see :func:`_watch_for_stop`)."""
 
 
 def _running_here() -> str | None:
@@ -589,17 +642,19 @@ class RayRuntime:
         running: dict[Any, Task] = {}
         results: list[TaskResult] = []
         stopping: str | None = None  # why nothing more starts: Ctrl-C, or a failed partition
-        killed: set[Any] = set()  # the tasks still running when the run stopped: their workers are killed
-        deadline = None
+        killed: set[Any] = set()  # the tasks that did not stop when asked: their workers are killed
+        stop_name = f"conveyor-stop-{uuid.uuid4().hex}"
+        self._signal: Any = None  # the stop actor, once made
+        ask_until = deadline = None  # until when the running tasks may stop themselves; then, for the killed ones
         try:
             while running or (pending and stopping is None):
                 if stopping is None and cancel_requested():
                     stopping = "cancelled (Ctrl-C or SIGTERM) before it finished"
-                    deadline = self._stop(ray, running, killed)
+                    ask_until = self._ask_to_stop(ray, stop_name)
                 while pending and stopping is None and len(running) < degree:
                     task = pending.pop()
                     progress.started(task.partition.key)
-                    running[remote.remote(task, self.config.max_retries, self.config.prefetch_batches, name, env_ref)] = task
+                    running[remote.remote(task, self.config.max_retries, self.config.prefetch_batches, name, env_ref, stop_name)] = task
                 if name is not None and collector is None and running and time.monotonic() - began >= actor_after:
                     collector = ray.remote(num_cpus=0)(_Collector).options(name=name).remote()
                 done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)
@@ -609,26 +664,38 @@ class RayRuntime:
                     result = self._result(ray, ref, running.pop(ref), stopping)
                     if ref in killed:
                         result = stopped(result, stopping or "cancelled")
+                    elif stopping is not None:
+                        result = asked(result, stopping)
                     results.append(result)
                     progress.finished(result)
                     if not result.ok and stopping is None:
                         stopping = f"cancelled after partition {result.partition} failed"
-                        deadline = self._stop(ray, running, killed)
+                        ask_until = self._ask_to_stop(ray, stop_name)
+                if ask_until is not None and deadline is None and running and time.monotonic() > ask_until:
+                    deadline = self._stop(ray, running, killed)  # they did not stop when asked
                 if deadline is not None and running and time.monotonic() > deadline:
                     for task in running.values():  # killed, but Ray did not confirm in time
                         results.append(not_run(task, f"{stopping} (its worker was killed)"))
                     running.clear()
         finally:
-            if collector is not None:
-                with contextlib.suppress(Exception):
-                    ray.kill(collector)
+            for actor in (collector, self._signal):
+                if actor is not None:
+                    with contextlib.suppress(Exception):
+                        ray.kill(actor)
         results += [not_run(task, f"not started: {stopping}") for task in pending]
         return sorted(results, key=lambda r: r.index)
 
+    def _ask_to_stop(self, ray: Any, name: str) -> float:
+        """Ask the running tasks to stop (make the actor named ``name`` their watchers look for:
+        :func:`_watch_for_stop`); until when they may take to do so."""
+        with contextlib.suppress(Exception):  # not made: the tasks are killed when the time is up
+            self._signal = ray.remote(num_cpus=0)(_Stop).options(name=name).remote()
+        return time.monotonic() + self.config.stop_wait
+
     def _stop(self, ray: Any, running: dict[Any, Task], killed: set[Any]) -> float:
-        """Kill the workers of the tasks still running (their open transactions roll back), adding them
-        to ``killed``; a deadline to hear back. A task that has already finished keeps its own result,
-        failed or committed."""
+        """Kill the workers of the tasks still running after they were asked to stop (their open
+        transactions roll back), adding them to ``killed``; a deadline to hear back. A task that has
+        already finished keeps its own result, failed or committed."""
         finished = set(ray.wait(list(running), num_returns=len(running), timeout=0)[0]) if running else set()
         for ref in running:
             if ref in finished:

@@ -194,9 +194,11 @@ def stopped(result: TaskResult, why: str) -> TaskResult:
     Ray kills a worker's child processes (psql among them) before the worker itself, so the task
     can report the failure that killing caused ("psql exited -9") before its process ends. That
     failure is the stop's doing: the partition is cancelled (nothing of it committed), not failed,
-    and the run's error stays the partition that stopped it. A committed or cancelled result stands.
+    and the run's error stays the partition that stopped it. A committed result stands, and so does one
+    that already gives the run's reason; a task that saw the stop itself and then had its children
+    killed is given it too.
     """
-    if result.ok or result.cancelled:
+    if result.ok or (result.cancelled and why in str(result.error)):
         return result
     key, error = result.partition, result.error
     assert error is not None  # not ok
@@ -204,6 +206,17 @@ def stopped(result: TaskResult, why: str) -> TaskResult:
     err = TransferError(f"partition {key}: {why} (its worker was killed; the task ended with: {ended})", partition=key)
     return dataclasses.replace(result, error=err, cancelled=True, traceback=None,
                                notes=(*result.notes, f"{why}: its worker was killed"))
+
+
+def asked(result: TaskResult, why: str) -> TaskResult:
+    """The account of a task the run asked to stop (Ray's runtime: :func:`conveyor.runtime.ray._watch_for_stop`)
+    that stopped: cancelled for the run's reason, what the task said kept. A committed or failed result stands."""
+    if result.ok or not result.cancelled or why in str(result.error):
+        return result
+    key, error = result.partition, result.error
+    assert error is not None  # not ok
+    ended = first_line(error).removeprefix(f"partition {key}: ")
+    return dataclasses.replace(result, error=TransferError(f"partition {key}: {why} (asked to stop: {ended})", partition=key))
 
 
 def first_failure(results: list[TaskResult]) -> TaskResult | None:

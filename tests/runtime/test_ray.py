@@ -287,9 +287,10 @@ def _running(pid: int, started: str) -> bool:
 
 
 def test_a_partition_killed_because_another_failed_is_cancelled_not_the_runs_error(ray_instance, tmp_path: Path) -> None:
-    """A fatal failure kills the other running tasks' workers; Ray kills a worker's children first, so
-    the killed task can still report the failure that caused ("psql exited -9") before its process
-    ends. CI saw it: the run's error named that partition, not the constraint that stopped the run.
+    """A fatal failure kills the workers of the other running tasks that did not stop when asked (one
+    waiting on a child, as the pass-through waits on psql; runtime.stop_wait=0.5 s); Ray kills a
+    worker's children first, so the killed task can still report the failure that caused ("psql
+    exited -9") before its process ends. CI saw it: the run's error named that partition, not the constraint that stopped the run.
     The race needs a slow raylet (the killed worker's exit waits on it): the failing partition
     pauses its raylet for 2 s (SIGSTOP, then SIGCONT), a real stall, not a mock. Not every trial
     loses the race: up to 8 trials, each checked, until one has."""
@@ -298,7 +299,7 @@ def test_a_partition_killed_because_another_failed_is_cancelled_not_the_runs_err
     raced = 0
     for trial in range(8):
         spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / f"out{trial}")},
-                        {"type": "none"}, max_retries=0)
+                        {"type": "none"}, max_retries=0, stop_wait=0.5)
         spec = with_fault_source(spec, rows=1000, batch=100, wait_on_child=0, fail_stalling_raylet=1)
         plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=2) for i in range(2)], degree=2)
         report = execute(plan)

@@ -212,7 +212,7 @@ class Attempt:
 
     def _refuse(self, stopping: bool, gone: bool) -> None:
         if stopping:
-            raise Cancelled(f"partition {self.key}: the run is stopping (Ctrl-C): rolled back instead of committing")
+            raise Cancelled(f"partition {self.key}: the run is stopping: rolled back instead of committing")
         # retriable: a target that restarted drops the driver's lock for a moment (it takes it again);
         # a driver that is really gone stays gone, and every retry rolls back the same way
         raise TransferError(f"partition {self.key}: the run's driver is gone: rolled back instead of committing",

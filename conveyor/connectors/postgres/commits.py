@@ -313,7 +313,7 @@ class Attempt:
         check_partition_rows(o.target, self.key, self.expected, rows)
         stopping, alive = fetch(driver_state_sql(o.guard)) if o.guard else (False, True)
         if stopping:
-            raise Cancelled(f"partition {self.key}: the run is stopping (Ctrl-C): rolled back instead of committing")
+            raise Cancelled(f"partition {self.key}: the run is stopping: rolled back instead of committing")
         if not alive:
             # retriable: a target that restarted drops the driver's lock for a moment (it takes it again);
             # a driver that is really gone stays gone, and every retry rolls back the same way
