@@ -32,6 +32,11 @@ class RunGuard:
         self.stopping = False
         self.con = self._lock()
         self.stop = threading.Event()
+        #: held by whoever uses ``con``: the watch thread's ping, its marking and reconnecting, and
+        #: :meth:`close`. Closing a psycopg connection while another thread runs a statement on it
+        #: frees what that statement is using: the driver segfaulted at the end of a run (make bench,
+        #: parquet_to_postgres on a running Ray instance: close() met the second's ping)
+        self.using = threading.Lock()
         threading.Thread(target=self._watch, name="conveyor-guard", daemon=True).start()
 
     def _lock(self) -> Any:
@@ -52,25 +57,31 @@ class RunGuard:
         while not self.stop.is_set():
             if not self.stopping and wait_for_cancel(1.0):
                 self.stopping = True
-                with contextlib.suppress(Exception):
-                    self._mark_stopping()
+                with self.using:
+                    if self.stop.is_set():
+                        return
+                    with contextlib.suppress(Exception):
+                        self._mark_stopping()
             elif self.stopping and self.stop.wait(1.0):
                 return
-            try:
-                self._ping()
-            except Exception:  # lost: take the lock again as soon as the server answers
-                with contextlib.suppress(Exception):
-                    self.con.close()
-                with contextlib.suppress(Exception):
-                    if not self.stop.is_set():
+            with self.using:
+                if self.stop.is_set():  # closed while this thread waited
+                    return
+                try:
+                    self._ping()
+                except Exception:  # lost: take the lock again as soon as the server answers
+                    with contextlib.suppress(Exception):
+                        self.con.close()
+                    with contextlib.suppress(Exception):
                         self.con = self._lock()
 
     def close(self) -> None:
         self.stop.set()
-        with contextlib.suppress(Exception):
-            self._released()
-        with contextlib.suppress(Exception):
-            self.con.close()
+        with self.using:  # after a ping in flight, before any other
+            with contextlib.suppress(Exception):
+                self._released()
+            with contextlib.suppress(Exception):
+                self.con.close()
 
 
 def hold(run_id: str, make: Callable[[], RunGuard]) -> None:

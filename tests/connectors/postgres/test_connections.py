@@ -70,3 +70,37 @@ def test_a_refused_connection_inside_a_task_is_retriable(pg_target) -> None:
     assert in_task.value.retriable and in_task.value.partition == "ctid-00003"
     with pytest.raises(ConnectError):
         connect(conf)
+
+
+def test_the_run_guard_is_closed_after_its_ping_in_flight_never_under_it(pg_target, monkeypatch) -> None:
+    """The driver's guard pings its connection from a thread of its own; closing it while a ping ran
+    on it freed what the statement was using, and the driver segfaulted at the end of a run (make
+    bench: parquet_to_postgres on a running Ray instance, in psycopg's execute of the ping). close()
+    now waits for a ping in flight and no ping starts after it. A ping made slow (pg_sleep) holds the
+    window open: on the main this started from, close() returned while the ping still ran."""
+    import threading
+    import time
+
+    from conveyor.connectors.postgres import commits
+    from tests.helpers import PG_PASSWORD
+
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+    events: list[tuple[str, float]] = []
+    pinging = threading.Event()
+
+    class SlowPing(commits._Guard):
+        def _ping(self) -> None:
+            events.append(("ping", time.monotonic()))
+            pinging.set()
+            self.con.execute("SELECT pg_sleep(0.5)")
+            events.append(("pinged", time.monotonic()))
+
+    guard = SlowPing(PgConnConfig(port=pg_target.port), "guard-close-race")
+    assert pinging.wait(10), "the guard never pinged"
+    time.sleep(0.1)  # the ping's statement is on the server
+    guard.close()
+    closed = time.monotonic()
+    time.sleep(1.5)  # a ping that would start after close() has had its turn
+    assert [e for e, _ in events] == ["ping", "pinged"], events
+    assert events[1][1] <= closed  # close() returned after the ping's statement had ended
+    assert guard.con.closed
