@@ -203,6 +203,14 @@ def test_one_ctrl_c_with_partitions_queued_stops_within_seconds(ex_src, pg_targe
     print(f"{kind}: Ctrl-C to exit {took:.2f} s")
 
 
+def _slow_target(pg_target, table: str, every: int, seconds: float) -> None:
+    """A new target ``table`` (id, grp, h) whose trigger sleeps ``seconds`` every ``every``-th row: a real, slow target."""
+    pg_exec(pg_target, f"DROP TABLE IF EXISTS {table}", f"CREATE TABLE {table} (id int, grp int, h text)",
+            f"CREATE OR REPLACE FUNCTION {table}_slow() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN IF NEW.id % {every} = 0 THEN PERFORM pg_sleep({seconds}); END IF; RETURN NEW; END $$",
+            f"CREATE TRIGGER {table}_slow BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {table}_slow()")
+
+
 def test_a_ctrl_c_on_ray_asks_the_running_partition_to_stop_instead_of_cancelling_its_task(ex_src, pg_target, tmp_path: Path,
                                                                                           request) -> None:
     """Under Ray, Ctrl-C asks the running tasks to stop (they roll back at their next batch or before
@@ -214,10 +222,7 @@ def test_a_ctrl_c_on_ray_asks_the_running_partition_to_stop_instead_of_cancellin
     the main this started from, that partition came back as its killed worker's (0 s, cancelled
     "before it finished"); now it is its own account (its seconds, rolled back) or, had its commit
     been sealed first, committed."""
-    pg_exec(pg_target, "DROP TABLE IF EXISTS ex_ask", "CREATE TABLE ex_ask (id int, grp int, h text)",
-            "CREATE OR REPLACE FUNCTION ex_slower() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$ BEGIN IF NEW.id % 100 = 0 THEN PERFORM pg_sleep(0.05); END IF; RETURN NEW; END $$",
-            "CREATE TRIGGER ex_slower BEFORE INSERT ON ex_ask FOR EACH ROW EXECUTE FUNCTION ex_slower()")
+    _slow_target(pg_target, "ex_ask", every=100, seconds=0.05)
     args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src",
             f"sink.port={pg_target.port}", "sink.table=ex_ask", "load_mode=append", "degree=1", "strategy.partitions=20",
             "sink.copy_path=arrow", "batch_size=1000", *runtime_args("ray", request)]
@@ -237,10 +242,7 @@ def test_one_ctrl_c_on_the_pass_through_with_partitions_queued_keeps_whole_parti
     """The same stop on the pass-through (psql's stream relayed, each partition checked against its
     COPY's count before its commit). A trigger on the target sleeps every 1000th row (a real, slow
     target), so Ctrl-C comes while partitions are still queued."""
-    pg_exec(pg_target, "DROP TABLE IF EXISTS ex_cancel_pt", "CREATE TABLE ex_cancel_pt (id int, grp int, h text)",
-            "CREATE OR REPLACE FUNCTION ex_slow() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$ BEGIN IF NEW.id % 1000 = 0 THEN PERFORM pg_sleep(0.02); END IF; RETURN NEW; END $$",
-            "CREATE TRIGGER ex_slow BEFORE INSERT ON ex_cancel_pt FOR EACH ROW EXECUTE FUNCTION ex_slow()")
+    _slow_target(pg_target, "ex_cancel_pt", every=1000, seconds=0.02)
     args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src",
             f"sink.port={pg_target.port}", "sink.table=ex_cancel_pt", "load_mode=append", "degree=1", "strategy.partitions=20",
             "sink.copy_path=passthrough", *runtime_args(kind, request)]
