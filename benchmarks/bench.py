@@ -739,7 +739,11 @@ class DuckBaseline:
             self.con.execute(f"ATTACH 'host=127.0.0.1 port={s.port} user=postgres password={s.password} dbname=postgres' AS {alias} (TYPE postgres)")
 
     def parquet_to_pg(self, files: Path, target: str) -> None:
-        self.con.execute(f"INSERT INTO dst.public.{target} SELECT * FROM read_parquet('{files}/*.parquet')")
+        self.con.execute(self._parquet_to_pg_sql(files, target))
+
+    @staticmethod
+    def _parquet_to_pg_sql(files: Path, target: str) -> str:
+        return f"INSERT INTO dst.public.{target} SELECT * FROM read_parquet('{files}/*.parquet')"
 
     def duckdb_to_pg(self, db: Path, table: str, target: str) -> None:
         self.con.execute(f"ATTACH '{db}' AS dk (READ_ONLY)")
@@ -779,7 +783,7 @@ class DuckBaseline:
         self._cli("src", self._pg_to_parquet_sql(table, out))
 
     def cli_parquet_to_pg(self, files: Path, target: str) -> None:
-        self._cli("dst", f"INSERT INTO dst.public.{target} SELECT * FROM read_parquet('{files}/*.parquet')")
+        self._cli("dst", self._parquet_to_pg_sql(files, target))
 
     def _cli(self, alias: str, sql: str) -> None:
         """``sql`` with the server ``alias`` names attached as it; its password through libpq's PGPASSWORD, not the command line."""

@@ -644,13 +644,13 @@ class RayRuntime:
         stopping: str | None = None  # why nothing more starts: Ctrl-C, or a failed partition
         killed: set[Any] = set()  # the tasks that did not stop when asked: their workers are killed
         stop_name = f"conveyor-stop-{uuid.uuid4().hex}"
-        self._signal: Any = None  # the stop actor, once made
+        signal: Any = None  # the stop actor, once made
         ask_until = deadline = None  # until when the running tasks may stop themselves; then, for the killed ones
         try:
             while running or (pending and stopping is None):
                 if stopping is None and cancel_requested():
                     stopping = "cancelled (Ctrl-C or SIGTERM) before it finished"
-                    ask_until = self._ask_to_stop(ray, stop_name)
+                    signal, ask_until = self._ask_to_stop(ray, stop_name)
                 while pending and stopping is None and len(running) < degree:
                     task = pending.pop()
                     progress.started(task.partition.key)
@@ -670,7 +670,7 @@ class RayRuntime:
                     progress.finished(result)
                     if not result.ok and stopping is None:
                         stopping = f"cancelled after partition {result.partition} failed"
-                        ask_until = self._ask_to_stop(ray, stop_name)
+                        signal, ask_until = self._ask_to_stop(ray, stop_name)
                 if ask_until is not None and deadline is None and running and time.monotonic() > ask_until:
                     deadline = self._stop(ray, running, killed)  # they did not stop when asked
                 if deadline is not None and running and time.monotonic() > deadline:
@@ -678,19 +678,22 @@ class RayRuntime:
                         results.append(not_run(task, f"{stopping} (its worker was killed)"))
                     running.clear()
         finally:
-            for actor in (collector, self._signal):
+            for actor in (collector, signal):
                 if actor is not None:
                     with contextlib.suppress(Exception):
                         ray.kill(actor)
         results += [not_run(task, f"not started: {stopping}") for task in pending]
         return sorted(results, key=lambda r: r.index)
 
-    def _ask_to_stop(self, ray: Any, name: str) -> float:
-        """Ask the running tasks to stop (make the actor named ``name`` their watchers look for:
-        :func:`_watch_for_stop`); until when they may take to do so."""
-        with contextlib.suppress(Exception):  # not made: the tasks are killed when the time is up
-            self._signal = ray.remote(num_cpus=0)(_Stop).options(name=name).remote()
-        return time.monotonic() + self.config.stop_wait
+    def _ask_to_stop(self, ray: Any, name: str) -> tuple[Any, float]:
+        """Ask the running tasks to stop: the actor named ``name`` their watchers look for
+        (:func:`_watch_for_stop`; None if it could not be made: the tasks are killed when the time is
+        up), and until when they may take to do so."""
+        try:
+            signal = ray.remote(num_cpus=0)(_Stop).options(name=name).remote()
+        except Exception:
+            signal = None
+        return signal, time.monotonic() + self.config.stop_wait
 
     def _stop(self, ray: Any, running: dict[Any, Task], killed: set[Any]) -> float:
         """Kill the workers of the tasks still running after they were asked to stop (their open

@@ -200,9 +200,7 @@ def stopped(result: TaskResult, why: str) -> TaskResult:
     """
     if result.ok or (result.cancelled and why in str(result.error)):
         return result
-    key, error = result.partition, result.error
-    assert error is not None  # not ok
-    ended = first_line(error).removeprefix(f"partition {key}: ")
+    key, ended = result.partition, _said(result)
     err = TransferError(f"partition {key}: {why} (its worker was killed; the task ended with: {ended})", partition=key)
     return dataclasses.replace(result, error=err, cancelled=True, traceback=None,
                                notes=(*result.notes, f"{why}: its worker was killed"))
@@ -213,10 +211,14 @@ def asked(result: TaskResult, why: str) -> TaskResult:
     that stopped: cancelled for the run's reason, what the task said kept. A committed or failed result stands."""
     if result.ok or not result.cancelled or why in str(result.error):
         return result
-    key, error = result.partition, result.error
-    assert error is not None  # not ok
-    ended = first_line(error).removeprefix(f"partition {key}: ")
-    return dataclasses.replace(result, error=TransferError(f"partition {key}: {why} (asked to stop: {ended})", partition=key))
+    key = result.partition
+    return dataclasses.replace(result, error=TransferError(f"partition {key}: {why} (asked to stop: {_said(result)})", partition=key))
+
+
+def _said(result: TaskResult) -> str:
+    """The first line of a failed result's error, without its "partition <key>: " prefix."""
+    assert result.error is not None  # not ok
+    return first_line(result.error).removeprefix(f"partition {result.partition}: ")
 
 
 def first_failure(results: list[TaskResult]) -> TaskResult | None:

@@ -131,15 +131,21 @@ _INFINITIES = {"date": ((2**31 - 1, -2147472692), (-(2**31 - 1), -2147472691)),
                "timestamp": ((2**63 - 1, -9222425352054775809), (-(2**63 - 1), -9222425352054775808))}
 
 
+def _as_ints(typname: str, arr: Any) -> tuple[str, Any]:
+    """(``_INFINITIES``'s key, the column's integer view) of a date or timestamp column."""
+    import pyarrow as pa
+
+    kind = "date" if typname == "date" else "timestamp"
+    return kind, arr.view(pa.int32() if kind == "date" else pa.int64())
+
+
 def in_range(typname: str, arr: Any, low: int) -> bool:
     """Whether a date/timestamp column holds neither of DuckDB's infinity sentinels nor a value
     below ``low`` (what Arrow's dates cannot hold): one pass (min_max) where the checks below take
     five, on every date and timestamp column of every batch."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
-    kind = "date" if typname == "date" else "timestamp"
-    ints = arr.view(pa.int32() if kind == "date" else pa.int64())
+    kind, ints = _as_ints(typname, arr)
     (pos, _), _ = _INFINITIES[kind]
     mm = pc.min_max(ints)
     lo, hi = mm["min"].as_py(), mm["max"].as_py()
@@ -151,8 +157,7 @@ def as_adbc_infinity(typname: str, arr: Any) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    kind = "date" if typname == "date" else "timestamp"
-    ints = arr.view(pa.int32() if kind == "date" else pa.int64())
+    kind, ints = _as_ints(typname, arr)
     (pos, pos_adbc), (neg, neg_adbc) = _INFINITIES[kind]
     hit = pc.or_(pc.equal(ints, pos), pc.equal(ints, neg))
     if not pc.any(hit).as_py():
