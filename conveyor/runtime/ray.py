@@ -4,7 +4,9 @@
 when it is set (as it is for a driver started by ``ray job submit``), else the instance ``ray start``
 runs on this machine, else a Ray instance started for the job (sized to this machine) and stopped
 afterwards, unless the job is small enough (``in_driver_max_bytes``) or of one task, which then
-runs in the driver's threads as the local runtime would; ``local`` always starts that private
+runs in the driver's threads as the local runtime would (a job of one task on a joined instance that
+is this machine alone runs there too: a worker would run it on the same cores after a second of
+start-up); ``local`` always starts that private
 instance; ``auto`` joins the running cluster; or a ``ray://host:port`` / ``host:port`` address.
 At most ``degree`` tasks run at once; a negative degree is a fraction of the cluster's CPUs.
 
@@ -71,7 +73,9 @@ class RayRuntimeConfig:
     progress_actor_after: float = 5.0
     #: a job of one task with no Ray instance to join runs that task in the driver process, as the
     #: local runtime would: starting a private instance for it costs seconds (5-7 s to start and
-    #: stop on a 2-core machine) and buys nothing. false: start the instance anyway
+    #: stop on a 2-core machine) and buys nothing. So does one on a joined instance that is this
+    #: machine alone (one node, the driver's): Ray starts new worker processes for every job, 1.2-1.4 s
+    #: before their first task here, on the same cores. false: the task goes to a Ray worker anyway
     one_task_in_driver: bool = True
     #: a job with no Ray instance to join whose source is at most this many bytes (as it describes
     #: itself: a table's size on disk, the files' sizes) runs its tasks in the driver's threads, at
@@ -569,6 +573,12 @@ class RayRuntime:
             return self._run_in_driver(tasks, degree, progress)
         ray, started = self._init()
         started, self._connected_here = started or self._connected_here, False
+        if started and self._reaper is None and self._alone_here(ray, tasks):
+            self.report_note = ("ray: one task, and the Ray instance is this machine alone: it ran in the driver process (a worker "
+                                "process would run it on the same cores after about a second of start-up; "
+                                "runtime.one_task_in_driver=false uses one)")
+            _disconnect_in_background(ray)  # while the task runs
+            return self._run_in_driver(tasks, 1, progress)
         try:
             return self._run(ray, tasks, self._slots(float(ray.cluster_resources().get("CPU", 1)), degree), progress)
         finally:
@@ -589,6 +599,23 @@ class RayRuntime:
         local = LocalRuntime(LocalRuntimeConfig(max_retries=self.config.max_retries, prefetch_batches=self.config.prefetch_batches),
                              self.options)
         return local.run(tasks, degree, progress)
+
+    def _alone_here(self, ray: Any, tasks: Sequence[Task]) -> bool:
+        """One task, on a joined cluster that is this machine alone (one node, the one the driver is
+        attached to, with the CPUs a task takes): a worker process there would run the task on the
+        same cores as the driver, after 1.2-1.4 s of start-up here (Ray starts new workers for every
+        job: importing Ray, joining, importing the task's modules). Not a cluster of several nodes
+        (its head may be kept free of work), nor a Ray client (``ray://``: the driver is elsewhere)."""
+        if not self.config.one_task_in_driver or len(tasks) != 1 or self._early is not None or self._given().startswith("ray://"):
+            return False
+        try:
+            nodes = [n for n in ray.nodes() if n.get("Alive")]
+            here = ray.get_runtime_context().get_node_id()
+        except Exception as exc:  # the task then runs as usual, on a worker
+            note(f"ray: could not tell whether the cluster is this machine alone: {type(exc).__name__}: {first_line(exc)}")
+            return False
+        return (len(nodes) == 1 and nodes[0].get("NodeID") == here
+                and float(nodes[0].get("Resources", {}).get("CPU", 0)) >= self.config.num_cpus_per_task)
 
     def _in_driver(self, tasks: Sequence[Task]) -> bool:
         """One task, and only a private instance to run it on (none running here, none named)."""
