@@ -646,6 +646,10 @@ class Bench:
                     beside = f"{local} (in rounds with the Ray instance running)"
                     meta["goal_within"] = {"against": beside, "seconds": 1.0, "what": "on a running Ray instance within 1 s of runtime=local"}
                     jobs.insert(0, (beside, cli(*pg, "runtime=local"), verify, {"method": "defaults-local", "degree": 1}))
+                    # its one task runs in the driver on an instance that is this machine alone: the same job with the
+                    # task on a worker shows what a job of several tasks pays for the job's new worker processes
+                    jobs.append((f"conveyor run {args[0]} runtime.one_task_in_driver=false (Ray instance running, the task on a worker)",
+                                 cli(*pg, "runtime.one_task_in_driver=false", warm=True), verify, {"method": "defaults-warm-worker", "degree": 1}))
                 self.rounds(group, jobs, reset)
         finally:
             os.environ.pop("RAY_ADDRESS", None)
