@@ -705,6 +705,10 @@ class RayRuntime:
                         results.append(not_run(task, f"{stopping} (its worker was killed)"))
                     running.clear()
         finally:
+            # the collector's count request still in flight is dropped while the driver is connected: an
+            # ObjectRef released after the driver left the cluster ends the process (Ray's "The core worker
+            # has already been shutdown ... The process will exit"), exit status 1 after a committed run
+            self._poll = None
             for actor in (collector, signal):
                 if actor is not None:
                     with contextlib.suppress(Exception):

@@ -134,6 +134,28 @@ def test_the_progress_actor_is_started_only_for_a_run_that_lasts(ray_instance, t
     assert recorder.calls > len(plan.partitions)  # counts arrived while the tasks ran, not only each one's final top-up
 
 
+def test_a_run_keeps_no_ray_reference_after_it(ray_instance, tmp_path: Path) -> None:
+    """The progress collector's count request in flight when the last task finished stayed on the
+    runtime after the run: a CLI run on a running instance (make bench, lineitem on a worker, an 18 s
+    run off a terminal) wrote its report, left the cluster, and then Ray ended the process with exit
+    status 1 as that reference was released ("The core worker has already been shutdown ... The
+    process will exit"). The run now drops it while the driver is connected. Here the collector
+    starts with the run and the driver polls it only when the task is done (progress_interval 30 s),
+    so a request is in flight at the end (the new actor cannot answer within the same moment)."""
+    import ray
+
+    from conveyor.pipelines.job import JobPlan
+
+    spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / "out")}, {"type": "none"},
+                    degree=1, progress_actor_after=0.0, progress_interval=30.0)
+    spec = with_fault_source(spec, rows=5000, batch=2500, pause=0.2)
+    plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=0, count=1)])
+    recorder = Recorder()
+    assert execute(plan, recorder).rows == 5000
+    held = {k: v for k, v in vars(spec.runtime).items() if isinstance(v, ray.ObjectRef)}
+    assert not held, held
+
+
 def test_off_a_terminal_the_progress_actor_waits_for_the_first_log_line(ray_instance, tmp_path: Path) -> None:
     """Off a terminal (CI, `ray job submit`'s log, the bench) progress is a log line every 10 s, so the
     rows of running partitions are first shown at 10 s: the actor that gathers them (a worker process,
