@@ -600,13 +600,18 @@ class RayRuntime:
                              self.options)
         return local.run(tasks, degree, progress)
 
+    def _one_task(self, tasks: Sequence[Task]) -> bool:
+        """A job of one task that may run in the driver (``one_task_in_driver``; no private instance
+        started early for it)."""
+        return self.config.one_task_in_driver and len(tasks) == 1 and self._early is None
+
     def _alone_here(self, ray: Any, tasks: Sequence[Task]) -> bool:
         """One task, on a joined cluster that is this machine alone (one node, the one the driver is
         attached to, with the CPUs a task takes): a worker process there would run the task on the
         same cores as the driver, after 1.2-1.4 s of start-up here (Ray starts new workers for every
         job: importing Ray, joining, importing the task's modules). Not a cluster of several nodes
         (its head may be kept free of work), nor a Ray client (``ray://``: the driver is elsewhere)."""
-        if not self.config.one_task_in_driver or len(tasks) != 1 or self._early is not None or self._given().startswith("ray://"):
+        if not self._one_task(tasks) or self._given().startswith("ray://"):
             return False
         try:
             nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -619,7 +624,7 @@ class RayRuntime:
 
     def _in_driver(self, tasks: Sequence[Task]) -> bool:
         """One task, and only a private instance to run it on (none running here, none named)."""
-        if not self.config.one_task_in_driver or len(tasks) != 1 or self._connected_here or self._early is not None:
+        if not self._one_task(tasks) or self._connected_here:
             return False
         if self._users_instance():  # use it
             return False
@@ -664,7 +669,7 @@ class RayRuntime:
         env = {k: os.environ[k] for k in self.config.forward_env if k in os.environ}
         env_ref = ray.put(env) if env else None  # once, shared by every task; not in any log
         progress = _Settled(progress)
-        self._poll: Any = None
+        poll: Any = None  # the collector's count request in flight
         pending = list(reversed(tasks))
         running: dict[Any, Task] = {}
         results: list[TaskResult] = []
@@ -686,7 +691,7 @@ class RayRuntime:
                     collector = ray.remote(num_cpus=0)(_Collector).options(name=name).remote()
                 done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)
                 if collector is not None:
-                    self._forward(ray, collector, progress)
+                    poll = self._forward(ray, collector, poll, progress)
                 for ref in done:
                     result = self._result(ray, ref, running.pop(ref), stopping)
                     if ref in killed:
@@ -705,10 +710,13 @@ class RayRuntime:
                         results.append(not_run(task, f"{stopping} (its worker was killed)"))
                     running.clear()
         finally:
-            # the collector's count request still in flight is dropped while the driver is connected: an
-            # ObjectRef released after the driver left the cluster ends the process (Ray's "The core worker
-            # has already been shutdown ... The process will exit"), exit status 1 after a committed run
-            self._poll = None
+            # the run's Ray references are dropped while the driver is connected, on the way out of an
+            # exception too (its traceback keeps this frame): an ObjectRef released after the driver left the
+            # cluster ends the process (Ray's "The core worker has already been shutdown ... The process will
+            # exit"), exit status 1 after a committed run
+            poll = env_ref = None
+            running.clear()
+            killed.clear()
             for actor in (collector, signal):
                 if actor is not None:
                     with contextlib.suppress(Exception):
@@ -739,15 +747,17 @@ class RayRuntime:
                 ray.cancel(ref, force=True)
         return time.monotonic() + _STOP_SECONDS
 
-    def _forward(self, ray: Any, collector: Any, progress: Progress) -> None:
-        """Hand the collector's counts to ``progress`` if they are there (never waits for them)."""
-        if self._poll is None:
-            self._poll = collector.take.remote()
-        if not ray.wait([self._poll], timeout=0)[0]:
-            return
-        counts, self._poll = ray.get(self._poll), None
-        for key, (rows, nbytes) in counts.items():
+    @staticmethod
+    def _forward(ray: Any, collector: Any, poll: Any, progress: Progress) -> Any:
+        """Hand the collector's counts to ``progress`` if they are there (never waits for them); the
+        request still in flight (``poll``: None once answered, a new one is then made)."""
+        if poll is None:
+            poll = collector.take.remote()
+        if not ray.wait([poll], timeout=0)[0]:
+            return poll
+        for key, (rows, nbytes) in ray.get(poll).items():
             progress.advanced(key, rows, nbytes)
+        return None
 
     def _result(self, ray: Any, ref: Any, task: Task, stopping: str | None) -> TaskResult:
         from ray.exceptions import RayError, RayTaskError, TaskCancelledError
