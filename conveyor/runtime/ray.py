@@ -4,8 +4,8 @@
 when it is set (as it is for a driver started by ``ray job submit``), else the instance ``ray start``
 runs on this machine, else a Ray instance started for the job (sized to this machine) and stopped
 afterwards, unless the job is small enough (``in_driver_max_bytes``) or of one task, which then
-runs in the driver's threads as the local runtime would (a job of one task on a joined instance that
-is this machine alone runs there too: a worker would run it on the same cores after a second of
+runs in the driver's threads as the local runtime would (so does such a job on a joined instance
+that is this machine alone: its workers would run the tasks on the same cores after a second of
 start-up); ``local`` always starts that private
 instance; ``auto`` joins the running cluster; or a ``ray://host:port`` / ``host:port`` address.
 At most ``degree`` tasks run at once; a negative degree is a fraction of the cluster's CPUs.
@@ -81,7 +81,10 @@ class RayRuntimeConfig:
     #: itself: a table's size on disk, the files' sizes) runs its tasks in the driver's threads, at
     #: most one per CPU, as the local runtime would: a private instance on this machine runs them on
     #: the same cores and costs seconds to start and stop, more than it can save on a job of about a
-    #: minute. A source of unknown size starts the instance. 0: always start it
+    #: minute. So does such a job on a joined instance that is this machine alone (one node, the
+    #: driver's), at most one task per CPU of that instance: its new worker processes would run the
+    #: tasks on the same cores after a second of start-up. A source of unknown size uses Ray's
+    #: workers. 0: always use them
     in_driver_max_bytes: int = 8 * 1024**3
     #: seconds a stopping run (Ctrl-C, SIGTERM, a failed partition) gives its running tasks to stop
     #: themselves: each rolls back at its next batch or before its commit, as the local runtime's
@@ -362,6 +365,8 @@ class RayRuntime:
         self._early_joined = False
         #: why start_early found the job small enough for the driver's threads ("": it did not)
         self._small_job = ""
+        #: the source's size as start_early heard it (None: unknown), for a small job on a joined instance
+        self._estimated_bytes: int | None = None
 
     # --- connecting ----------------------------------------------------------------------------
 
@@ -398,6 +403,7 @@ class RayRuntime:
         (seconds of start-up then overlap them), where the job will want one: no instance to join,
         not a degree-1 job (its single task runs in the driver), and not a job small enough for the
         driver's threads (``in_driver_max_bytes``; ``run`` runs it there)."""
+        self._estimated_bytes = estimated_bytes  # run() asks it again of a joined instance that is this machine alone
         if self._early is not None or self._address() != "local" or self._users_instance():
             return
         if self.config.address != "local":  # runtime.address=local: the private instance, whatever the job
@@ -464,7 +470,7 @@ class RayRuntime:
         """Stop the instance start_early began (if the tasks did not already let it go), and wait
         until it is stopped; leave a cluster that ``cpus()`` joined and no task used (``conveyor plan``,
         a job that failed before its tasks), in the background."""
-        self._small_job = ""
+        self._small_job, self._estimated_bytes = "", None
         if self._connected_here:
             self._connected_here = False
             _disconnect_in_background(self._import())
@@ -573,12 +579,11 @@ class RayRuntime:
             return self._run_in_driver(tasks, degree, progress)
         ray, started = self._init()
         started, self._connected_here = started or self._connected_here, False
-        if started and self._reaper is None and self._alone_here(ray, tasks):
-            self.report_note = ("ray: one task, and the Ray instance is this machine alone: it ran in the driver process (a worker "
-                                "process would run it on the same cores after about a second of start-up; "
-                                "runtime.one_task_in_driver=false uses one)")
-            _disconnect_in_background(ray)  # while the task runs
-            return self._run_in_driver(tasks, 1, progress)
+        if started and self._reaper is None:
+            here = self._here_instead(ray, tasks, degree)
+            if here is not None:
+                _disconnect_in_background(ray)  # while the tasks run
+                return self._run_in_driver(tasks, here, progress)
         try:
             return self._run(ray, tasks, self._slots(float(ray.cluster_resources().get("CPU", 1)), degree), progress)
         finally:
@@ -605,22 +610,45 @@ class RayRuntime:
         started early for it)."""
         return self.config.one_task_in_driver and len(tasks) == 1 and self._early is None
 
-    def _alone_here(self, ray: Any, tasks: Sequence[Task]) -> bool:
-        """One task, on a joined cluster that is this machine alone (one node, the one the driver is
-        attached to, with the CPUs a task takes): a worker process there would run the task on the
-        same cores as the driver, after 1.2-1.4 s of start-up here (Ray starts new workers for every
-        job: importing Ray, joining, importing the task's modules). Not a cluster of several nodes
+    def _here_instead(self, ray: Any, tasks: Sequence[Task], degree: int) -> int | None:
+        """How many of the tasks run at once in the driver's threads instead of on the joined cluster's
+        workers (None: they go to the workers): a job of one task (``one_task_in_driver``) or one whose
+        source is at most ``in_driver_max_bytes``, on a cluster that is this machine alone (one node,
+        the one the driver is attached to). Its worker processes would run the tasks on the same cores
+        as the driver, after 1.2-1.4 s of start-up here (Ray starts new workers for every job:
+        importing Ray, joining, importing the task's modules): on TPC-H orders the shipped Parquet
+        jobs took about twice their time with no instance to join. Not a cluster of several nodes
         (its head may be kept free of work), nor a Ray client (``ray://``: the driver is elsewhere)."""
-        if not self._one_task(tasks) or self._given().startswith("ray://"):
-            return False
+        one = self._one_task(tasks)
+        small = self._small(self._estimated_bytes) if len(tasks) > 1 else ""
+        if not (one or small) or self._given().startswith("ray://"):
+            return None
+        cpus = self._this_machine_alone(ray)
+        if cpus < max(self.config.num_cpus_per_task, 0.01):
+            return None
+        if one:
+            self.report_note = ("ray: one task, and the Ray instance is this machine alone: it ran in the driver process (a worker "
+                                "process would run it on the same cores after about a second of start-up; "
+                                "runtime.one_task_in_driver=false uses one)")
+            return 1
+        degree = self._slots(cpus, degree, "this machine's Ray instance")
+        self.report_note = (f"ray: the Ray instance is this machine alone and {small}: its {len(tasks)} tasks ran in the driver "
+                            f"process, {degree} at a time (worker processes would run them on the same cores after about a second "
+                            "of start-up; runtime.in_driver_max_bytes=0 uses them)")
+        return degree
+
+    @staticmethod
+    def _this_machine_alone(ray: Any) -> float:
+        """The CPUs of the joined cluster when it is this machine alone (one live node, the driver's); 0 when it is not."""
         try:
             nodes = [n for n in ray.nodes() if n.get("Alive")]
             here = ray.get_runtime_context().get_node_id()
-        except Exception as exc:  # the task then runs as usual, on a worker
+        except Exception as exc:  # the tasks then run as usual, on workers
             note(f"ray: could not tell whether the cluster is this machine alone: {type(exc).__name__}: {first_line(exc)}")
-            return False
-        return (len(nodes) == 1 and nodes[0].get("NodeID") == here
-                and float(nodes[0].get("Resources", {}).get("CPU", 0)) >= self.config.num_cpus_per_task)
+            return 0.0
+        if len(nodes) != 1 or nodes[0].get("NodeID") != here:
+            return 0.0
+        return float(nodes[0].get("Resources", {}).get("CPU", 0))
 
     def _in_driver(self, tasks: Sequence[Task]) -> bool:
         """One task, and only a private instance to run it on (none running here, none named)."""
