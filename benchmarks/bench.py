@@ -650,6 +650,10 @@ class Bench:
                     # task on a worker shows what a job of several tasks pays for the job's new worker processes
                     jobs.append((f"conveyor run {args[0]} runtime.one_task_in_driver=false (Ray instance running, the task on a worker)",
                                  cli(*pg, "runtime.one_task_in_driver=false", warm=True), verify, {"method": "defaults-warm-worker", "degree": 1}))
+                else:  # a small job's tasks run in the driver's threads on such an instance: the same job on its workers beside it
+                    jobs.append((f"conveyor run {args[0]} runtime.in_driver_max_bytes=0 (Ray instance running, the tasks on workers)",
+                                 cli(*args, "runtime.in_driver_max_bytes=0", warm=True), verify,
+                                 {"method": "defaults-warm-worker", "degree": degree}))
                 self.rounds(group, jobs, reset)
         finally:
             os.environ.pop("RAY_ADDRESS", None)
