@@ -174,14 +174,14 @@ def test_off_a_terminal_the_progress_actor_waits_for_the_first_log_line(ray_inst
 
     def run(interval: float) -> tuple[int, str]:
         spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / f"out{interval}")}, {"type": "none"})
-        spec = with_fault_source(spec, rows=40000, batch=2500, pause=0.5)  # 8 batches of 0.5 s per partition
+        spec = with_fault_source(spec, rows=40000, batch=2500, pause=0.25)  # 8 batches of 0.25 s per partition
         spec.runtime.config.progress_actor_after = 0.3
         plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=2) for i in range(2)])
         out, before = io.StringIO(), collectors()
         assert execute(plan, LogProgress(40000, 2, interval=interval, out=out)).rows == 40000
         return collectors() - before, out.getvalue()
 
-    started, _ = run(60.0)  # a run of about 4 s, with its first log line due at 60 s
+    started, _ = run(60.0)  # a run of about 2 s, with its first log line due at 60 s
     assert started == 0, "an actor started for rows no log line would show"
     started, lines = run(0.3)
     assert started == 1 and "progress: " in lines
