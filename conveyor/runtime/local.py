@@ -23,8 +23,12 @@ from conveyor.runtime.task import not_run, run_task
 class LocalRuntimeConfig:
     #: how often a partition that failed with a retriable error is tried again
     max_retries: int = 2
-    #: batches a task reads ahead of its writer (memory per task ~ prefetch x batch size)
+    #: batches a task reads ahead of its writer, in a thread: reading overlaps writing
     prefetch_batches: int = 4
+    #: and at most this many bytes of them (one batch larger than that still goes ahead alone; 0: no
+    #: limit but the count): what a task holds ahead is bounded by bytes, not by how the source
+    #: slices its rows into batches
+    prefetch_bytes: int = 32 * 1024 * 1024
 
 
 def roundtrip(task: Task) -> Task:
@@ -57,7 +61,8 @@ class LocalRuntime:
                     stopping = "cancelled (Ctrl-C or SIGTERM) before it finished"
                 while pending and stopping is None and len(running) < degree:
                     task = roundtrip(pending.pop())
-                    running.add(pool.submit(run_task, task, progress, self.config.max_retries, prefetch=self.config.prefetch_batches))
+                    running.add(pool.submit(run_task, task, progress, self.config.max_retries, prefetch=self.config.prefetch_batches,
+                                              prefetch_bytes=self.config.prefetch_bytes))
                 if not running:
                     break
                 # a timeout, so that Ctrl-C is seen while long partitions run

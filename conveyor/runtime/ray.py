@@ -61,8 +61,12 @@ class RayRuntimeConfig:
     #: with the tasks (Ray's object store, never its logs; not Ray's runtime_env, whose agent logs
     #: them in plain text) and are set around each task on the worker
     forward_env: list[str] = field(default_factory=list)
-    #: batches a task reads ahead of its writer (memory per task ~ prefetch x batch size)
+    #: batches a task reads ahead of its writer, in a thread: reading overlaps writing
     prefetch_batches: int = 4
+    #: and at most this many bytes of them (one batch larger than that still goes ahead alone; 0: no
+    #: limit but the count): what a task holds ahead is bounded by bytes, not by how the source
+    #: slices its rows into batches
+    prefetch_bytes: int = 32 * 1024 * 1024
     #: seconds between progress polls on the driver
     progress_interval: float = 0.5
     #: seconds a run's tasks go before the driver starts the actor that gathers their rows and bytes
@@ -125,17 +129,19 @@ def _disconnected() -> None:
         thread.join()
 
 
-def _remote_run(task: Task, max_retries: int, prefetch: int, collector: str | None, env: dict[str, str] | None = None,
+def _remote_run(task: Task, max_retries: int, prefetch: tuple[int, int], collector: str | None, env: dict[str, str] | None = None,
                 stop: str | None = None) -> TaskResult:
     """Runs on a Ray worker: the same task code as the local runtime, progress sent to the run's
     collector actor, named ``collector``, once the driver has made it (or nowhere, when nobody
     watches), with the forwarded environment set while it runs. Once an actor named ``stop`` exists
     (the driver makes it when the run stops), the task is cancelled as the local runtime's are: it
-    rolls back at its next batch and returns a cancelled result (:func:`_watch_for_stop`)."""
+    rolls back at its next batch and returns a cancelled result (:func:`_watch_for_stop`).
+    ``prefetch`` is the read-ahead's (batches, bytes)."""
     from unittest import mock  # the standard library's way to set and restore os.environ
 
     with mock.patch.dict(os.environ, env or {}), _watch_for_stop(stop):
-        return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries, prefetch=prefetch)
+        return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries,
+                        prefetch=prefetch[0], prefetch_bytes=prefetch[1])
 
 
 @contextlib.contextmanager
@@ -601,7 +607,8 @@ class RayRuntime:
         from conveyor.runtime.local import LocalRuntime, LocalRuntimeConfig
 
         note(self.report_note)
-        local = LocalRuntime(LocalRuntimeConfig(max_retries=self.config.max_retries, prefetch_batches=self.config.prefetch_batches),
+        local = LocalRuntime(LocalRuntimeConfig(max_retries=self.config.max_retries, prefetch_batches=self.config.prefetch_batches,
+                                                  prefetch_bytes=self.config.prefetch_bytes),
                              self.options)
         return local.run(tasks, degree, progress)
 
@@ -714,7 +721,8 @@ class RayRuntime:
                 while pending and stopping is None and len(running) < degree:
                     task = pending.pop()
                     progress.started(task.partition.key)
-                    running[remote.remote(task, self.config.max_retries, self.config.prefetch_batches, name, env_ref, stop_name)] = task
+                    running[remote.remote(task, self.config.max_retries, (self.config.prefetch_batches, self.config.prefetch_bytes), name,
+                                                 env_ref, stop_name)] = task
                 if name is not None and collector is None and running and time.monotonic() - began >= actor_after:
                     collector = ray.remote(num_cpus=0)(_Collector).options(name=name).remote()
                 done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)

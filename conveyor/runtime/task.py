@@ -7,8 +7,8 @@ attempt cannot duplicate rows.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import queue
 import threading
 import time
 import traceback
@@ -63,36 +63,51 @@ def close_batches(batches: Any) -> None:
         close()
 
 
-def read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
-    """Read ahead in a thread, at most ``depth`` batches, so reading overlaps writing.
+def _held(item: Any) -> int:
+    """The bytes a queued item holds: a batch's buffers (the ranges a slice references), else 0."""
+    return int(getattr(item, "nbytes", 0) or 0)
 
-    Memory stays bounded (``depth`` batches queued); when the consumer stops early, the
+
+def read_ahead(batches: Iterator[Any], depth: int, max_bytes: int = 0) -> Iterator[Any]:
+    """Read ahead in a thread, at most ``depth`` batches and (``max_bytes`` > 0) at most
+    ``max_bytes`` of them, so reading overlaps writing.
+
+    Memory stays bounded: the queue holds at most ``depth`` batches and, whatever their size,
+    ``max_bytes`` of them, or a single batch larger than that. Counted in batches alone, what the
+    queue held followed how the source happened to slice its rows (a Parquet file's row groups end
+    in a short batch) rather than what the writer needs ahead. When the consumer stops early, the
     reader stops too and the source's generator is closed (its connection with it).
     """
     if depth <= 0:
         yield from batches
         return
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    held: collections.deque[tuple[Any, int]] = collections.deque()
+    size = 0  # the bytes of the batches in ``held``
+    ready = threading.Condition()
     stop = threading.Event()
 
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def put(item: Any, nbytes: int) -> bool:
+        nonlocal size
+        with ready:
+            # the first batch is always taken: one larger than max_bytes still moves
+            while held and (len(held) >= depth or (max_bytes > 0 and size + nbytes > max_bytes)) and not stop.is_set():
+                ready.wait(0.1)
+            if stop.is_set():
+                return False
+            held.append((item, nbytes))
+            size += nbytes
+            ready.notify_all()
+        return True
 
     def produce() -> None:
         try:
             for batch in batches:
-                if not put(batch):
+                if not put(batch, _held(batch)):
                     break
             else:
-                put(_DONE)
+                put(_DONE, 0)
         except BaseException as exc:  # handed to the consumer
-            put(_Failed(exc))
+            put(_Failed(exc), 0)
         finally:
             close_batches(batches)  # the source's own clean-up (its connection) runs now
 
@@ -100,7 +115,12 @@ def read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
     reader.start()
     try:
         while True:
-            item = q.get()
+            with ready:
+                while not held:
+                    ready.wait()
+                item, nbytes = held.popleft()
+                size -= nbytes
+                ready.notify_all()
             if item is _DONE:
                 return
             if isinstance(item, _Failed):
@@ -108,13 +128,17 @@ def read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
             yield item
     finally:
         stop.set()
+        with ready:
+            ready.notify_all()
         reader.join(timeout=30)
 
 
-def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: float = 0.5, prefetch: int = 0) -> TaskResult:
+def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: float = 0.5, prefetch: int = 0,
+             prefetch_bytes: int = 0) -> TaskResult:
     """Run a task, retrying retriable errors up to ``max_retries`` times with backoff.
 
-    ``prefetch`` > 0 reads that many batches ahead of the writer, in a thread.
+    ``prefetch`` > 0 reads that many batches ahead of the writer, in a thread, and (``prefetch_bytes``
+    > 0) no more than that many bytes of them (:func:`read_ahead`).
     """
     key = task.partition.key
     max_retries = retries_allowed(task.sink, max_retries)
@@ -135,7 +159,7 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
                 if plan.counts_from_read:  # the sink checks before its commit against the read's own count
                     counted = ReadCount(reading, task.source, task.partition)
                     plan = dataclasses.replace(plan, expected_rows={key: counted})
-                stats = task.sink.write(plan, task.partition, _reported(read_ahead(reading, prefetch), key, progress))
+                stats = task.sink.write(plan, task.partition, _reported(read_ahead(reading, prefetch, prefetch_bytes), key, progress))
                 if stats.source_rows is None and not stats.already_committed:  # what the source's server said it sent
                     sent = counted.value if counted is not None and counted.value is not None else getattr(reading, "sent", None)
                     stats = dataclasses.replace(stats, source_rows=sent)
