@@ -128,7 +128,7 @@ def register_defaults() -> None:
     store.store(group=DEFAULTS_GROUP, name="job", node=_defaults_of(JobConfig, skip=TOP_LEVEL_PLUGINS))
     groups = store.repo.get(DEFAULTS_GROUP) if isinstance(getattr(store, "repo", None), dict) else None
     for kind in TOP_LEVEL_PLUGINS:
-        names = [entry.name for entry in registry.available(kind)]
+        names = registry.names(kind)
         if isinstance(groups, dict):  # Hydra 1.3's store: each plugin's node made when a composition asks for it
             groups[kind] = _LazyDefaults(kind, names)
             continue
@@ -203,7 +203,7 @@ def _groups_help() -> str:
     """The config groups a user chooses from, for ``conveyor run --help``."""
     from importlib.resources import files
 
-    lines = [f"{kind}: {', '.join(entry.name for entry in registry.available(kind))}" for kind in TOP_LEVEL_PLUGINS]
+    lines = [f"{kind}: {', '.join(registry.names(kind))}" for kind in TOP_LEVEL_PLUGINS]
     pipelines = sorted(p.name.removesuffix(".yaml") for p in files("conveyor.configs").joinpath("pipeline").iterdir()
                        if p.name.endswith(".yaml"))
     return "\n".join([f"pipeline: {', '.join(pipelines)}", *lines])
@@ -304,11 +304,11 @@ def _without_siblings_keys(kind: str, name: str, node: Any, schema: type) -> Any
     if not foreign:
         return node
     siblings: set[str] = set()
-    for entry in registry.available(kind):
-        if entry.name == name:
+    for other_name in registry.names(kind):
+        if other_name == name:
             continue
         try:
-            other = getattr(registry.load(kind, entry.name), "config_class", None)
+            other = getattr(registry.load(kind, other_name), "config_class", None)
         except Exception:  # a sibling that does not load knows nothing here
             continue
         if other is not None and dataclasses.is_dataclass(other):

@@ -82,6 +82,12 @@ def config_packages() -> list[str]:
     return sorted(found)
 
 
+def names(kind: str) -> list[str]:
+    """The names of a kind's installed plugins, sorted; reads no distribution's metadata (which
+    :func:`available` does for each plugin's package name: ~31 ms of a job's start here)."""
+    return sorted(_entries(kind))
+
+
 def available(kind: str) -> list[PluginEntry]:
     """Every installed plugin of a kind, sorted by name; imports nothing."""
     out = []

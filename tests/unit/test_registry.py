@@ -116,3 +116,24 @@ sys.exit(cli.main(["plan", "source=mysql", "source.table=t", "sink=parquet", f"s
     lines = proc.stderr.strip().splitlines()
     assert lines == ["error: source 'mysql' needs the Python package 'pymysql_broken', which is not installed",
                      "hint: pip install pymysql_broken"], proc.stderr
+
+
+def test_composing_a_job_reads_no_distribution_metadata() -> None:
+    """On main composing a job read every plugin's distribution name (``ep.dist.name``), which parses
+    that package's METADATA file: 34 parses at each job's start, ~31 ms here (the four kinds' names
+    alone: 1.6-1.9 ms). Only the names are needed; `conveyor plugins` still shows the packages."""
+    code = (
+        "import importlib.metadata as md\n"
+        "import conveyor\n"  # its own version, read once as it is imported
+        "parsed = []\n"
+        "real = md.Distribution.metadata\n"
+        "md.Distribution.metadata = property(lambda self: parsed.append(1) or real.fget(self))\n"
+        "from conveyor.submit import compose\n"
+        "from conveyor.config import build_job\n"
+        "build_job(compose(['pipeline=pg_to_pg', 'source.table=t', 'sink.table=t', 'strategy=none']))\n"
+        "print(len(parsed))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "0"
+    assert any(e.distribution for e in registry.available("source"))  # the listing still names the packages
