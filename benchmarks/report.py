@@ -156,7 +156,9 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         for c in cells:
             label = c["name"].rsplit(" degree=", 1)[0].replace("conveyor ", "")
             series[label].append((c.get("degree", 1), c["best"]))
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        # the legend goes below both axes, one row per job: inside the time axis it covered the lines when the
+        # job names were long (the best-configuration groups' "(replace)", "(UNLOGGED ...)" labels)
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4 + 0.2 * len(series)))
         for label, points in series.items():
             points.sort()
             xs, ys = [p[0] for p in points], [p[1] for p in points]
@@ -165,10 +167,12 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
                 ax2.plot(xs, [base["best"] / y for y in ys], marker="o", label=label)
         ax1.set(title=f"{group}: time", xlabel="degree", ylabel="seconds (best)")
         ax2.set(title="speedup vs baseline (same run)", xlabel="degree", ylabel="x")
-        ax1.legend(fontsize=7)
         for ax in (ax1, ax2):
             ax.grid(alpha=0.3)
-        fig.tight_layout()
+            ax.set_xticks(sorted({x for points in series.values() for x, _ in points}))  # degrees: whole numbers
+        handles, labels = ax1.get_legend_handles_labels()
+        fig.tight_layout(rect=(0, 0.2 * len(series) / (4 + 0.2 * len(series)) + 0.02, 1, 1))
+        fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=7, frameon=False)
         path = out / f"plot_{re.sub(r'[^a-z0-9]+', '_', group.lower()).strip('_')}.png"
         fig.savefig(path, dpi=90)
         plt.close(fig)
