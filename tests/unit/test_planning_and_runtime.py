@@ -223,3 +223,27 @@ def test_datadriven_packs_many_values_into_balanced_ranges() -> None:
     assert max(rows) - min(rows) <= 10
     listed = DataDrivenStrategy(DataDrivenStrategyConfig(distribute_key="k", datadriven_query="q"), JobOptions()).plan(request).partitions
     assert len(listed) == 64 and sorted(v for p in listed for v in p.values) == list(range(200))
+
+
+@pytest.mark.parametrize(("gib", "degree", "ranges"), [
+    (0.2, 2, 2),     # TPC-H SF1 orders: one range per stream
+    (0.9, 2, 2),     # lineitem SF1
+    (0.9, 1, 1),     # one stream reads the table as one range
+    (5, 2, 4),       # 2.5 GiB a stream: two ranges each
+    (20, 2, 8),      # 10 GiB a stream: at most 4 each
+    (1, 4, 4),
+])
+def test_ctid_plans_one_range_per_stream_until_a_stream_reads_more_than_a_gib(gib: float, degree: int, ranges: int) -> None:
+    """On main ctid planned 4 page ranges per stream whatever the table's size: each range's start and
+    end cost its stream time nothing overlapped, 20% of PostgreSQL -> Parquet on TPC-H SF1 lineitem at
+    degree 2 (13.5-16.3 s against 11.5-12.5 s with one range per stream)."""
+    from conveyor.strategies.keyed import CtidStrategy, KeyedStrategyConfig
+
+    class Heap:
+        def ctid_pages(self) -> int:
+            return 1_000_000
+
+    info = SourceInfo(schema=pa.schema([("a", pa.int64())]), label="t", estimated_bytes=int(gib * (1 << 30)))
+    plan = CtidStrategy(KeyedStrategyConfig(), JobOptions()).plan(PlanRequest(source=Heap(), info=info, degree=degree))
+    assert len(plan.partitions) == ranges
+    assert plan.partitions[0].start == 0 and plan.partitions[-1].stop is None
