@@ -38,7 +38,7 @@ from conveyor.log import say, warn
 class KeyedStrategyConfig:
     #: the column that splits the rows (FastTransfer: --distributeKeyColumn)
     distribute_key: str | None = None
-    #: how many partitions; 0 = degree (ctid: 4 x degree, smaller partitions balance better)
+    #: how many partitions; 0 = degree (ctid: a range per stream, more per stream for a table over 1 GiB a stream)
     partitions: int = 0
 
     def __post_init__(self) -> None:
