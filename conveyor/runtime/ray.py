@@ -129,19 +129,18 @@ def _disconnected() -> None:
         thread.join()
 
 
-def _remote_run(task: Task, max_retries: int, prefetch: tuple[int, int], collector: str | None, env: dict[str, str] | None = None,
-                stop: str | None = None) -> TaskResult:
+def _remote_run(task: Task, max_retries: int, prefetch: int, collector: str | None, env: dict[str, str] | None = None,
+                stop: str | None = None, prefetch_bytes: int = 0) -> TaskResult:
     """Runs on a Ray worker: the same task code as the local runtime, progress sent to the run's
     collector actor, named ``collector``, once the driver has made it (or nowhere, when nobody
     watches), with the forwarded environment set while it runs. Once an actor named ``stop`` exists
     (the driver makes it when the run stops), the task is cancelled as the local runtime's are: it
-    rolls back at its next batch and returns a cancelled result (:func:`_watch_for_stop`).
-    ``prefetch`` is the read-ahead's (batches, bytes)."""
+    rolls back at its next batch and returns a cancelled result (:func:`_watch_for_stop`)."""
     from unittest import mock  # the standard library's way to set and restore os.environ
 
     with mock.patch.dict(os.environ, env or {}), _watch_for_stop(stop):
         return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries,
-                        prefetch=prefetch[0], prefetch_bytes=prefetch[1])
+                        prefetch=prefetch, prefetch_bytes=prefetch_bytes)
 
 
 @contextlib.contextmanager
@@ -721,8 +720,8 @@ class RayRuntime:
                 while pending and stopping is None and len(running) < degree:
                     task = pending.pop()
                     progress.started(task.partition.key)
-                    running[remote.remote(task, self.config.max_retries, (self.config.prefetch_batches, self.config.prefetch_bytes), name,
-                                                 env_ref, stop_name)] = task
+                    running[remote.remote(task, self.config.max_retries, self.config.prefetch_batches, name, env_ref, stop_name,
+                                                 prefetch_bytes=self.config.prefetch_bytes)] = task
                 if name is not None and collector is None and running and time.monotonic() - began >= actor_after:
                     collector = ray.remote(num_cpus=0)(_Collector).options(name=name).remote()
                 done, _ = ray.wait(list(running), num_returns=1, timeout=self.config.progress_interval)
