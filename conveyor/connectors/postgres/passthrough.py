@@ -30,12 +30,12 @@ the stream into its stdout, and the relay would wait on the other pipe for ever)
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -55,16 +55,36 @@ _COUNT = re.compile(rb"^(\d+)$", re.MULTILINE)
 _SCRIPT_LINE = re.compile(r"^psql:<stdin>:\d+: ")
 
 
-@functools.cache
+_VERSION_LOCK = threading.Lock()
+_VERSION: list[int] = []  # psql's major version, once asked (one process asks once)
+
+
 def _psql_major() -> int:
     """psql's major version in this process (0 where it does not say it plainly): ``\\g FILE`` takes
-    a COPY's data from psql 12 on."""
+    a COPY's data from psql 12 on. Asked once per process; a caller that comes while
+    :func:`learn_psql_version`'s thread asks waits for its answer."""
+    with _VERSION_LOCK:
+        if not _VERSION:
+            _VERSION.append(_ask_psql_major())
+        return _VERSION[0]
+
+
+def _ask_psql_major() -> int:
     try:
         out = subprocess.run(["psql", "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
     found = re.search(r"\(PostgreSQL\) (\d+)", out)
     return int(found.group(1)) if found else 0
+
+
+def learn_psql_version() -> None:
+    """Ask psql its version in a thread of its own, now: called where a job agrees on the pass-through
+    (the sink, while the job plans), so that the partitions this process runs find it known. Asking
+    starts a psql (~20 ms here, through Debian's pg_wrapper) that the first partition's stream
+    otherwise waited for before its own psql started."""
+    if not _VERSION and not _VERSION_LOCK.locked():
+        threading.Thread(target=_psql_major, name="conveyor-psql-version", daemon=True).start()
 
 
 def _widen(fd: int) -> None:
@@ -119,6 +139,7 @@ def negotiate(native: NativeExport | None, pairs: Sequence[tuple[str, str]], tar
                 break
     if why is None:
         differ = [f"{s} {src[s].type_sql} -> {t.type_sql}" for (s, _), t in zip(pairs, targets) if src[s].type_sql != t.type_sql]
+        learn_psql_version()  # the source's partitions will run psql: its version is asked meanwhile
         if differ:  # same types, other typmods: PostgreSQL checks each value against the target's
             return FORMAT, ("pass-through: PostgreSQL binary COPY stream, same column types; typmods differ "
                             f"(each value checked by PostgreSQL): {', '.join(differ)}")

@@ -154,6 +154,26 @@ def test_a_psql_older_than_12_sends_its_stream_by_its_output_option_and_counts_a
     assert any(s.startswith("SELECT count(*) FROM (SELECT") for s in logged)
 
 
+def test_a_pass_through_job_asks_psqls_version_while_it_plans_not_on_its_first_partitions_path(cc_src, pg_target, monkeypatch) -> None:
+    """The stream's psql script depends on psql's version, and asking starts a psql of its own (~20 ms
+    here): the sink asks it in a thread when it agrees on the pass-through, while the job plans, so the
+    first partition finds it known. On the main this started from, the first partition asked it, and
+    its stream waited."""
+    import threading
+
+    from conveyor.connectors.postgres import passthrough
+
+    asked: list[str] = []
+    ask = passthrough._ask_psql_major
+    monkeypatch.setattr(passthrough, "_VERSION", [])  # as in a new process
+    monkeypatch.setattr(passthrough, "_ask_psql_major", lambda: asked.append(threading.current_thread().name) or ask())
+    sink = _target(pg_target, "cc_version")
+    report = job(_source(cc_src, table="cc_src"), sink, "ctid", {"partitions": 2}, load_mode="append", degree=2)
+    assert report.sink_plan.native == "pgcopy-binary" and report.rows == ROWS
+    assert asked == ["conveyor-psql-version"]  # once, by the planning's thread; neither partition asked
+    assert passthrough._VERSION and passthrough._VERSION[0] >= 12
+
+
 # --- the Arrow path (DuckDB's decoder or ADBC's): the server's scan counts what it sends ------------
 
 
