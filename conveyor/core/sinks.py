@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from conveyor.core.partitions import Partition
-from conveyor.core.sources import CursorWindow, ForeignKey, NativeStream, SourceInfo
+from conveyor.core.sources import ArrowSchemaField, CursorWindow, ForeignKey, NativeStream, SourceInfo, column_names
 
 if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
     import pyarrow as pa
@@ -69,7 +69,9 @@ class PrepareRequest:
     """What a sink's ``prepare`` gets: the source's schema and description (``info.native``: what
     a database source offers beyond Arrow). Never the source itself."""
 
-    schema: pa.Schema
+    #: the source's Arrow schema (a DeferredSchema is made the first time this is read: a sink that
+    #: needs only the columns' names reads ``column_names``)
+    schema: pa.Schema = ArrowSchemaField()  # type: ignore[assignment]
     info: SourceInfo
     #: how many partitions the plan has (0: not known); a sink may load a one-partition plan in a
     #: single transaction instead of through a staging table
@@ -77,6 +79,11 @@ class PrepareRequest:
     #: an incremental load's window: the sink records it as pending in prepare and makes its upper
     #: end the committed cursor when the load is made visible
     window: CursorWindow | None = None
+
+    @property
+    def column_names(self) -> list[str]:
+        """The source's column names, without making a deferred schema."""
+        return column_names(self.__dict__["_schema_as_given"])
 
 
 @dataclass(frozen=True)

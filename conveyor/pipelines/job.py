@@ -199,17 +199,17 @@ def plan_one(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
     degree = resolve_degree(spec.runtime, spec.options.degree)
     layout = None
     if isinstance(spec.sink, SupportsTargetLayout):  # the target's range partitions, for a plan aligned with them
-        layout = spec.sink.target_layout(PrepareRequest(schema=info.schema, info=info))
+        layout = spec.sink.target_layout(PrepareRequest(schema=info.schema_as_given, info=info))
     rows_wanted = (0, "")
     if isinstance(spec.sink, WantsPartitionRows):  # a columnar target's stripe
-        rows_wanted = spec.sink.partition_rows(PrepareRequest(schema=info.schema, info=info))
+        rows_wanted = spec.sink.partition_rows(PrepareRequest(schema=info.schema_as_given, info=info))
     planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree, target=layout, min_partition_rows=rows_wanted))
     partitions = list(planned.partitions)
     if not partitions:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
     path = ""
     if isinstance(spec.sink, ExplainsPath):
-        path = spec.sink.explain_path(PrepareRequest(schema=info.schema, info=info, partitions=len(partitions)))
+        path = spec.sink.explain_path(PrepareRequest(schema=info.schema_as_given, info=info, partitions=len(partitions)))
     chosen = ", ".join(f"{kind}={spec.names[kind]}" for kind in ("runtime", "sink") if kind in spec.names)  # serve has neither
     note(f"plan: {info.label}: {len(partitions)} partition(s), strategy={spec.names['strategy']}, degree={degree}, "
          f"{chosen}, load_mode={spec.options.load_mode}" + (f"; {planned.note}" if planned.note else ""))
@@ -323,7 +323,7 @@ class Load:
 
     def prepare(self) -> None:
         spec, plan = self.plan.spec, self.plan
-        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema, info=plan.info, partitions=len(plan.partitions),
+        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema_as_given, info=plan.info, partitions=len(plan.partitions),
                                                      window=plan.window))
         self.report.target, self.report.sink_plan, self.sink_plan = sink_plan.target, sink_plan, sink_plan
         if sink_plan.path_reason:
