@@ -92,11 +92,11 @@ class ColumnType:
     def digits(self) -> int | None:
         """Fractional digits kept: numeric scale, precision of time/timestamp; None: no limit of
         its own (a PostgreSQL time/timestamp without a precision, an unconstrained numeric)."""
-        import pyarrow as pa
-
         if self.kind == "decimal":
             if self.db == "numeric":
                 return None if self.typmod < 0 else (self.typmod - 4) & 0xFFFF
+            import pyarrow as pa
+
             typ = _plain(self.arrow)
             return typ.scale if pa.types.is_decimal(typ) else None
         if self.db:

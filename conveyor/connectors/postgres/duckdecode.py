@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from conveyor.connectors import duckext
-from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type
+from conveyor.connectors.postgres.types import PgColumn, numeric_precision_scale
 
 if TYPE_CHECKING:
     from conveyor.connectors.postgres.common import PgConnConfig
@@ -45,8 +45,8 @@ def unfit_column(columns: tuple[PgColumn, ...]) -> PgColumn | None:
         if col.elem or col.typtype == "e":
             return col
         if col.typname == "numeric":
-            typ = numeric_arrow_type(col)
-            if typ is None or typ.precision > 38:
+            ps = numeric_precision_scale(col)
+            if ps is None or ps[0] > 38:
                 return col
             continue
         if col.typname not in EXACT:

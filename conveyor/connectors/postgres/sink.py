@@ -146,6 +146,16 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
         self.check_merge_options()
 
 
+def _same_type(src: PgColumn | None, tgt: PgColumn) -> bool:
+    """A source column of the target column's very type: the same built-in type and typmod, or enums
+    of one name (an enum's oid differs from server to server, as the pass-through's negotiation says)."""
+    if src is None or src.typmod != tgt.typmod:
+        return False
+    if src.typtype == "e" and tgt.typtype == "e":
+        return src.typname == tgt.typname
+    return src.type_oid == tgt.type_oid and src.type_oid < 16384
+
+
 class PostgresSink:
     config_class = PostgresSinkConfig
     capabilities = SinkCapabilities(transactional=True, load_modes=("truncate", "append", "create", "replace", "merge"))
@@ -181,7 +191,7 @@ class PostgresSink:
     # --- prepare ------------------------------------------------------------------------------
 
     def prepare(self, request: PrepareRequest) -> SinkPlan:
-        mode, schema, where = self.options.load_mode, request.schema, self._where
+        mode, names, where = self.options.load_mode, request.column_names, self._where
         con = connect(self.config, autocommit=True)
         stage_created = False
         try:
@@ -202,14 +212,14 @@ class PostgresSink:
             in_place = mode == "truncate" and self._in_place(request.partitions)
             new_table = mode in ("create", "replace") and not target.exists
             if new_table:
-                ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}" for f in schema)
+                ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}" for f in request.schema)
                 unlogged = "UNLOGGED " if self.config.unlogged or self.config.unlogged_load else ""
                 con.execute(f"CREATE {unlogged}TABLE {self._qualified(self._stage())} ({ddl}){chosen_am}")
                 commits.label_stage(con, self.config.schema, self.options.run_id, self.name)
-                pairs = [(n, n) for n in schema.names]
+                pairs = [(n, n) for n in names]
                 write_table, stage_created = self._stage(), True
             else:
-                pairs = map_columns(schema.names, target.mapping, self.options.map_method, where)
+                pairs = map_columns(names, target.mapping, self.options.map_method, where)
                 if mode in ("truncate", "replace", "merge") and not in_place:
                     like = "INCLUDING ALL" if mode == "replace" else "INCLUDING DEFAULTS"
                     unlogged = "UNLOGGED " if mode != "replace" or self.config.unlogged or self.config.unlogged_load else ""
@@ -228,7 +238,7 @@ class PostgresSink:
             if request.window is not None:
                 plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, window=request.window))
             key = request.info.primary_key
-            if new_table and self.config.primary_key and key and set(key) <= set(schema.names):
+            if new_table and self.config.primary_key and key and set(key) <= set(names):
                 plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, primary_key=tuple(key)))
             if mode == "merge":
                 merge = merging.plan(self.config, targets.primary_key(con, target), [t for _, t in pairs],
@@ -403,7 +413,7 @@ class PostgresSink:
             load_mode=self.options.load_mode,
             columns=tuple(t for _, t in pairs),
             source_columns=tuple(s for s, _ in pairs),
-            schema=request.schema,
+            schema=request.schema if native is None else None,  # the pass-through's tasks read no Arrow
             native=native,
             path_reason=reason,
             keeps=(INFINITY,) if load.writer == "pgpq" else (),
@@ -416,16 +426,19 @@ class PostgresSink:
         """Refuse, before anything moves, a column whose values the target type would change
         (conveyor/casts.py); the target columns ``sink.allow_cast`` lets PostgreSQL cast anyway."""
         src_cols = passthrough.source_columns(request.info.native)
+        # a PostgreSQL column into one of its very type and typmod changes no value: not judged (nor
+        # is the source's Arrow schema made for it, which a pass-through never needs)
+        judged = [(pair, t) for pair, t in zip(pairs, tcols) if not _same_type(src_cols.get(pair[0]), t)]
         sources = []
-        for s, _ in pairs:
+        for (s, _), _t in judged:
             f = request.schema.field(s)
             col = src_cols.get(s)
             if col is not None:
                 sources.append(pg_column_type(col, f.type, as_text=col.unconstrained_numeric or not col.native))
             else:
                 sources.append(ColumnType.of_field(f))
-        targets_ = [pg_column_type(c, None) for c in tcols]
-        return check_casts(pairs, sources, targets_, self._where, self.config.allow_cast)
+        targets_ = [pg_column_type(t, None) for _, t in judged]
+        return check_casts([pair for pair, _ in judged], sources, targets_, self._where, self.config.allow_cast)
 
     def explain_path(self, request: PrepareRequest) -> str:
         """Which path a run would take (for ``conveyor plan``); reads the target, changes nothing."""
@@ -438,14 +451,14 @@ class PostgresSink:
         finally:
             con.close()
         if target.exists and self.options.load_mode not in ("create",):
-            pairs = map_columns(request.schema.names, target.mapping, self.options.map_method, self._where)
+            pairs = map_columns(request.column_names, target.mapping, self.options.map_method, self._where)
             by_name = {c.name: c for c in target.columns}
             tcols = [by_name[t] for _, t in pairs]
             self._check_casts(request, pairs, tcols)
         else:  # a new table gets the source's built-in types
-            pairs = [(n, n) for n in request.schema.names]
+            pairs = [(n, n) for n in request.column_names]
             src = passthrough.source_columns(request.info.native)
-            tcols = [src[n] if n in src and src[n].type_oid < 16384 else PgColumn(n, 0, -1, "", "", "", "") for n in request.schema.names]
+            tcols = [src[n] if n in src and src[n].type_oid < 16384 else PgColumn(n, 0, -1, "", "", "", "") for n in request.column_names]
         tree, route_note = self._route_these((tree, route_note), request, pairs, tcols)
         reason = passthrough.negotiate(request.info.native, pairs, tcols, "arrow" if tree else self.config.copy_path)[1]
         if tree is not None:  # the encoder is chosen in prepare: a column pgpq cannot encode sends the rows through the parent

@@ -27,6 +27,7 @@ from conveyor.core import (
     INFINITY,
     INFINITY_DAYS,
     INFINITY_TICKS,
+    DeferredSchema,
     ForeignKey,
     JobOptions,
     NativeStream,
@@ -106,8 +107,10 @@ class PostgresSource(SqlSource):
         self.keep_infinity = False
         #: incremental.cursor: only the rows of this window are planned, read, counted and checksummed
         self.window = None
-        #: the Arrow schema read() yields, and the decoder that yields it (set by describe)
-        self.schema: Any = None
+        #: the Arrow schema read() yields, made the first time it is read (it imports pyarrow, which a
+        #: pass-through never needs); shared with this source's copies (session, keeping, windowed)
+        self._schema: Any = None
+        #: the decoder that yields the batches (set by describe)
         self.decoder = "adbc"
         #: the server's version number (set by describe; 0: not known)
         self.server_version = 0
@@ -171,10 +174,18 @@ class PostgresSource(SqlSource):
                 raise translate(exc, self.config, "describing the source") from None
         finally:
             con.close()
-        self.schema = schema = self._arrow_schema()
+        self._schema = DeferredSchema(self._arrow_schema, [c.name for c in self.columns])
         self.decoder, reader = self._pick_decoder()
-        return SourceInfo(schema=schema, label=label, estimated_rows=estimate, estimated_bytes=size,
+        return SourceInfo(schema=self._schema, label=label, estimated_rows=estimate, estimated_bytes=size,
                           native=passthrough.offer(self.columns), reader=reader, primary_key=keys[0], foreign_keys=keys[1])
+
+    @property
+    def schema(self) -> Any:
+        """The Arrow schema of the batches ``read`` yields (describe first; made on first use)."""
+        if self._schema is None:
+            self.describe()
+        made = self._schema
+        return made.get() if isinstance(made, DeferredSchema) else made  # a made one travels made (pickled)
 
     def _pick_decoder(self) -> tuple[str, str]:
         """(decoder, what the job's log says of it): DuckDB's where it is exact and loads."""

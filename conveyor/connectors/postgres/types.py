@@ -102,16 +102,26 @@ def read_columns(con: Any, sql: str) -> list[PgColumn]:
     return cols
 
 
-def numeric_arrow_type(col: PgColumn) -> Any:
-    """decimal128/256(p, s) for numeric(p, s); None for every other column."""
-    import pyarrow as pa
-
+def numeric_precision_scale(col: PgColumn) -> tuple[int, int] | None:
+    """(p, s) of a numeric(p, s) column read as a decimal; None for every other column (and for a
+    negative scale, PostgreSQL 15+, which keeps its text)."""
     if col.typname != "numeric" or col.typmod < 0 or col.elem:
         return None
     precision = ((col.typmod - 4) >> 16) & 0xFFFF
     scale = (col.typmod - 4) & 0xFFFF
-    if scale > precision or scale >= 0x8000:  # negative scale (PostgreSQL 15+): keep text
+    if scale > precision or scale >= 0x8000:
         return None
+    return precision, scale
+
+
+def numeric_arrow_type(col: PgColumn) -> Any:
+    """decimal128/256(p, s) for numeric(p, s); None for every other column."""
+    ps = numeric_precision_scale(col)
+    if ps is None:
+        return None
+    import pyarrow as pa
+
+    precision, scale = ps
     return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
 
 

@@ -90,8 +90,9 @@ from conveyor.connectors.postgres.source import PostgresSource, PostgresSourceCo
 from conveyor.core import JobOptions
 src = PostgresSource(PostgresSourceConfig(port=int(sys.argv[1]), table=sys.argv[2]), JobOptions())
 info = src.describe()
+schema = str(info.schema)  # made where read (a pass-through never reads it): the ADBC driver is loaded then, if it is
 print(json.dumps({"adbc": "adbc_driver_manager" in sys.modules, "duckdb": "duckdb" in sys.modules, "decoder": src.decoder,
-                  "schema": str(info.schema)}))
+                  "schema": schema}))
 """
 
 
