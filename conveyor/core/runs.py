@@ -148,6 +148,15 @@ class StartsEarly(Protocol):
     def release(self) -> None: ...
 
 
+@runtime_checkable
+class RunsTasksHere(Protocol):
+    """A runtime that can say, once the source is described (after ``start_early`` where it has one),
+    that the job's tasks will run in this process: a source may then get ready for them meanwhile
+    (``SupportsWarmUp``). False where it cannot tell yet (a Ray cluster to join decides later)."""
+
+    def runs_tasks_here(self) -> bool: ...
+
+
 class Runtime(Protocol):
     """Runs tasks, ``degree`` at once, and returns one result per task in any order; a failed
     partition cancels the ones not started (their results say ``cancelled``)."""
@@ -168,5 +177,6 @@ __all__ = [
     "resolve_degree",
     "ChecksBeforeRun",
     "StartsEarly",
+    "RunsTasksHere",
     "Runtime",
 ]

@@ -264,6 +264,18 @@ class SupportsSession(Protocol):
     def session(self) -> Any: ...
 
 
+@runtime_checkable
+class SupportsWarmUp(Protocol):
+    """A source whose first read of Arrow batches in a process pays a start (DuckDB's postgres
+    extension loaded and the server attached: ~0.15 s here): ``warm_up`` begins it in a thread of
+    this process and returns at once. The job calls it once the source is described, where the
+    source will be read as Arrow batches (the sink takes no native stream) in this process (the
+    runtime says so: ``RunsTasksHere``), so that it overlaps the job's planning and preparing. What
+    fails there is left for the read to meet."""
+
+    def warm_up(self) -> None: ...
+
+
 def open_session(source: Any) -> Any:
     """The source's job-long session where it has one (a context manager yielding the source the
     tasks get), else the source itself."""
@@ -422,6 +434,7 @@ __all__ = [
     "FileEntry",
     "NativeExport",
     "SourceInfo",
+    "SupportsWarmUp",
     "DeferredSchema",
     "ArrowSchemaField",
     "column_names",

@@ -27,16 +27,19 @@ from conveyor.core import (
     PrepareRequest,
     Progress,
     ReportsStartup,
+    RunsTasksHere,
     SinkPlan,
     SourceInfo,
     StartsEarly,
     SupportsCommitMarkers,
     SupportsCursorState,
     SupportsManyTables,
+    SupportsNativeWrite,
     SupportsPartitionCounts,
     SupportsReadCounts,
     SupportsSpecialValues,
     SupportsTargetLayout,
+    SupportsWarmUp,
     SupportsWindow,
     Task,
     TaskResult,
@@ -143,11 +146,21 @@ def opened(spec: JobSpec, described: Callable[[SourceInfo], None] | None = None)
     info = spec.source.describe()
     if described is not None:
         described(info)
+        _warm_up(spec)
     with open_session(spec.source) as source:
         window = _window(spec, source)
         if window is not None:
             source = source.windowed(window)
         yield dataclasses.replace(plan_one(spec, info, source), window=window), source
+
+
+def _warm_up(spec: JobSpec) -> None:
+    """Let the source get ready for its reads (SupportsWarmUp) while the job plans and prepares, where
+    they will be Arrow reads in this process: a sink that takes no native stream, a runtime that runs
+    the tasks here."""
+    if (isinstance(spec.source, SupportsWarmUp) and not isinstance(spec.sink, SupportsNativeWrite)
+            and isinstance(spec.runtime, RunsTasksHere) and spec.runtime.runs_tasks_here()):
+        spec.source.warm_up()
 
 
 def _window(spec: JobSpec, source: Any) -> CursorWindow | None:

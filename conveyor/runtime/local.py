@@ -48,6 +48,9 @@ class LocalRuntime:
     def __init__(self, config: LocalRuntimeConfig, options: JobOptions) -> None:
         self.config = config
 
+    def runs_tasks_here(self) -> bool:
+        return True
+
     def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
         """Run every task, at most ``degree`` at once; stop starting new ones after a failure or Ctrl-C."""
         degree = self._cap(degree)

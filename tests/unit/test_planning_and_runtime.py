@@ -247,3 +247,22 @@ def test_ctid_plans_one_range_per_stream_until_a_stream_reads_more_than_a_gib(gi
     plan = CtidStrategy(KeyedStrategyConfig(), JobOptions()).plan(PlanRequest(source=Heap(), info=info, degree=degree))
     assert len(plan.partitions) == ranges
     assert plan.partitions[0].start == 0 and plan.partitions[-1].stop is None
+
+
+def test_the_runtimes_say_when_the_tasks_will_run_in_this_process(monkeypatch) -> None:
+    """What the job asks before it lets a source get ready for its reads (SupportsWarmUp): the local
+    runtime always runs them here; Ray, once start_early has heard the source's size, for a job small
+    enough for the driver's threads with no instance to join; not where an instance is to be joined
+    (it decides there later) nor for a job too large. No Ray instance is started here."""
+    from conveyor.runtime import ray as ray_runtime
+
+    assert LocalRuntime(LocalRuntimeConfig(), JobOptions()).runs_tasks_here()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray_runtime, "_running_here", lambda: "")  # no `ray start` instance on this machine
+    small = ray_runtime.RayRuntime(ray_runtime.RayRuntimeConfig(), JobOptions())
+    small.start_early(2, 1 << 30)
+    assert small.runs_tasks_here() and small._early is None
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # an instance to join: nothing is decided yet
+    joined = ray_runtime.RayRuntime(ray_runtime.RayRuntimeConfig(), JobOptions())
+    joined.start_early(2, 1 << 30)
+    assert not joined.runs_tasks_here() and joined._early is None

@@ -22,6 +22,7 @@ version) and is installed offline into a per-user cache folder: no download.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +94,21 @@ def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Callable[[], Any]]:
         return db
 
     return key, make
+
+
+def warm(conf: PgConnConfig) -> threading.Thread:
+    """Make this process's DuckDB for ``conf`` (the extension loaded, the server attached) in a thread
+    of its own, now: the partitions' reads then find it made (or wait for it to be). What fails is
+    left for the first read, which makes it again and meets the error."""
+    key, make = _database(conf)
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            duckext.attached(key, make)
+
+    thread = threading.Thread(target=run, name="conveyor-duckdb-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 @contextlib.contextmanager

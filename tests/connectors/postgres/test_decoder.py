@@ -344,3 +344,37 @@ def test_the_one_pass_range_check_sends_every_special_date_and_timestamp_to_the_
     assert not duckdecode.in_range("timestamp", stamps(0, 2**63 - 1), low_ts)
     assert not duckdecode.in_range("timestamptz", stamps(-(2**63 - 1)), low_ts)
     assert not duckdecode.in_range("timestamp", stamps(low_ts - 1, None), low_ts)
+
+
+@pytest.mark.parametrize("sink", ["parquet", "postgres"])
+def test_a_job_read_through_duckdb_makes_its_duckdb_while_it_plans(matrix, pg_target, tmp_path, monkeypatch, sink) -> None:
+    """The process's DuckDB (the extension loaded, the server attached: ~0.15 s here) is made in a thread
+    of its own as soon as the source is described, where the job will read Arrow batches in this
+    process: the partitions find it made instead of each run's first one making it. A job whose sink
+    takes the source's native stream (the pass-through) makes none. On the main this started from, the
+    first partition made it."""
+    import threading
+
+    import duckdb
+
+    assert duckdecode.unavailable() is None  # the extension installed before counting
+    makers: list[str] = []
+    real = duckdb.connect
+
+    def counted(*args, **kw):
+        makers.append(threading.current_thread().name)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(duckdb, "connect", counted)
+    # a connect_timeout no other test uses: a DuckDB of its own (the process keeps one per server and settings)
+    source = {"type": "postgres", "port": matrix.port, "table": "dec_matrix", "decoder": "duckdb", "connect_timeout": 29}
+    if sink == "parquet":
+        report = job(source, {"type": "parquet", "path": str(tmp_path / "out")}, "ctid", {"partitions": 2}, degree=2)
+        assert report.rows == len(ROWS) and report.sink_plan.native is None
+        assert makers == ["conveyor-duckdb-warm-up"]
+    else:
+        pg_exec(pg_target, "DROP TABLE IF EXISTS dec_matrix", MATRIX)
+        report = job(source, {"type": "postgres", "port": pg_target.port, "table": "dec_matrix"}, "ctid", {"partitions": 2},
+                     degree=2, load_mode="truncate")
+        assert report.rows == len(ROWS) and report.sink_plan.native == "pgcopy-binary"
+        assert makers == []
