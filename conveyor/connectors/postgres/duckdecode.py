@@ -71,12 +71,12 @@ def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Callable[[], Any]]:
     """The key and maker of this process's DuckDB with the server attached as ``src`` (LOAD costs 0.1 s: once per process).
 
     The password goes into an in-memory DuckDB secret (never into a string DuckDB could print)."""
-    import duckdb
-
     pw = conf.password()
     key = ("postgres", conf.host, conf.port, conf.user, conf.dbname, conf.connect_timeout, tuple(sorted((conf.options or {}).items())), pw)
 
     def make() -> Any:
+        import duckdb
+
         db = duckdb.connect(config={"extension_directory": duckext.extension_dir("postgres"), "threads": 1,
                                     "autoinstall_known_extensions": False, "autoload_known_extensions": False})
         try:
@@ -104,7 +104,7 @@ def warm(conf: PgConnConfig) -> threading.Thread:
 
     def run() -> None:
         with contextlib.suppress(Exception):
-            duckext.attached(key, make)
+            duckext.attached(key, make)  # DuckDB is imported by make: in this thread too
 
     thread = threading.Thread(target=run, name="conveyor-duckdb-warm-up", daemon=True)
     thread.start()
