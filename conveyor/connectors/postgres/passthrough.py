@@ -113,6 +113,14 @@ def source_columns(native: NativeExport | None) -> dict[str, PgColumn]:
     return {c.name: c for c in native.columns} if native is not None and native.dialect == "postgres" else {}
 
 
+def same_type(src: PgColumn, tgt: PgColumn) -> bool:
+    """Whether two PostgreSQL columns are of one type, typmods aside: the same built-in base type, or
+    enums of one name (an enum's oid differs from server to server)."""
+    if src.typtype == "e" and tgt.typtype == "e":
+        return src.typname == tgt.typname
+    return src.type_oid == tgt.type_oid and src.type_oid < 16384 and src.typtype == "b"
+
+
 def negotiate(native: NativeExport | None, pairs: Sequence[tuple[str, str]], targets: Sequence[PgColumn],
               copy_path: str) -> tuple[str | None, str]:
     """(the agreed format or None, why): pass the stream through when both ends are PostgreSQL with
@@ -128,9 +136,7 @@ def negotiate(native: NativeExport | None, pairs: Sequence[tuple[str, str]], tar
     else:
         for (s, _), t in zip(pairs, targets):
             sc = src[s]
-            same = sc.type_oid == t.type_oid and sc.type_oid < 16384 and sc.typtype == "b"
-            same = same or (sc.typtype == "e" and t.typtype == "e" and sc.typname == t.typname)
-            if not same:
+            if not same_type(sc, t):
                 why = f"column {s}: {sc.type_sql} -> {t.type_sql} differ"
                 break
             if text_length_limit(sc, t) is not None:

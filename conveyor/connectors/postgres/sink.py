@@ -146,16 +146,6 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
         self.check_merge_options()
 
 
-def _same_type(src: PgColumn | None, tgt: PgColumn) -> bool:
-    """A source column of the target column's very type: the same built-in type and typmod, or enums
-    of one name (an enum's oid differs from server to server, as the pass-through's negotiation says)."""
-    if src is None or src.typmod != tgt.typmod:
-        return False
-    if src.typtype == "e" and tgt.typtype == "e":
-        return src.typname == tgt.typname
-    return src.type_oid == tgt.type_oid and src.type_oid < 16384
-
-
 class PostgresSink:
     config_class = PostgresSinkConfig
     capabilities = SinkCapabilities(transactional=True, load_modes=("truncate", "append", "create", "replace", "merge"))
@@ -426,9 +416,14 @@ class PostgresSink:
         """Refuse, before anything moves, a column whose values the target type would change
         (conveyor/casts.py); the target columns ``sink.allow_cast`` lets PostgreSQL cast anyway."""
         src_cols = passthrough.source_columns(request.info.native)
-        # a PostgreSQL column into one of its very type and typmod changes no value: not judged (nor
-        # is the source's Arrow schema made for it, which a pass-through never needs)
-        judged = [(pair, t) for pair, t in zip(pairs, tcols) if not _same_type(src_cols.get(pair[0]), t)]
+
+        def unchanged(s: str, t: PgColumn) -> bool:
+            """A PostgreSQL column into one of its very type and typmod: no value changes, so it is not
+            judged (nor is the source's Arrow schema made for it, which a pass-through never needs)."""
+            col = src_cols.get(s)
+            return col is not None and col.typmod == t.typmod and passthrough.same_type(col, t)
+
+        judged = [(pair, t) for pair, t in zip(pairs, tcols) if not unchanged(pair[0], t)]
         sources = []
         for (s, _), _t in judged:
             f = request.schema.field(s)
