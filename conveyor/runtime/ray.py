@@ -370,8 +370,6 @@ class RayRuntime:
         self._early_joined = False
         #: why start_early found the job small enough for the driver's threads ("": it did not)
         self._small_job = ""
-        #: start_early found the job's tasks will run in the driver (no instance to join, and a small job)
-        self._tasks_here = False
         #: the source's size as start_early heard it (None: unknown), for a small job on a joined instance
         self._estimated_bytes: int | None = None
 
@@ -417,7 +415,6 @@ class RayRuntime:
             # before the degree-1 rule: a small degree-1 job of several tasks runs in the driver too
             self._small_job = self._small(estimated_bytes)
             degree = JobOptions.resolve_degree(degree, self.cpus())  # the shipped pg_to_pg's -2 is 1 on two cores
-            self._tasks_here = bool(self._small_job)  # a degree-1 job's tasks run here only if it has one: not known yet
             if self._small_job or (degree == 1 and self.config.one_task_in_driver):
                 return
         self._early_ready, self._early_done, self._early_joined = threading.Event(), threading.Event(), False
@@ -425,9 +422,10 @@ class RayRuntime:
         self._early.start()
 
     def runs_tasks_here(self) -> bool:
-        """Whether start_early found that the tasks run in the driver (False where a Ray instance to join
-        decides later: a small job there may still run in the driver)."""
-        return self._tasks_here
+        """Whether start_early found that the tasks run in the driver: a small job with no instance to join
+        (False where an instance to join decides later, where a small job may still run in the driver, and
+        for a degree-1 job, whose tasks run here only if it has one: not known yet)."""
+        return bool(self._small_job)
 
     def _small(self, estimated_bytes: int | None) -> str:
         """Why a job of this size runs in the driver's threads ("": it does not)."""
