@@ -42,9 +42,14 @@ CORES = os.cpu_count() or 1
 # --- CPU accounting ---------------------------------------------------------------------------
 
 
-def _ticks(pid: int) -> float:
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (state, ppid, ...)."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def _ticks(pid: int, fields: list[str] | None = None) -> float:
+    fields = _stat(pid) if fields is None else fields
     return sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
 
 
@@ -71,10 +76,9 @@ def _children_ticks(pm: int) -> float:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                fields = _stat(int(entry))
                 if int(fields[1]) == pm:
-                    total += sum(int(x) for x in fields[11:15])
+                    total += _ticks(int(entry), fields)
             except OSError:
                 continue
     return total
