@@ -25,6 +25,11 @@ is not sent that way: psql gets it as a ``-c`` argument, which it sends as is, a
 partition's rows with a ``SELECT count(*)`` in the same snapshot (a second scan, for that query only).
 So does a psql older than 12, which cannot send a COPY's data where ``\\g`` names (it would write
 the stream into its stdout, and the relay would wait on the other pipe for ever).
+
+Where ``psql`` is Debian's (and Ubuntu's) ``pg_wrapper``, a Perl script (~20-30 ms a start here),
+the psql it would run is run directly: for psql, with the server named (PGHOST is always set), the
+wrapper runs the newest installed version's binary, with ``PGSYSCONFDIR`` defaulting to
+``/etc/postgresql-common`` (:func:`psql_program`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,43 @@ _COUNT = re.compile(rb"^(\d+)$", re.MULTILINE)
 _SCRIPT_LINE = re.compile(r"^psql:<stdin>:\d+: ")
 
 
+#: Debian's pg_wrapper: where it runs a version's programs from (PgCommon's binroot)
+PG_BINROOT = "/usr/lib/postgresql"
+_PROGRAM: list[tuple[str, dict[str, str]] | None] = []  # psql_program's answer, once per process
+
+
+def psql_program() -> tuple[str, dict[str, str]] | None:
+    """The psql to run, and the environment it needs beyond libpq's variables; None where there is none.
+
+    ``psql`` on PATH, except where it is Debian's pg_wrapper: a Perl script that starts for ~20-30 ms
+    here (more CPU than psql's own start) before it runs the real psql, once per partition. For psql
+    it always runs the newest installed version's binary (``get_newest_version``; psql connects to
+    older servers), and sets ``PGSYSCONFDIR`` (pg_service.conf) to ``/etc/postgresql-common`` where it
+    is unset: the same binary and setting, without the script. A psql older than 13 is left to the
+    wrapper (it preloads readline for those)."""
+    if not _PROGRAM:
+        _PROGRAM.append(_find_psql())
+    return _PROGRAM[0]
+
+
+def _find_psql(binroot: str = PG_BINROOT) -> tuple[str, dict[str, str]] | None:
+    found = shutil.which("psql")
+    if found is None:
+        return None
+    real = os.path.realpath(found)
+    if os.path.basename(real) != "pg_wrapper" or os.path.basename(os.path.dirname(real)) != "postgresql-common":
+        return found, {}
+    versions = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(binroot):
+            if re.fullmatch(r"\d+(\.\d+)?", name) and os.access(os.path.join(binroot, name, "bin", "psql"), os.X_OK):
+                versions.append(tuple(int(x) for x in name.split(".")))
+    if not versions or max(versions) < (13,):
+        return found, {}
+    newest = ".".join(str(x) for x in max(versions))
+    return os.path.join(binroot, newest, "bin", "psql"), {"PGSYSCONFDIR": os.environ.get("PGSYSCONFDIR", "/etc/postgresql-common")}
+
+
 _VERSION_LOCK = threading.Lock()
 _VERSION: list[int] = []  # psql's major version, once asked (one process asks once)
 
@@ -70,8 +112,11 @@ def _psql_major() -> int:
 
 
 def _ask_psql_major() -> int:
+    program = psql_program()
+    if program is None:
+        return 0
     try:
-        out = subprocess.run(["psql", "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([program[0], "--version"], capture_output=True, text=True, timeout=30, env={**os.environ, **program[1]}).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
     found = re.search(r"\(PostgreSQL\) (\d+)", out)
@@ -100,7 +145,7 @@ def _widen(fd: int) -> None:
 
 def offer(columns: Sequence[PgColumn]) -> NativeExport:
     """What a PostgreSQL source offers: its column types, and the stream where psql is installed."""
-    if shutil.which("psql") is None:
+    if psql_program() is None:
         return NativeExport("postgres", tuple(columns), None, "psql (PostgreSQL's client) is not installed")
     if os.name != "posix" or not os.path.isdir("/dev/fd"):
         return NativeExport("postgres", tuple(columns), None,
@@ -187,14 +232,15 @@ class _CopyOut:
 def export(config: PgConnConfig, select_sql: str, begin_sql: Sequence[str], key: str) -> Iterator[NativeStream]:
     """A partition as PostgreSQL's binary COPY stream, read by psql in the job's snapshot."""
     copy = f"COPY ({select_sql}) TO STDOUT (FORMAT binary)"
+    program, program_env = psql_program() or ("psql", {})  # none found (offer said so): Popen's error says it
     read_fd, write_fd = os.pipe()
     try:
         _widen(read_fd)
         script: str | None = "".join(f"{stmt};\n" for stmt in begin_sql) + f"{copy} \\g /dev/fd/{write_fd}\nCOMMIT;\n"
         if _PSQL_VARIABLE.search(script) is None and _psql_major() >= 12:  # psql changes nothing in it: the COPY's own count
-            args, count = ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-f", "-"], _COPY_TAG
+            args, count = [program, "-X", "-v", "ON_ERROR_STOP=1", "-f", "-"], _COPY_TAG
         else:  # sent as is (-c), and counted in the same snapshot
-            args, count, script = ["psql", "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-o", f"/dev/fd/{write_fd}"], _COUNT, None
+            args, count, script = [program, "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-o", f"/dev/fd/{write_fd}"], _COUNT, None
             for stmt in [*begin_sql, copy, "\\o", f"SELECT count(*) FROM ({select_sql}) AS _conveyor_rows", "COMMIT"]:
                 args += ["-c", stmt]
         # psql's messages go to a file, not a pipe: a query whose functions raise more notices than a
@@ -203,7 +249,7 @@ def export(config: PgConnConfig, select_sql: str, begin_sql: Sequence[str], key:
         try:
             proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=messages,
                                     stdin=subprocess.DEVNULL if script is None else subprocess.PIPE,
-                                    pass_fds=(write_fd,), env=config.subprocess_env())
+                                    pass_fds=(write_fd,), env={**config.subprocess_env(), **program_env})
         except BaseException:
             messages.close()
             raise

@@ -174,6 +174,92 @@ def test_a_pass_through_job_asks_psqls_version_while_it_plans_not_on_its_first_p
     assert passthrough._VERSION and passthrough._VERSION[0] >= 12
 
 
+def _newest_debian_psql() -> str | None:
+    """Where Debian's pg_wrapper would run psql from (its newest version's binary), worked out apart
+    from the code under test; None where ``psql`` is not the wrapper."""
+    import glob
+    import os
+    import shutil
+
+    found = shutil.which("psql")
+    if found is None or os.path.basename(os.path.realpath(found)) != "pg_wrapper":
+        return None
+    bins = glob.glob("/usr/lib/postgresql/*/bin/psql")
+    return max(bins, key=lambda b: [int(x) for x in b.split("/")[4].split(".")]) if bins else None
+
+
+def test_a_pass_through_partition_runs_the_psql_debians_wrapper_would_run_without_the_wrapper(cc_src, pg_target, monkeypatch) -> None:
+    """Debian's ``psql`` is pg_wrapper, a Perl script that took ~20-30 ms of CPU and wall time here
+    before the real psql started, on every partition's path (and once more for psql's version). The
+    stream's psql is the binary the wrapper would run. On the main this started from, each partition
+    ran ``psql`` through the wrapper. Where psql is not the wrapper (no Debian), PATH's psql runs."""
+    import os
+    import shutil
+    import subprocess
+
+    from conveyor.connectors.postgres import passthrough
+
+    started: list[tuple[str, str | None]] = []
+    popen = subprocess.Popen
+
+    class Recorded(popen):  # the real Popen, its program and PGSYSCONFDIR noted
+        def __init__(self, args, *a, **kw):
+            if "-X" in args:  # a stream's psql (not psql --version)
+                started.append((args[0], (kw.get("env") or {}).get("PGSYSCONFDIR")))
+            super().__init__(args, *a, **kw)
+
+    monkeypatch.setattr(passthrough.subprocess, "Popen", Recorded)
+    sink = _target(pg_target, "cc_wrapper")
+    report = job(_source(cc_src, table="cc_src"), sink, "ctid", {"partitions": 2}, load_mode="append", degree=2)
+    assert report.sink_plan.native == "pgcopy-binary" and report.rows == ROWS
+    assert len(started) == 2  # one psql per partition
+    expected = _newest_debian_psql()
+    for program, sysconf in started:
+        if expected is None:
+            assert program == shutil.which("psql")
+        else:
+            assert program == expected and os.path.basename(os.path.realpath(program)) == "psql"
+            assert sysconf == os.environ.get("PGSYSCONFDIR", "/etc/postgresql-common")
+
+
+def test_psql_is_found_behind_debians_wrapper_by_the_wrappers_rule(tmp_path, monkeypatch) -> None:
+    """The wrapper runs the newest installed version that has psql, and leaves versions before 13 to
+    itself (it preloads readline for them); a psql that is not the wrapper is run as found. A layout
+    made in tmp_path stands in for /usr/lib/postgresql and /usr/share/postgresql-common (this machine
+    has one version)."""
+    import os
+
+    from conveyor.connectors.postgres import passthrough
+
+    common = tmp_path / "share" / "postgresql-common"
+    common.mkdir(parents=True)
+    (common / "pg_wrapper").write_text("#!/bin/sh\n")
+    (common / "pg_wrapper").chmod(0o755)
+    path = tmp_path / "bin"
+    path.mkdir()
+    (path / "psql").symlink_to(common / "pg_wrapper")
+    root = tmp_path / "lib"
+    for version, has_psql in [("9.6", True), ("13", True), ("15", True), ("16", False)]:
+        (root / version / "bin").mkdir(parents=True)
+        if has_psql:
+            (root / version / "bin" / "psql").write_text("#!/bin/sh\n")
+            (root / version / "bin" / "psql").chmod(0o755)
+    monkeypatch.setenv("PATH", str(path))
+    monkeypatch.delenv("PGSYSCONFDIR", raising=False)
+    assert passthrough._find_psql(str(root)) == (str(root / "15" / "bin" / "psql"), {"PGSYSCONFDIR": "/etc/postgresql-common"})
+    monkeypatch.setenv("PGSYSCONFDIR", "/etc/mine")
+    assert passthrough._find_psql(str(root))[1] == {"PGSYSCONFDIR": "/etc/mine"}
+    for version in ("13", "15"):
+        os.remove(root / version / "bin" / "psql")
+    assert passthrough._find_psql(str(root)) == (str(path / "psql"), {})  # 9.6 only: the wrapper's
+    (path / "psql").unlink()
+    (path / "psql").write_text("#!/bin/sh\n")  # a psql of its own
+    (path / "psql").chmod(0o755)
+    assert passthrough._find_psql(str(root)) == (str(path / "psql"), {})
+    (path / "psql").unlink()
+    assert passthrough._find_psql(str(root)) is None
+
+
 _NO_PYARROW = """
 import sys
 
