@@ -266,3 +266,54 @@ def test_the_runtimes_say_when_the_tasks_will_run_in_this_process(monkeypatch) -
     joined = ray_runtime.RayRuntime(ray_runtime.RayRuntimeConfig(), JobOptions())
     joined.start_early(2, 1 << 30)
     assert not joined.runs_tasks_here() and joined._early is None
+
+
+class _SampledHeap:
+    """A heap whose live rows sit where ``rows_at`` says (rows on page p), sampled as the PostgreSQL
+    source samples: every k-th page, empty ones included. Records what the strategy asked."""
+
+    def __init__(self, pages: int, rows_at) -> None:
+        self.pages, self.rows_at, self.asked = pages, rows_at, []
+
+    def ctid_pages(self) -> int:
+        self.asked.append("pages")
+        return self.pages
+
+    def ctid_pages_sampled(self, target: int, min_pages: int):
+        self.asked.append(("sampled", target, min_pages))
+        step = max(1, self.pages // target)
+        return self.pages, [(p, self.rows_at(p)) for p in range(step // 2, self.pages, step)]
+
+
+@pytest.mark.parametrize(("degree", "live_from"), [(2, 0.5), (4, 0.75), (3, 0.0)])
+def test_ctid_splits_by_the_sampled_rows_where_equal_page_ranges_would_be_uneven(degree: int, live_from: float) -> None:
+    """Rows only in the pages from ``live_from`` of the table on (a purge of its oldest rows): each
+    range holds about an equal share of them. On the main this started from the ranges were equal
+    page ranges (at degree 2, one with no row). An even table (live_from 0) keeps equal page ranges."""
+    from conveyor.strategies.keyed import CtidStrategy, KeyedStrategyConfig, rows_in_ranges
+
+    pages = 100_000
+    heap = _SampledHeap(pages, lambda p: 50 if p >= live_from * pages else 0)
+    info = SourceInfo(schema=pa.schema([("a", pa.int64())]), label="t", estimated_bytes=pages * 8192)
+    plan = CtidStrategy(KeyedStrategyConfig(), JobOptions()).plan(PlanRequest(source=heap, info=info, degree=degree))
+    parts = plan.partitions
+    assert len(parts) == degree and parts[0].start == 0 and parts[-1].stop is None
+    assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+    truth = [(p, heap.rows_at(p)) for p in range(pages)]  # every page's rows, not the sample's
+    held = rows_in_ranges(truth, [p.start for p in parts])
+    share = sum(held) / degree
+    assert all(abs(h - share) <= 0.02 * share for h in held), held
+    if live_from == 0:
+        assert [p.start for p in parts] == list(range(0, pages, -(-pages // degree))) and "about equal rows" not in plan.note
+    else:
+        assert "about equal rows" in plan.note
+    assert heap.asked == [("sampled", 256, 4096)]  # one call: the pages and the sample on one connection
+
+
+def test_ctid_asks_no_sample_for_one_range() -> None:
+    from conveyor.strategies.keyed import CtidStrategy, KeyedStrategyConfig
+
+    heap = _SampledHeap(100_000, lambda p: 50)
+    info = SourceInfo(schema=pa.schema([("a", pa.int64())]), label="t", estimated_bytes=100_000 * 8192)
+    plan = CtidStrategy(KeyedStrategyConfig(), JobOptions()).plan(PlanRequest(source=heap, info=info, degree=1))
+    assert len(plan.partitions) == 1 and heap.asked == ["pages"]
