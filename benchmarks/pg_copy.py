@@ -21,6 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from conveyor.config import build_job
+from conveyor.connectors.postgres.passthrough import psql_program
 from conveyor.pipelines.job import run_job
 from conveyor.testing.pgserver import PgServer
 
@@ -45,11 +46,12 @@ def best(fn, repeat: int) -> list[float]:
 
 def pipe(src: PgServer, dst: PgServer, table: str) -> float:
     sql(dst, f"TRUNCATE {table}")
-    env = {**os.environ, "PGPASSWORD": src.password}
+    program, program_env = psql_program() or ("psql", {})  # the binary itself, as the pass-through runs it (not Debian's wrapper)
+    env = {**os.environ, **program_env, "PGPASSWORD": src.password}
     start = time.perf_counter()
-    out = subprocess.Popen(["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(src.port), "-U", "postgres", "-c",
+    out = subprocess.Popen([program, "-X", "-q", "-h", "127.0.0.1", "-p", str(src.port), "-U", "postgres", "-c",
                             f"COPY {table} TO STDOUT (FORMAT binary)"], stdout=subprocess.PIPE, env=env)
-    subprocess.run(["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(dst.port), "-U", "postgres", "-c",
+    subprocess.run([program, "-X", "-q", "-h", "127.0.0.1", "-p", str(dst.port), "-U", "postgres", "-c",
                     f"COPY {table} FROM STDIN (FORMAT binary)"], stdin=out.stdout, env=env, check=True)
     out.wait()
     return time.perf_counter() - start
