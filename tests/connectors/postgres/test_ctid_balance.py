@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import PG_PASSWORD, checksum, job, pg_exec
+from tests.helpers import checksum, job, pg_exec
 
 ROWS = 120_000
 
 
-@pytest.fixture(autouse=True)
-def _password(monkeypatch):
-    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
-
-
 @pytest.fixture(scope="module")
 def purged(pg_source):
-    """~5,500 pages, the first half of them emptied by a DELETE and a VACUUM (ids 1..60000 gone)."""
+    """~5,500 pages, the first half of them emptied by a DELETE and a VACUUM (ids 1..60000 gone). The
+    servers' fixture sets PGPASSWORD, which the jobs' password_env reads."""
     pg_exec(pg_source, "DROP TABLE IF EXISTS ctid_purged",
             "CREATE TABLE ctid_purged WITH (autovacuum_enabled = off) AS "
             f"SELECT g AS id, repeat(md5(g::text), 10) AS pad FROM generate_series(1, {ROWS}) g",
