@@ -180,8 +180,9 @@ class SupportsCtidSample(Protocol):
     """A heap table that can also say where its live rows are: its pages (as ``ctid_pages``) and,
     where it has at least ``min_pages``, ``(page, live rows)`` of about ``target`` of them spread
     evenly over the table, by page, empty pages included (``[]`` where it takes none, e.g. a
-    partitioned table, whose leaves' pages share one page range). The ctid strategy splits its ranges by these rows where its equal page ranges would
-    hold them unevenly (a table whose first pages a DELETE and a VACUUM emptied)."""
+    partitioned table, whose leaves' pages share one page range). The ctid strategy splits its
+    ranges by these rows where its equal page ranges would hold them unevenly (a table whose first
+    pages a DELETE and a VACUUM emptied)."""
 
     def ctid_pages_sampled(self, target: int, min_pages: int) -> tuple[int, list[tuple[int, int]]]: ...
 

@@ -195,7 +195,7 @@ def ctid_ranges_per_stream(request: PlanRequest) -> int:
 #: a plan of several ctid ranges over a table of at least CTID_SAMPLE_MIN_PAGES pages (32 MiB) counts
 #: the live rows of about CTID_SAMPLE_PAGES of them (8 per range where there are more ranges), every
 #: k-th page, and splits by rows where the equal page ranges' fullest would hold more than CTID_UNEVEN
-#: times an equal share. The sample's query: 7-13 ms here on TPC-H lineitem SF1 (107k pages)
+#: times an equal share. The sample's query: 1-2 ms here on TPC-H lineitem SF1 (107k pages, JIT off)
 CTID_SAMPLE_PAGES = 256
 CTID_SAMPLE_MIN_PAGES = 4096
 CTID_UNEVEN = 1.10

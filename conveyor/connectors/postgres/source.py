@@ -288,8 +288,8 @@ class PostgresSource(SqlSource):
 
     def ctid_pages_sampled(self, target: int, min_pages: int) -> tuple[int, list[tuple[int, int]]]:
         """The table's pages; and where ``target`` and at least ``min_pages`` pages, the live rows of
-        about ``target`` pages spread evenly over the table (every k-th page, empty ones included: a
-        random sample's own spread across ranges, ~1/sqrt(pages) of it, made an even table look 1.12x
+        about ``target`` pages spread evenly over the table (every k-th page, empty ones included:
+        TABLESAMPLE's random pages fall unevenly into the ranges, and made an even table look 1.12x
         uneven), each counted by a TID range scan of its page, on the same connection. PostgreSQL 14+
         (older servers have no TID range scan: no sample); not of a partitioned table (its leaves'
         pages share one page range). Not in the job's snapshot: a sample only weighs the ranges, whose
