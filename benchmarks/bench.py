@@ -295,10 +295,11 @@ class Bench:
         env = {**os.environ, **program_env, "PGPASSWORD": self.src.password}
         procs = []
         for i in range(streams):
-            where = "" if streams == 1 else f" WHERE ctid >= '({i * step},0)'::tid"
-            if streams > 1 and i < streams - 1:
-                where += f" AND ctid < '({(i + 1) * step},0)'::tid"
-            copy = f"COPY {table} TO STDOUT (FORMAT binary)" if streams == 1 else f"COPY (SELECT * FROM {table}{where}) TO STDOUT (FORMAT binary)"
+            if streams == 1:
+                copy = f"COPY {table} TO STDOUT (FORMAT binary)"
+            else:
+                where = f"ctid >= '({i * step},0)'::tid" + (f" AND ctid < '({(i + 1) * step},0)'::tid" if i < streams - 1 else "")
+                copy = f"COPY (SELECT * FROM {table} WHERE {where}) TO STDOUT (FORMAT binary)"
             out = subprocess.Popen([program, "-X", "-q", "-h", "127.0.0.1", "-p", str(self.src.port), "-U", "postgres", "-c", copy],
                                    stdout=subprocess.PIPE, env=env)
             load = [f"COPY {target} FROM STDIN (FORMAT binary)"]
