@@ -37,6 +37,7 @@ from conveyor.core import (
     SourceInfo,
     WriteStats,
     check_partition_rows,
+    check_stored,
     target_for,
 )
 from conveyor.errors import ConfigError, ConnectError, SchemaError, TransferError, VerificationError
@@ -410,10 +411,12 @@ class DuckDBSink(StagedSink):
                     con.execute("ROLLBACK")
                     return WriteStats(part.key, before, 0, time.perf_counter() - start, already_committed=True)
                 into = qualified(self.config.schema, plan.write_target)
-                con.execute(self._insert_sql(into, plan.columns, plan.source_columns, "__conveyor_batches"))
-                check_partition_rows(plan.target, part.key, (plan.expected_rows or {}).get(part.key), counted.rows)
+                stored = int(con.execute(self._insert_sql(into, plan.columns, plan.source_columns, "__conveyor_batches")).fetchone()[0])
+                if self.options.verify != "none":  # the INSERT's own count: what DuckDB stored
+                    check_stored(plan.target, part.key, counted.rows, stored)
+                check_partition_rows(plan.target, part.key, (plan.expected_rows or {}).get(part.key), stored)
                 if markers:
-                    state.mark(con, self.config.schema, self.options.load, self._name, part.key, counted.rows)
+                    state.mark(con, self.config.schema, self.options.load, self._name, part.key, stored)
                 con.execute("COMMIT")
             except (duckdb.Error, VerificationError) as exc:
                 con.execute("ROLLBACK")
@@ -424,7 +427,7 @@ class DuckDBSink(StagedSink):
                 raise TransferError(f"duckdb {plan.target}: {str(exc).splitlines()[0]}", partition=part.key) from None
         finally:
             _close(con)
-        return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
+        return WriteStats(part.key, stored, counted.bytes, time.perf_counter() - start)
 
     def count_rows(self, plan: SinkPlan) -> int:
         con = _connect(self.config.database)
@@ -445,8 +448,13 @@ class DuckDBSink(StagedSink):
         if plan.load_mode != "merge":
             return super().finalize(plan, results)
         stage, where = self._qualified(plan.write_target), f"duckdb table {self.config.schema}.{self.config.table}"
-        self._in_one_transaction(plan, merging.steps(own.merge, self._qualified(), stage, qident),
-                                 first=lambda con: merging.check_keys(con, own.merge, stage, where, qident))
+
+        def merge(con: Any) -> list[str]:
+            merged = merging.apply(con, own.merge, self._qualified(), stage, where, qident, values=self.options.verify == "checksum")
+            note(f"{self._name}: {merged.describe()} (read back from the target before the merge committed)")
+            return [f"DROP TABLE {stage}"]
+
+        self._in_one_transaction(plan, merge)
 
     def _truncate_steps(self, con: Any, plan: SinkPlan) -> list[str]:
         """truncate, inside the transaction that makes it visible: the loaded stage takes the target's

@@ -5,6 +5,12 @@ engine has no MERGE, which needs a unique index on the keys), then deletes (or m
 source no longer has when asked. A failed run, or a refused key, changes nothing in the target.
 A sink keeps the options as :class:`MergeOptions` fields of its config and supplies its quoting
 and its primary key; the statements are standard SQL, written once here.
+
+What the merge did is read back from the target inside its own transaction, before it commits
+(:func:`apply`): every staged key must be in the target afterwards (with the staged values of the
+merged columns under ``verify=checksum``), and none of the rows a delete removes may remain. A
+trigger or rule that skipped a row (BEFORE INSERT returning NULL, ``DO INSTEAD NOTHING``) fails the
+merge by name and the target keeps its rows as they were.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.errors import ConfigError, SchemaError
+from conveyor.errors import ConfigError, SchemaError, VerificationError
 
 #: how many offending keys a refusal names
 _SHOWN = 5
@@ -89,9 +95,11 @@ def check_keys(con: Any, merge: MergePlan, stage: str, where: str, quote: Callab
                           hint="deduplicate the source (source.query with DISTINCT ON), or merge on columns that identify a row")
 
 
-def steps(merge: MergePlan, target: str, stage: str, quote: Callable[[str], str], has_merge: bool = True) -> list[str]:
-    """The statements of the merge transaction, after :func:`check_keys`: the upsert, the deletes,
-    dropping the stage."""
+def upsert_and_deletes(merge: MergePlan, target: str, stage: str, quote: Callable[[str], str], has_merge: bool = True,
+                       mysql: bool = False) -> list[str]:
+    """The statements of the merge transaction, after :func:`check_keys`: the upsert, then the delete
+    (or soft delete) where asked. ``has_merge``: SQL MERGE, else ``INSERT ... ON CONFLICT`` (a unique
+    index on the keys); ``mysql``: ``INSERT ... ON DUPLICATE KEY UPDATE``."""
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in merge.keys)
     cols = ", ".join(quote(c) for c in merge.columns)
     values = ", ".join(f"s.{quote(c)}" for c in merge.columns)
@@ -99,7 +107,12 @@ def steps(merge: MergePlan, target: str, stage: str, quote: Callable[[str], str]
     sets = [(quote(c), f"s.{quote(c)}") for c in merge.update] + ([(soft, "false")] if soft else [])
     if soft and merge.soft_column not in merge.columns:  # a row the source has again, or anew, is not deleted
         cols, values = f"{cols}, {soft}", f"{values}, false"
-    if has_merge:
+    if mysql:
+        # no column to update: a no-op update, not IGNORE (which would hide other errors as warnings)
+        keep = [f"{c} = VALUES({c})" for c, _ in sets if c != soft] + ([f"{soft} = FALSE"] if soft else [])
+        keep = keep or [f"{quote(merge.keys[0])} = {quote(merge.keys[0])}"]
+        out = [f"INSERT INTO {target} ({cols}) SELECT {values} FROM {stage} AS s ON DUPLICATE KEY UPDATE {', '.join(keep)}"]
+    elif has_merge:
         matched = " WHEN MATCHED THEN UPDATE SET " + ", ".join(f"{c} = {v}" for c, v in sets) if sets else ""
         out = [f"MERGE INTO {target} AS t USING {stage} AS s ON {on}{matched} WHEN NOT MATCHED THEN INSERT ({cols}) VALUES ({values})"]
     else:
@@ -108,7 +121,80 @@ def steps(merge: MergePlan, target: str, stage: str, quote: Callable[[str], str]
         out = [f"INSERT INTO {target} ({cols}) SELECT {values} FROM {stage} AS s ON CONFLICT ({keys}) {action}"]
     gone = f"NOT EXISTS (SELECT 1 FROM {stage} AS s WHERE {on})"
     if merge.delete == "hard":
-        out.append(f"DELETE FROM {target} AS t WHERE {gone}")
+        out.append(f"DELETE t FROM {target} AS t WHERE {gone}" if mysql else f"DELETE FROM {target} AS t WHERE {gone}")
     elif merge.delete == "soft":
-        out.append(f"UPDATE {target} AS t SET {soft} = true WHERE {gone} AND t.{soft} IS DISTINCT FROM true")
-    return [*out, f"DROP TABLE {stage}"]
+        out.append(f"UPDATE {target} AS t SET t.{soft} = TRUE WHERE {gone} AND NOT (t.{soft} <=> TRUE)" if mysql else
+                   f"UPDATE {target} AS t SET {soft} = true WHERE {gone} AND t.{soft} IS DISTINCT FROM true")
+    return out
+
+
+@dataclass(frozen=True)
+class Merged:
+    """What a merge did to its target, as the target holds it (read in the merge's transaction)."""
+
+    staged: int
+    updated: int
+    inserted: int
+    #: rows the source no longer has, deleted (merge_delete=hard) or marked deleted (soft)
+    deleted: int = 0
+    delete: str = "none"
+
+    def describe(self) -> str:
+        gone = f", {self.deleted:,} {'deleted' if self.delete == 'hard' else 'marked deleted'}" if self.delete != "none" else ""
+        return f"merged {self.staged:,} staged rows: {self.updated:,} matched (updated), {self.inserted:,} inserted{gone}"
+
+
+def apply(con: Any, merge: MergePlan, target: str, stage: str, where: str, quote: Callable[[str], str], has_merge: bool = True,
+          values: bool = False, mysql: bool = False) -> Merged:
+    """The whole merge inside the caller's open transaction on ``con`` (``con.execute(sql).fetchone()``):
+    the staged keys checked, the upsert and deletes, then what the target now holds read back; the
+    stage is dropped last. Raises (the caller rolls back) where the target did not take every row.
+    ``values``: also compare the merged columns' values of every staged key (``verify=checksum``);
+    ``mysql``: MySQL's spelling (its own upsert is the caller's: ``steps`` here gives standard SQL)."""
+    check_keys(con, merge, stage, where, quote)
+    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in merge.keys)
+    staged, matched = _ints(con, f"SELECT count(*), sum(CASE WHEN EXISTS (SELECT 1 FROM {target} AS t WHERE {on}) THEN 1 ELSE 0 END) "
+                                 f"FROM {stage} AS s")
+    work = upsert_and_deletes(merge, target, stage, quote, has_merge, mysql)
+    con.execute(work[0])
+    compared = [c for c in merge.update if c not in merge.keys] if values else []
+    differs = " OR ".join(_differs(f"t.{quote(c)}", f"s.{quote(c)}", mysql) for c in compared) or "1 = 0"
+    found, changed = _ints(con, f"SELECT count(*), sum(CASE WHEN {differs} THEN 1 ELSE 0 END) FROM {stage} AS s JOIN {target} AS t ON {on}")
+    if found != staged:
+        raise VerificationError(f"verification failed for {where}: after the merge it holds {found:,} of the {staged:,} staged keys "
+                                f"(a trigger or rule on it skipped {staged - found:,} rows without an error): rolled back",
+                                hint="the target was not changed; see its triggers and rules (or merge into a table without them)")
+    if changed:
+        raise VerificationError(f"verification failed for {where}: after the merge {changed:,} of its rows with a staged key do not "
+                                "hold the staged values (a trigger or rule on it changed them): rolled back",
+                                hint="the target was not changed; see its triggers and rules")
+    deleted = 0
+    if len(work) > 1:
+        left_sql = f"SELECT count(*) FROM {target} AS t WHERE {_gone(merge, stage, on, quote, mysql)}"
+        deleted = _ints(con, left_sql)[0]
+        con.execute(work[1])
+        left = _ints(con, left_sql)[0]
+        if left:
+            raise VerificationError(f"verification failed for {where}: the merge's delete left {left:,} of the {deleted:,} rows the "
+                                    "source no longer has (a trigger or rule on it kept them): rolled back",
+                                    hint="the target was not changed; see its triggers and rules")
+    return Merged(staged, matched, staged - matched, deleted, merge.delete)
+
+
+def _ints(con: Any, sql: str) -> tuple[int, ...]:
+    return tuple(int(v or 0) for v in con.execute(sql).fetchone())
+
+
+def _differs(a: str, b: str, mysql: bool) -> str:
+    """Null-safe inequality of two values of one column type: compared as text where SQL's equality
+    may not exist (json) or may say equal for values that differ."""
+    return f"NOT ({a} <=> {b})" if mysql else f"CAST({a} AS VARCHAR) IS DISTINCT FROM CAST({b} AS VARCHAR)"
+
+
+def _gone(merge: MergePlan, stage: str, on: str, quote: Callable[[str], str], mysql: bool) -> str:
+    """Target rows the source no longer has that the delete still has to act on."""
+    gone = f"NOT EXISTS (SELECT 1 FROM {stage} AS s WHERE {on})"
+    if merge.delete != "soft":
+        return gone
+    soft = f"t.{quote(merge.soft_column or '')}"
+    return f"{gone} AND " + (f"NOT ({soft} <=> TRUE)" if mysql else f"{soft} IS DISTINCT FROM true")

@@ -221,6 +221,22 @@ def check_partition_rows(target: str, partition: str, expected: int | ReadCount 
                                 f"written {rows:,}: rolled back", hint="the target was not changed by this partition; see the report")
 
 
+def check_stored(target: str, partition: str, sent: int | None, stored: int | None) -> None:
+    """Every sink calls this inside a partition's transaction, before COMMIT: the rows the target says
+    it stored (its COPY or INSERT count, or a count in the transaction) must be the rows it was sent.
+    A target can drop rows without an error (a BEFORE INSERT trigger returning NULL, a rule, a conflict
+    clause): then nothing of the partition stays. None: not known (not checked)."""
+    if sent is None or stored is None or stored == sent:
+        return
+    from conveyor.errors import VerificationError
+
+    raise VerificationError(
+        f"verification failed for {target}: partition {partition}: the target stored {stored:,} of the {sent:,} rows sent to it "
+        f"(a trigger, rule or conflict clause on it dropped {sent - stored:,} without an error): rolled back",
+        hint="the target was not changed by this partition; see the target's triggers and rules "
+             "(or load into a table without them); verify=none loads without this check")
+
+
 def target_for(template: str, schema: str, table: str, what: str) -> str:
     """A table's target from a sink setting: ``{table}`` / ``{schema}`` replaced; a setting without
     them names one target, which several tables cannot share."""
@@ -323,6 +339,7 @@ __all__ = [
     "SupportsForeignKeys",
     "target_for",
     "check_partition_rows",
+    "check_stored",
     "SupportsCleanup",
     "SupportsTargetCount",
     "SupportsTargetChecksum",

@@ -502,6 +502,8 @@ def committed_note(report: JobReport) -> str:
 def _resume_hint(report: JobReport) -> str:
     if report.plan.spec.options.load_mode != "append":
         return "run it again" + ("" if any(r.ok for r in report.results) else ": nothing was changed")
+    if not any(r.ok for r in report.results):
+        return "no partition had committed: run it again when the cause is fixed"
     # running the job again from the start would load the committed partitions a second time
     return f"do not simply run it again (the committed rows would be loaded twice): run it with {RESUME_HINT} to load only the rest"
 

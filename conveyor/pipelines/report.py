@@ -50,6 +50,7 @@ def summary_table(report: JobReport) -> Any:
         table.caption = f"verify={v.mode}: " + ("ok" if v.ok else "MISMATCH") + (
             f", source {v.source_rows:,} rows" if v.source_rows is not None else "") + (
             f", target {v.target_rows:,} new rows" if v.target_rows is not None else "") + (
+            f", staged {v.staged_rows:,} rows" if v.staged_rows is not None else "") + (
             f", checksum {v.target_checksum}" if v.target_checksum else "") + "".join(f"; {n}" for n in v.notes)
         table.caption_justify = "left"
     table.add_section()

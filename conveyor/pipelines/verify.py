@@ -32,6 +32,9 @@ class Verification:
     source_rows: int | None = None
     written_rows: int = 0
     target_rows: int | None = None
+    #: a merge: the rows staged for it (counted against the source; the merge itself reads back what the
+    #: target holds for every staged key before it commits)
+    staged_rows: int | None = None
     source_checksum: str | None = None
     target_checksum: str | None = None
     mismatched: list[str] = field(default_factory=list)
@@ -43,7 +46,7 @@ class Verification:
 
     def as_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "ok": self.ok, "source_rows": self.source_rows, "written_rows": self.written_rows,
-                "target_rows": self.target_rows, "source_checksum": self.source_checksum,
+                "target_rows": self.target_rows, "staged_rows": self.staged_rows, "source_checksum": self.source_checksum,
                 "target_checksum": self.target_checksum, "mismatched": self.mismatched, "notes": self.notes}
 
 
@@ -94,6 +97,12 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         out.notes.append("the target's rows before the append were not counted: the rows each partition's COPY wrote stand in")
     elif not isinstance(sink, SupportsTargetCount):
         out.notes.append("the sink cannot count what it holds")
+    elif plan.load_mode == "merge":
+        out.staged_rows = sink.count_rows(plan)
+        if out.staged_rows != expected:
+            out.mismatched.append(f"staged for the merge: {out.staged_rows:,} rows, source {expected:,}")
+        out.notes.append("the merge reads back, before it commits, that the target holds every staged key"
+                         + (" with the staged values" if mode == "checksum" else ""))
     else:
         out.target_rows = sink.count_rows(plan) - plan.rows_before
         if out.target_rows != expected:

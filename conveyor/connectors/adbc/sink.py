@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from conveyor.arrowutil import CountingBatches, length_checked
 from conveyor.connectors.adbc.common import AdbcBase, AdbcSinkConfig, qident
 from conveyor.connectors.staged import StagedSink, check_mode
-from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, WriteStats
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, WriteStats, check_stored
 from conveyor.errors import ConveyorError, SchemaError
 from conveyor.mapping import TargetColumn, map_columns
 
@@ -42,15 +42,32 @@ class AdbcSink(AdbcBase, StagedSink):
         finally:
             conn.close()
 
-    def _ingest(self, table: str, data: Any, mode: str, partition: str | None = None) -> None:
+    def _ingest(self, table: str, data: Any, mode: str, partition: str | None = None, sent: Callable[[], int] | None = None) -> int | None:
+        """``data`` into ``table`` in one transaction. With ``sent`` (the rows it was given, once read):
+        the rows the target stored, counted in that transaction before and after (a driver's ingest
+        returns what it sent, and a trigger can drop rows), must be those rows before it commits."""
         conn = self._connect(partition)
         cur = conn.cursor()
+
+        def count() -> int:
+            # SQLite: the rows this connection (opened for the partition) inserted; a count before the ingest
+            # would hold a read lock that the write cannot upgrade while another partition writes
+            cur.execute("SELECT total_changes()" if self.config.driver == "sqlite" else f"SELECT count(*) FROM {self._name(table)}")
+            return int(cur.fetchone()[0])
+
         try:
+            before = count() if sent is not None and self.config.driver != "sqlite" else 0
             cur.adbc_ingest(table, data, mode=mode, db_schema_name=self.config.db_schema)
+            stored = count() - before if sent is not None else None
+            if sent is not None:
+                check_stored(f"{self._where()} table {self.config.table}", partition or "", sent(), stored)
             conn.commit()
+            return stored
         except Exception as exc:
             with contextlib.suppress(Exception):
                 conn.rollback()
+            if isinstance(exc, ConveyorError):
+                raise
             raise self._translate(exc, f"ingesting into {table}", partition) from None
         finally:
             cur.close()
@@ -145,12 +162,13 @@ class AdbcSink(AdbcBase, StagedSink):
         counted = CountingBatches(renamed())
         reader = pa.RecordBatchReader.from_batches(out_schema, counted)
         try:
-            self._ingest(plan.write_target, reader, "append", part.key)
+            stored = self._ingest(plan.write_target, reader, "append", part.key,
+                                  sent=(lambda: counted.rows) if self.options.verify != "none" else None)
         except ConveyorError:
             if counted.error is not None:
                 raise counted.error from None
             raise
-        return WriteStats(part.key, counted.rows, counted.bytes, time.perf_counter() - start)
+        return WriteStats(part.key, counted.rows if stored is None else stored, counted.bytes, time.perf_counter() - start)
 
     def count_rows(self, plan: SinkPlan) -> int:
         return self.count_rows_of(plan.write_target)

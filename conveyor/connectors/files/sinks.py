@@ -20,6 +20,7 @@ from conveyor.core import (
     PrepareRequest,
     SinkPlan,
     WriteStats,
+    check_stored,
     target_for,
 )
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
@@ -158,6 +159,7 @@ class _FileSink:
         try:
             if self.config.partition_by:
                 rows, nbytes = self._write_hive(fs, tmp, batches, plan.schema, part)
+                self._check_stored(fs, fs.find(tmp), rows, plan, part)
                 if self.options.load_id:  # resumed: this partition's files from before are replaced, not added to
                     for old in fs.glob(posixpath.join(plan.write_target, "**", f"{self._stem(part.index)}-*{self.extension}")):
                         if "/_conveyor_" not in old:  # not the ones just written
@@ -168,6 +170,7 @@ class _FileSink:
                     fs.mv(path, dest)
             else:
                 rows, nbytes = self._write_file(fs, tmp, batches, plan.schema)
+                self._check_stored(fs, [tmp], rows, plan, part)
                 fs.mv(tmp, posixpath.join(plan.write_target, self._name(part)))
         except BaseException as exc:
             with contextlib.suppress(Exception):
@@ -180,6 +183,17 @@ class _FileSink:
             if fs.exists(tmp):
                 fs.rm(tmp, recursive=True)
         return WriteStats(part.key, rows, nbytes, time.perf_counter() - start)
+
+    def _check_stored(self, fs: Any, paths: list[str], sent: int, plan: SinkPlan, part: Partition) -> None:
+        """Before a partition's files are published (renamed into place): the rows they hold, as the
+        files themselves say (where the format says: Parquet's footers), are the rows written."""
+        if self.options.verify != "none":
+            stored = self._stored(fs, paths)
+            check_stored(plan.target, part.key, sent, stored)
+
+    def _stored(self, fs: Any, paths: list[str]) -> int | None:
+        """The rows the files hold, read back from them (None: the format does not say without a parse)."""
+        return None
 
     def _write_hive(self, fs: Any, folder: str, batches: Iterable[Any], schema: Any, part: Partition) -> tuple[int, int]:
         import pyarrow as pa
@@ -316,11 +330,14 @@ class ParquetSink(_FileSink):
 
     def count_rows(self, plan: SinkPlan) -> int:
         """Rows in the files this load wrote (their footers)."""
+        fs, _ = self._fs()
+        return self._stored(fs, self._written(plan, self._existing(fs, plan.write_target)))
+
+    def _stored(self, fs: Any, paths: list[str]) -> int:
         import pyarrow.parquet as pq
 
-        fs, _ = self._fs()
         total = 0
-        for path in self._written(plan, self._existing(fs, plan.write_target)):
+        for path in paths:
             with fs.open(path, "rb") as f:
                 total += pq.ParquetFile(f).metadata.num_rows
         return total

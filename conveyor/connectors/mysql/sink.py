@@ -19,9 +19,9 @@ from conveyor.connectors.merge import MergeOptions
 from conveyor.connectors.mysql import commits
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, _duck_connection, qident
 from conveyor.connectors.staged import StagedSink, check_mode
-from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats, target_for
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats, check_stored, target_for
 from conveyor.errors import ConfigError, ConveyorError, SchemaError, TransferError
-from conveyor.log import warn
+from conveyor.log import note, warn
 from conveyor.mapping import TargetColumn, map_columns
 
 
@@ -395,9 +395,7 @@ class MySqlSink(StagedSink):
                                         f"{message}; {len(warnings)} such)", partition=part.key, retriable=False,
                                         hint="LOAD DATA turns bad values into warnings; the partition was rolled back. Fix the value, "
                                              "or the target column's type")
-                if loaded != counted.rows:
-                    raise TransferError(f"{self.config.where()}: writing {part.key}: MySQL took {loaded} rows of {counted.rows}",
-                                        partition=part.key, retriable=False)
+                check_stored(plan.target, part.key, counted.rows, loaded)  # LOAD DATA's own count of the rows it stored
 
                 def fetch(sql: str) -> Any:
                     cur.execute(sql)
@@ -434,9 +432,7 @@ class MySqlSink(StagedSink):
             duck.execute("BEGIN")
             try:
                 inserted = duck.execute(sql).fetchone()[0]
-                if inserted != counted.rows:
-                    raise TransferError(f"{self.config.where()}: writing {part.key}: MySQL took {inserted} rows of {counted.rows}",
-                                        partition=part.key, retriable=False)
+                check_stored(plan.target, part.key, counted.rows, inserted)  # the INSERT's own count
                 once = plan.own.once
                 attempt.seal(inserted, lambda q: duck.execute(f"CALL mysql_execute('my', {duckext.quote(q)})") and None,
                              lambda q: duck.execute(f"SELECT * FROM mysql_query('my', {duckext.quote(q)})").fetchone(),
@@ -500,23 +496,16 @@ class MySqlSink(StagedSink):
             guard.release(self.options.run_id)
 
     def _merge(self, plan: SinkPlan, stage: str) -> None:
-        """The staged keys checked, then upsert (and deletes) in one transaction; the stage dropped after."""
-        merge = plan.own.merge
-        cols = ", ".join(qident(c) for c in merge.columns)
-        soft = qident(merge.soft_column) if merge.soft_column else None
-        sets = [f"{qident(c)} = VALUES({qident(c)})" for c in merge.update] + ([f"{soft} = FALSE"] if soft else [])
-        values = ", ".join(f"s.{qident(c)}" for c in merge.columns)
-        if soft and merge.soft_column not in merge.columns:
-            cols, values = f"{cols}, {soft}", f"{values}, FALSE"
-        keep = sets or [f"{qident(merge.keys[0])} = {qident(merge.keys[0])}"]  # no column to update: a no-op, not IGNORE
-        steps = [f"INSERT INTO {self._qualified()} ({cols}) SELECT {values} FROM {stage} AS s ON DUPLICATE KEY UPDATE {', '.join(keep)}"]
-        gone = "NOT EXISTS (SELECT 1 FROM {} AS s WHERE {})".format(
-            stage, " AND ".join(f"s.{qident(k)} = t.{qident(k)}" for k in merge.keys))
-        if merge.delete == "hard":
-            steps.append(f"DELETE t FROM {self._qualified()} AS t WHERE {gone}")
-        elif merge.delete == "soft":
-            steps.append(f"UPDATE {self._qualified()} AS t SET t.{soft} = TRUE WHERE {gone} AND NOT (t.{soft} <=> TRUE)")
-        self._in_one_transaction(plan, steps, first=lambda con: merging.check_keys(_Rows(con), merge, stage, self._where(), qident))
+        """The staged keys checked, then upsert (and deletes) in one transaction, read back from the
+        target before it commits; the stage dropped after."""
+        merged: list[merging.Merged] = []
+
+        def apply(con: Any) -> None:
+            merged.append(merging.apply(_Rows(con), plan.own.merge, self._qualified(), stage, self._where(), qident,
+                                        values=self.options.verify == "checksum", mysql=True))
+
+        self._in_one_transaction(plan, [], first=apply)
+        note(f"{self.table}: {merged[0].describe()} (read back from the target before the merge committed)")
         self._drop(plan.write_target)
 
     def _in_one_transaction(self, plan: SinkPlan, steps: list[str], first: Callable[[Any], None] | None = None) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 from conveyor.connectors import guard
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, sqlstate, translate
 from conveyor.connectors.staged import Stage, stage_label
-from conveyor.core import ReadCount, WriteStats, cancel_requested, check_partition_rows
+from conveyor.core import ReadCount, WriteStats, cancel_requested, check_partition_rows, check_stored
 from conveyor.errors import Cancelled, ConveyorError, TransferError
 
 MARKERS = "_conveyor_commits"
@@ -244,6 +244,8 @@ class Once:
     after: tuple[str, ...] = ()
     #: COPY ... FREEZE: the table was truncated in the same transaction, so its rows are written frozen
     freeze: bool = False
+    #: the rows the target stored must be the rows sent to it, checked before each commit (off: verify=none)
+    check_stored: bool = True
 
 
 class Attempt:
@@ -256,7 +258,8 @@ class Attempt:
         self.start = time.perf_counter()
 
     def run(self, conn: Any, execute: Any, fetch: Any, body: Any, cause: Any = None) -> WriteStats:
-        """The partition's transaction on ``conn``: ``body()`` writes it and returns (rows, bytes);
+        """The partition's transaction on ``conn``: ``body()`` writes it and returns (rows the target
+        stored, bytes, rows sent to it: None where not known);
         ``execute`` / ``fetch`` run SQL in the same transaction; ``cause()`` is an error a driver may
         have wrapped (the source's or a cast's), raised in its stead. The caller closes ``conn``."""
         try:
@@ -267,10 +270,10 @@ class Attempt:
             self._take_stream(fetch)
             for stmt in self.once.before:
                 execute(stmt)
-            rows, nbytes = body()
+            rows, nbytes, sent = body()
             for stmt in self.once.after:
                 execute(stmt)
-            self._seal(rows, execute, fetch)
+            self._seal(rows, sent, execute, fetch)
             conn.commit()
         except BaseException as exc:
             outcome = self._failed(conn, exc, cause() if cause is not None else None)
@@ -307,9 +310,12 @@ class Attempt:
     def _skipped(self, rows: int) -> WriteStats:
         return WriteStats(self.key, rows, 0, time.perf_counter() - self.start, already_committed=True)
 
-    def _seal(self, rows: int, execute: Any, fetch: Any) -> None:
-        """Just before commit: the driver must still hold the run, and the marker joins the transaction."""
+    def _seal(self, rows: int, sent: int | None, execute: Any, fetch: Any) -> None:
+        """Just before commit: the target stored what it was sent and the source counted, the driver
+        still holds the run, and the marker joins the transaction."""
         o = self.once
+        if o.check_stored:
+            check_stored(o.target, self.key, sent, rows)
         check_partition_rows(o.target, self.key, self.expected, rows)
         stopping, alive = fetch(driver_state_sql(o.guard)) if o.guard else (False, True)
         if stopping:

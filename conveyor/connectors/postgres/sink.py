@@ -55,7 +55,7 @@ from conveyor.core import (
     target_for,
 )
 from conveyor.errors import ConfigError, ConveyorError, SchemaError, VerificationError
-from conveyor.log import warn
+from conveyor.log import note, warn
 from conveyor.mapping import map_columns
 
 COPY_PATHS = ("auto", "arrow", "passthrough")
@@ -374,7 +374,8 @@ class PostgresSink:
             reason = reason.replace("copy_path=arrow", "routing rows into partitions")
         before, after, freeze = one_transaction or ((), (), False)
         once = commits.Once(self.config, self.config.schema, self.name, self.config.table, self._stage(), self.options.load,
-                            self.config.commit_markers, self.options.run_id, self.config.max_streams, before, after, freeze)
+                            self.config.commit_markers, self.options.run_id, self.config.max_streams, before, after, freeze,
+                            check_stored=self.options.verify != "none")
         load = PgLoad(once, target_types=tuple(c.type_sql for c in tcols))
         if native is None:
             casts, writer, why, pgpq_types = writers.plan_arrow(self.config, self.config.writer, self.options.run_id, request.schema,
@@ -514,11 +515,12 @@ class PostgresSink:
         attempt = commits.Attempt(once, part.key, writers.expected_rows(plan, part))
         con = connect(self.config, partition=part.key)
 
-        def relayed() -> tuple[int, int]:
-            done = passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key, once.freeze)
+        def relayed() -> tuple[int, int, int | None]:
+            stored, nbytes = passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key, once.freeze)
+            sent = None
             if plan.counts_from_stream:
-                attempt.expected = passthrough.sent_rows(stream, part.key)
-            return done
+                attempt.expected = sent = passthrough.sent_rows(stream, part.key)
+            return stored, nbytes, sent
 
         try:
             stats = attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(), relayed)
@@ -609,32 +611,13 @@ class PostgresSink:
         target = Target(self.config.schema, self.config.table, True)
         try:
             if StagedSink.staged(plan, self.config.table):
-                replacing = plan.load_mode == "replace" and con.execute(
-                    "SELECT to_regclass(%s) IS NOT NULL", [self._qualified()]).fetchone()[0]
-                if replacing:  # the new table takes the old one's owner, grants and comment
-                    targets.keep_identity(con, target, plan.write_target)
                 if plan.load_mode == "merge":
-                    merging.check_keys(con, plan.own.merge, self._qualified(plan.write_target), self._where, ident)
-                    steps = merging.steps(plan.own.merge, self._qualified(), self._qualified(plan.write_target), ident,
-                                          has_merge=con.info.server_version >= 150000)
+                    merged = merging.apply(con, plan.own.merge, self._qualified(), self._qualified(plan.write_target), self._where, ident,
+                                           has_merge=con.info.server_version >= 150000, values=self.options.verify == "checksum")
+                    con.execute(f"DROP TABLE {self._qualified(plan.write_target)}")
+                    note(f"{self.name}: {merged.describe()} (read back from the target before the merge committed)")
                 else:
-                    steps = swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), ident(self.config.table),
-                                       [ident(c) for c in plan.columns], empty="TRUNCATE")
-                if self.config.unlogged_load and not self.config.unlogged and plan.load_mode in ("create", "replace"):
-                    steps.insert(0, f"ALTER TABLE {self._qualified(plan.write_target)} SET LOGGED")  # with its indexes
-                if plan.own.primary_key:  # built once over the loaded rows; a duplicate fails here, the target untouched
-                    steps.insert(0, f"ALTER TABLE {self._qualified(plan.write_target)} ADD PRIMARY KEY "
-                                    f"({', '.join(ident(c) for c in plan.own.primary_key)})")
-                insert = steps[1] if plan.load_mode == "truncate" else None
-                if plan.load_mode == "truncate" and self.config.rebuild_indexes:
-                    drop, build = targets.loose_indexes(con, target)
-                    steps = [steps[0], *drop, steps[1], *build, *steps[2:]]  # empty, drop, insert, build, drop stage
-                for step in steps:
-                    done = con.execute(step)
-                    if step is insert:
-                        self._check_taken(done.rowcount, sum(r.rows for r in results))
-                if plan.load_mode != "truncate":
-                    targets.rename_stage_indexes(con, target, plan.write_target)
+                    self._swap_in(con, plan, target, sum(r.rows for r in results))
                 self._forget_markers(con, plan)  # a staged load is visible whole: its markers served their purpose
             self._commit_cursor(con, plan)
             con.commit()
@@ -651,6 +634,28 @@ class PostgresSink:
         finally:
             con.close()
             commits.release_guard(self.options.run_id)
+
+    def _swap_in(self, con: Any, plan: SinkPlan, target: Target, staged: int) -> None:
+        """truncate / create / replace, in the finalize's transaction: the staged rows made the target's."""
+        stage = self._qualified(plan.write_target)
+        if plan.load_mode == "replace" and con.execute("SELECT to_regclass(%s) IS NOT NULL", [self._qualified()]).fetchone()[0]:
+            targets.keep_identity(con, target, plan.write_target)  # the new table takes the old one's owner, grants and comment
+        steps = swap_steps(plan.load_mode, self._qualified(), stage, ident(self.config.table), [ident(c) for c in plan.columns],
+                           empty="TRUNCATE")
+        if self.config.unlogged_load and not self.config.unlogged and plan.load_mode in ("create", "replace"):
+            steps.insert(0, f"ALTER TABLE {stage} SET LOGGED")  # with its indexes
+        if plan.own.primary_key:  # built once over the loaded rows; a duplicate fails here, the target untouched
+            steps.insert(0, f"ALTER TABLE {stage} ADD PRIMARY KEY ({', '.join(ident(c) for c in plan.own.primary_key)})")
+        insert = steps[1] if plan.load_mode == "truncate" else None
+        if plan.load_mode == "truncate" and self.config.rebuild_indexes:
+            drop, build = targets.loose_indexes(con, target)
+            steps = [steps[0], *drop, steps[1], *build, *steps[2:]]  # empty, drop, insert, build, drop stage
+        for step in steps:
+            done = con.execute(step)
+            if step is insert:
+                self._check_taken(done.rowcount, staged)
+        if plan.load_mode != "truncate":
+            targets.rename_stage_indexes(con, target, plan.write_target)
 
     def _check_taken(self, taken: int, staged: int) -> None:
         """The staged rows copied into the target must all be taken (a trigger or rule on the target can

@@ -16,7 +16,7 @@ from typing import Any
 from conveyor.arrowutil import CountingBatches
 from conveyor.casts import ColumnType
 from conveyor.connectors.postgres import commits
-from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, translate
+from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, translate
 from conveyor.connectors.postgres.types import PgColumn, adbc_field, text_length_limit
 from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, Partition, ReadCount, SinkPlan, WriteStats
 from conveyor.errors import ConveyorError, SchemaError, TransferError
@@ -189,14 +189,20 @@ def write_adbc(config: PgConnConfig, run_id: str, plan: SinkPlan, part: Partitio
         cur.execute(sql)
         return cur.fetchone()
 
-    def body() -> tuple[int, int]:
-        if all(c is not None for c in load.casts):
+    def body() -> tuple[int, int, int]:
+        into = _table(load, plan)
+        counts = fetch(_INSERTED_SQL.format(table=literal(into))) if all(c is not None for c in load.casts) else None
+        if counts is not None and counts[1] == "on":
+            # ADBC's ingest returns the rows it sent; what the target stored is the server's own count of
+            # the rows this transaction inserted into it (its leaves, for a partitioned table)
             cur.adbc_ingest(plan.write_target, reader, mode="append", db_schema_name=load.once.schema)
-        else:
+            stored = int(fetch(_INSERTED_SQL.format(table=literal(into)))[0]) - int(counts[0])
+        else:  # through a temp table (PostgreSQL casts a column, or the server counts nothing): the INSERT's count
             temp = f"_conveyor_in_{part.index}"
             cur.adbc_ingest(temp, reader, mode="create", temporary=True)
-            cur.execute(insert_from_temp(plan.columns, load.target_types, _table(load, plan), temp))
-        return counted.rows, counted.bytes
+            cur.execute(insert_from_temp(plan.columns, load.target_types, into, temp))
+            stored = cur.rowcount
+        return stored, counted.bytes, counted.rows
 
     try:
         # the source or a cast may have failed inside the driver, which only wrapped the error
@@ -221,10 +227,10 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
     encoder = ArrowToPostgresBinaryEncoder(wire)
     con = connect(config, partition=part.key)
 
-    def body() -> tuple[int, int]:
+    def body() -> tuple[int, int, int]:
         cols = ", ".join(ident(c) for c in plan.columns)
         if load.route is not None and plan.write_target == load.once.table:
-            return _routed_copy(con, load, cols, counted, wire), counted.bytes
+            return _routed_copy(con, load, cols, counted, wire), counted.bytes, counted.rows
         temp = f"_conveyor_in_{part.index}" if any(c is None for c in load.casts) else None
         into = _table(load, plan) if temp is None else f"pg_temp.{ident(temp)}"
         if temp is not None:  # PostgreSQL casts these text columns: through a temp table
@@ -238,9 +244,10 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
                 for batch in counted:
                     cp.write(encoder.write_batch(_to_pg_epoch(batch, wire)))
                 cp.write(encoder.finish())
+            stored = cur.rowcount  # the rows COPY stored (a row a trigger skipped is not counted)
         if temp is not None:
-            con.execute(insert_from_temp(plan.columns, load.target_types, _table(load, plan), temp))
-        return counted.rows, counted.bytes
+            stored = con.execute(insert_from_temp(plan.columns, load.target_types, _table(load, plan), temp)).rowcount
+        return stored, counted.bytes, counted.rows
 
     try:
         return attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(), body, cause=lambda: counted.error)
@@ -285,6 +292,12 @@ def _routed_copy(con: Any, load: PgLoad, cols: str, batches: Iterable[Any], wire
                 flush()
         flush()
     return taken
+
+
+#: (rows this transaction inserted into a table and its leaves, whether the server counts them): the
+#: server's own account of what an ADBC ingest stored (pg_stat_get_xact_tuples_inserted)
+_INSERTED_SQL = ("SELECT coalesce(sum(pg_stat_get_xact_tuples_inserted(r)), 0), current_setting('track_counts') FROM "
+                 "(SELECT relid FROM pg_partition_tree({table}::regclass) WHERE isleaf UNION SELECT {table}::regclass) AS t(r)")
 
 
 def expected_rows(plan: SinkPlan, part: Partition) -> int | ReadCount | None:
