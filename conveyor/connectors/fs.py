@@ -68,3 +68,11 @@ def translate(exc: BaseException, where: str) -> ConveyorError:
     if name in ("ClientError", "NoCredentialsError"):
         return ConnectError(f"{where}: {text}", hint="check the credentials and the bucket")
     return SchemaError(f"{where}: {name}: {text}")
+
+
+def version(info: dict[str, Any]) -> str:
+    """What tells one version of a file from another, from an fsspec ``info``: its size and its ETag
+    (object stores) or modification time."""
+    tag = next((info[k] for k in ("ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified", "updated", "created")
+                if info.get(k) is not None), "")
+    return f"{info.get('size')}:{tag}"

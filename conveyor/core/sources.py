@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -340,6 +340,20 @@ class SupportsPartitionCounts(Protocol):
 
 
 @runtime_checkable
+class SupportsChangeCheck(Protocol):
+    """A source that can tell whether partitions a stopped run finished still hold exactly the rows
+    that run read, so that ``resume`` reads only the rest (or refuses). ``change_mark`` is taken in the
+    job's session and kept in the run's manifest (what identifies the snapshot or files it read; None:
+    nothing to keep); ``changed_since``, in a resumed run's session, names each partition of ``parts``
+    that no longer holds the ``rows`` it held under ``mark`` (empty: every one unchanged; None: this
+    source cannot tell for them, and the job compares counts instead)."""
+
+    def change_mark(self) -> dict[str, Any] | None: ...
+
+    def changed_since(self, mark: Mapping[str, Any], parts: Sequence[Partition], rows: Sequence[int]) -> list[str] | None: ...
+
+
+@runtime_checkable
 class SupportsReadCounts(Protocol):
     """A source whose ``read`` of a partition reports the rows its database sent for it
     (:class:`SentBatches`: ``sent``), where ``counts_while_reading`` says so: a sink that checks each
@@ -435,6 +449,7 @@ class SupportsWindow(Protocol):
 
 
 __all__ = [
+    "SupportsChangeCheck",
     "SupportsReadCounts",
     "ForeignKey",
     "SourceTable",

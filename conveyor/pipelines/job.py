@@ -52,6 +52,7 @@ from conveyor.core import (
 )
 from conveyor.errors import Cancelled, ConfigError, ConveyorError, PlanningError
 from conveyor.log import note, say, warn
+from conveyor.pipelines.resume import check_unchanged
 from conveyor.pipelines.verify import Verification, check_mode, raise_if_failed, verify
 from conveyor.runtime.task import first_failure
 
@@ -72,6 +73,9 @@ class JobPlan:
     #: a sink that keeps commit markers answers for itself instead
     resumed_from: str = ""
     previously_done: dict[str, int] = field(default_factory=dict)
+    #: resuming: what the source saw in the run resumed (SupportsChangeCheck.change_mark), to tell whether
+    #: the partitions it finished are unchanged
+    resumed_mark: Any = None
     #: incremental.cursor: the rows this run reads (past the cursor the target last committed)
     window: CursorWindow | None = None
     #: a job over several tables (``source.tables``): each table's own plan (its source, target and
@@ -356,6 +360,8 @@ class Load:
             of = f" of {plan.info.label}" if _in_many(plan) else ""
             say(f"resume: {len(done)} of {len(plan.partitions)} partitions{of} finished in {plan.resumed_from} (per {whose}); "
                 f"running the other {len(plan.partitions) - len(done)}")
+        if plan.resumed_from:
+            check_unchanged(plan, self.source, done, plan.resumed_mark)
         self.todo = [p for p in plan.partitions if p.key not in done]
         # the partitions this run writes (a resumed file append counts only their files)
         sink_plan = dataclasses.replace(self.sink_plan, to_write=tuple(p.index for p in self.todo))

@@ -84,8 +84,11 @@ class Manifest:
         """The wrapped display's (Progress): when it first shows running partitions' rows."""
         return float(getattr(self.inner, "live_rows_after", 0.0))
 
-    def start(self, run_id: str, load_id: str, partitions: list[Any], snapshot: str | None, done_before: dict[str, int]) -> None:
-        self.data.update(run_id=run_id, load_id=load_id, snapshot=snapshot)
+    def start(self, run_id: str, load_id: str, partitions: list[Any], snapshot: str | None, done_before: dict[str, int],
+              marks: dict[str, Any] | None = None) -> None:
+        """``marks``: what the source saw, per table ("" for a job of one), so that a resume can tell whether
+        the partitions this run finishes still hold the same rows (``SupportsChangeCheck``)."""
+        self.data.update(run_id=run_id, load_id=load_id, snapshot=snapshot, source_marks=marks or {})
         for p in partitions:
             self.data["partitions"][p.key] = {
                 "predicate": p.describe(), "partition": encode_partition(p),
@@ -129,6 +132,8 @@ class Previous:
     partitions: list[Any]
     done: dict[str, int]
     load_id: str
+    #: what the source saw in that run, per table ("" for a job of one): Manifest.start's ``marks``
+    marks: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def load_for_resume(run_dir: str, config: dict[str, Any]) -> Previous:
@@ -159,7 +164,7 @@ def load_for_resume(run_dir: str, config: dict[str, Any]) -> Previous:
                     entries[entry["partition"]].update(status=entry["status"], rows=entry["rows"])
     parts = [decode_partition(e["partition"]) for e in entries.values()]
     done = {k: e["rows"] for k, e in entries.items() if e["status"] == "done"}
-    return Previous(parts, done, old.get("load_id") or old.get("run_id") or "")
+    return Previous(parts, done, old.get("load_id") or old.get("run_id") or "", old.get("source_marks") or {})
 
 
 # --- partitions as plain JSON (no pickle: a manifest is data, never code) -----------------------

@@ -24,6 +24,7 @@ from conveyor.log import note, say
 from conveyor.pipelines.job import RESUME_HINT, JobPlan, JobReport, execute, opened, plan_job, runtime_started
 from conveyor.pipelines.manifest import Manifest, Previous, load_for_resume
 from conveyor.pipelines.report import report_dict
+from conveyor.pipelines.resume import marks
 
 #: builds the run's progress display once the plan is known (a context manager yielding a Progress)
 ProgressFactory = Callable[[JobPlan], ContextManager[Progress]]
@@ -109,9 +110,9 @@ def _resumed(plan: JobPlan, resume: str, previous: Previous | None) -> JobPlan:
     if plan.tables:
         from conveyor.pipelines.tables import resumed
 
-        return resumed(plan, resume, previous.partitions, previous.done)
+        return resumed(plan, resume, previous.partitions, previous.done, previous.marks)
     return dataclasses.replace(plan, partitions=previous.partitions, resumed_from=resume,
-                               previously_done=previous.done, note=f"resumed from {resume}")
+                               previously_done=previous.done, note=f"resumed from {resume}", resumed_mark=previous.marks.get(""))
 
 
 @contextlib.contextmanager
@@ -124,7 +125,7 @@ def _manifest(place: RunPlace, plan: JobPlan, config: Any, progress: Progress, s
     manifest = Manifest(place.run_dir / "manifest.json", config, progress)
     opts = plan.spec.options
     snapshot = source.snapshot_id if isinstance(source, SupportsSnapshot) else None
-    manifest.start(opts.run_id, opts.load, plan.partitions, snapshot, plan.previously_done)
+    manifest.start(opts.run_id, opts.load, plan.partitions, snapshot, plan.previously_done, marks(plan, source))
     try:
         yield manifest
     finally:

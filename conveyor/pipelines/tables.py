@@ -72,7 +72,7 @@ def _one_target_each(seen: dict[str, str], sink: Any, table: str) -> None:
     seen[where] = table
 
 
-def resumed(plan: JobPlan, resume: str, partitions: list[Any], done: dict[str, int]) -> JobPlan:
+def resumed(plan: JobPlan, resume: str, partitions: list[Any], done: dict[str, int], marks: dict[str, Any] | None = None) -> JobPlan:
     """A job over several tables resumed: each table takes its saved partitions and what finished of them."""
     by_table: dict[str, list[Any]] = {}
     for p in partitions:
@@ -83,7 +83,8 @@ def resumed(plan: JobPlan, resume: str, partitions: list[Any], done: dict[str, i
         raise ConfigError(f"resume: table(s) {', '.join(missing)} of that run are not among source.tables now", key="resume",
                           hint="resume with the same tables (or run the job afresh)")
     subs = tuple(dataclasses.replace(known[t], partitions=parts, resumed_from=resume,
-                                     previously_done={p.key: done[p.key] for p in parts if p.key in done})
+                                     previously_done={p.key: done[p.key] for p in parts if p.key in done},
+                                     resumed_mark=(marks or {}).get(t))
                  for t, parts in by_table.items())
     return dataclasses.replace(plan, tables=subs, partitions=[p for sub in subs for p in sub.partitions], resumed_from=resume,
                                previously_done=done, note=f"resumed from {resume}")

@@ -182,6 +182,42 @@ class _FileSource:
         for path in paths:
             yield from rebatch(self._with_hive(path, self._read_file(fs, path)), self.options.batch_size)
 
+    # --- resume: are the files a stopped run finished the same files? ------------------------------
+
+    def change_mark(self) -> dict[str, Any]:
+        """Each file's version (size and ETag or modification time), as the run found them."""
+        return {"files": self._versions([e.path for e in self.list_files()])}
+
+    def changed_since(self, mark: Any, parts: Sequence[Partition], rows: Sequence[int]) -> list[str] | None:
+        """The partitions whose files were rewritten or removed since the run that finished them."""
+        seen = (mark or {}).get("files")
+        if seen is None:
+            return None
+        out = []
+        for part in parts:
+            paths = [part.path] if isinstance(part, RowGroupSet) else list(part.paths) if isinstance(part, FileSet) else list(seen)
+            now = self._versions(paths)
+            moved = [p for p in paths if now.get(p) != seen.get(p)]
+            if moved:
+                out.append(f"{part.key}: {moved[0]} " + ("was removed" if moved[0] not in now else "was rewritten")
+                           + (f" (and {len(moved) - 1} more)" if len(moved) > 1 else "") + " since")
+        return out
+
+    def _versions(self, paths: list[str]) -> dict[str, str]:
+        """{path: version} of the files that exist among ``paths``."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        fs = self._fs()
+
+        def one(path: str) -> tuple[str, str | None]:
+            try:
+                return path, fs_util.version(fs.info(path))
+            except FileNotFoundError:
+                return path, None
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            return {p: v for p, v in pool.map(one, paths) if v is not None}
+
     def _check_schema(self, path: str, schema: Any) -> None:
         if self._schema is not None and not same_columns(schema, self._schema):
             raise SchemaError(

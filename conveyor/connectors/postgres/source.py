@@ -19,7 +19,7 @@ from typing import Any
 
 from conveyor.arrowutil import rebatch
 from conveyor.casts import TEXT_OF
-from conveyor.connectors.postgres import duckdecode, passthrough
+from conveyor.connectors.postgres import changes, duckdecode, passthrough
 from conveyor.connectors.postgres.common import PG_DIALECT, PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, translate
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_arrow_type, read_columns
 from conveyor.connectors.sql import SqlSource, pick_tables
@@ -103,6 +103,9 @@ class PostgresSource(SqlSource):
         self.options = options
         self.columns: tuple[PgColumn, ...] = ()
         self.snapshot_id: str | None = None
+        #: what the exported snapshot saw (changes.mark): kept by the run's manifest, so a resume can tell
+        #: whether the partitions it finished still hold those rows
+        self.snapshot_mark: dict[str, Any] | None = None
         #: the sink keeps infinity (core.INFINITY): pass it on instead of refusing it
         self.keep_infinity = False
         #: incremental.cursor: only the rows of this window are planned, read, counted and checksummed
@@ -254,9 +257,11 @@ class PostgresSource(SqlSource):
         con = connect(self.config, autocommit=True)
         try:
             con.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            # the mark first: its statement takes the snapshot, and reads the transactions then running right after
+            seen = changes.mark(con, self._literal_table() if self.config.table else None)
             snap = con.execute("SELECT pg_export_snapshot()").fetchone()[0]
             shipped = copy.copy(self)
-            shipped.snapshot_id = snap
+            shipped.snapshot_id, shipped.snapshot_mark = snap, seen
             yield shipped
         finally:
             con.close()  # ends the exporting transaction (and with it the snapshot)
@@ -278,8 +283,46 @@ class PostgresSource(SqlSource):
     def for_table(self, table: SourceTable, options: JobOptions) -> PostgresSource:
         """This source for one of its tables, reading in its snapshot."""
         one = PostgresSource(dataclasses.replace(self.config, schema=table.schema, table=table.name, tables=[], exclude=[]), options)
-        one.snapshot_id = self.snapshot_id
+        one.snapshot_id, one.snapshot_mark = self.snapshot_id, self.snapshot_mark
         return one
+
+    # --- resume: are the partitions a stopped run finished unchanged? (changes.py) ----------------
+
+    def change_mark(self) -> dict[str, Any] | None:
+        """What this run's snapshot saw of the table (None for a query: its rows have no versions to compare)."""
+        if not self.config.table:
+            return None
+        mark = self.snapshot_mark
+        if mark is None or "files" not in mark:  # snapshot=false (each partition reads its own, all later), or one of several tables
+            con = connect(self.config, autocommit=True)
+            try:
+                for stmt in self.begin_snapshot_sql():
+                    con.execute(stmt)
+                taken = changes.mark(con, self._literal_table())
+            finally:
+                con.close()
+            mark = {**(mark or taken), "files": taken["files"]}
+        return mark
+
+    def changed_since(self, mark: Any, parts: Any, rows: Any) -> list[str] | None:
+        """The partitions of ``parts`` that no longer hold the ``rows`` loaded from them under ``mark``."""
+        if not self.config.table or not mark or "xmax" not in mark:
+            return None
+        return changes.changed(self, mark, parts, rows)
+
+    def _literal_table(self) -> str:
+        return literal(ident(self.config.schema, self.config.table or ""))
+
+    def count_where(self, parts: list[Partition], cond: str) -> list[tuple[int, int]]:
+        """(rows, rows where ``cond``) of each partition, in the job's snapshot, in one reading of them."""
+        if self._page_ranges(parts):
+            return [(row[0], row[1]) for row in self._per_range(f"count(*), count(*) FILTER (WHERE {cond})", parts)]
+        out: list[tuple[int, int]] = []
+        for i in range(0, len(parts), 100):
+            exprs = ", ".join(f"count(*) FILTER (WHERE {c}), count(*) FILTER (WHERE ({c}) AND {cond})" for c in self._conds(parts[i:i + 100]))
+            row = self._rows(f"SELECT {exprs} FROM {self._from()}")[0]
+            out += [(int(row[j]), int(row[j + 1])) for j in range(0, len(row), 2)]
+        return out
 
     # --- capabilities for the strategies --------------------------------------------------------
 
