@@ -56,6 +56,9 @@ class ParquetSinkConfig(FileSinkConfig):
 class CsvSinkConfig(FileSinkConfig):
     delimiter: str = ","
     header: bool = True
+    #: what stands for NULL, unquoted ('': an empty field, as PostgreSQL's CSV writes it); every text
+    #: value is quoted, so an empty string ("") and a text equal to this marker stay apart from NULL
+    null: str = ""
 
 
 class _FileSink:
@@ -201,10 +204,11 @@ class _FileSink:
 
         counted = CountingBatches(batches)
         plain = without_views(schema)  # the dataset writer has no string_view kernels
-        keys = pa.schema([plain.field(c) for c in self.config.partition_by])
+        written = self._as_written(plain)
+        keys = pa.schema([written.field(c) for c in self.config.partition_by])
         stem = self._stem(part.index)
         ds.write_dataset(
-            pa.RecordBatchReader.from_batches(plain, cast_batches(counted, plain)), folder, filesystem=fs,
+            pa.RecordBatchReader.from_batches(written, self._formatted(cast_batches(counted, plain))), folder, filesystem=fs,
             format=self._dataset_format(), file_options=self._dataset_options(),
             partitioning=ds.partitioning(keys, flavor="hive"), basename_template=stem + "-{i}" + self.extension,
             existing_data_behavior="overwrite_or_ignore",
@@ -226,6 +230,14 @@ class _FileSink:
         """What the writer gets at a time: each batch as it comes."""
         return batches
 
+    def _formatted(self, batches: Iterable[Any]) -> Iterable[Any]:
+        """Batches as the format writes them (``_as_written``'s schema)."""
+        return batches
+
+    def _as_written(self, schema: Any) -> Any:
+        """The schema of what ``_formatted`` gives the writer."""
+        return schema
+
     def _write_file(self, fs: Any, path: str, batches: Iterable[Any], schema: Any) -> tuple[int, int]:
         counted = CountingBatches(batches)
         writer = None
@@ -237,7 +249,7 @@ class _FileSink:
                     writer.write(chunk)
             finally:
                 if writer is None and schema is not None:  # an empty partition still makes a valid file
-                    writer = self._writer(out, schema)
+                    writer = self._writer(out, self._as_written(schema))
                 if writer is not None:
                     writer.close()
         return counted.rows, counted.bytes
@@ -360,7 +372,71 @@ class CsvSink(_FileSink):
     def _csv_options(self) -> Any:
         import pyarrow.csv as pacsv
 
-        return pacsv.WriteOptions(include_header=self.config.header, delimiter=self.config.delimiter)
+        config = self.config
+        assert isinstance(config, CsvSinkConfig)
+        # quoting_style="needed" quotes every text value (and only those): "" is an empty string, a bare null_string NULL
+        return pacsv.WriteOptions(include_header=config.header, delimiter=config.delimiter, null_string=config.null, quoting_style="needed")
+
+    def _as_written(self, schema: Any) -> Any:
+        """Decimals are written as text (Arrow writes 0E-10 for a decimal(38,10) zero; PostgreSQL 0.0000000000)."""
+        import pyarrow as pa
+
+        return pa.schema([f.with_type(pa.string()) if pa.types.is_decimal(f.type) else f for f in schema])
+
+    def _chunks(self, batches: Iterable[Any]) -> Iterable[Any]:
+        return self._formatted(batches)
+
+    def _formatted(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Each batch with its decimals in plain notation, as DuckDB casts them to text (one query per batch,
+        only where there are decimals)."""
+        import duckdb
+        import pyarrow as pa
+
+        con = None
+        try:
+            for batch in batches:
+                decimals = [i for i, f in enumerate(batch.schema) if pa.types.is_decimal(f.type)]
+                if not decimals:
+                    yield batch
+                    continue
+                if con is None:
+                    con = duckdb.connect(config={"threads": 1})
+                con.register("__conveyor_decimals", pa.Table.from_arrays([batch.column(i) for i in decimals], names=[f"c{i}" for i in decimals]))
+                texts = con.execute("SELECT " + ", ".join(f"CAST(c{i} AS VARCHAR)" for i in decimals) + " FROM __conveyor_decimals").arrow()
+                texts = texts.read_all() if hasattr(texts, "read_all") else texts  # a reader since DuckDB 1.4, a table before
+                con.unregister("__conveyor_decimals")
+                arrays = list(batch.columns)
+                for j, i in enumerate(decimals):
+                    arrays[i] = texts.column(j).combine_chunks().cast(pa.string())
+                yield pa.RecordBatch.from_arrays(arrays, schema=self._as_written(batch.schema))
+        finally:
+            if con is not None:
+                con.close()
+
+    def _check_types(self, schema: Any) -> None:
+        """Refuse, before a row moves, a column CSV cannot hold as text that reads back the same: bytes
+        (written raw, NUL and all), durations (their unit is lost), and what the writer cannot write at
+        all (uuid, lists, structs)."""
+        import io
+
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        for column in schema:
+            typ = column.type.storage_type if isinstance(column.type, pa.BaseExtensionType) else column.type
+            why = ""
+            if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_fixed_size_binary(typ):
+                why = "bytes have no text form that reads back as bytes"
+            elif pa.types.is_duration(typ) or pa.types.is_interval(typ):
+                why = "a duration is written as a bare number, without its unit"
+            else:
+                try:
+                    pacsv.CSVWriter(io.BytesIO(), pa.schema([column]), write_options=self._csv_options()).close()
+                except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
+                    why = f"the CSV writer cannot write it ({exc})"
+            if why:
+                raise SchemaError(f"csv sink: column {column.name} ({column.type}): {why}",
+                                  hint="cast it to text in the source (source.query: e.g. uuid::text, encode(b, 'hex')), or write Parquet")
 
     def _dataset_format(self) -> Any:
         import pyarrow.dataset as ds
@@ -368,4 +444,7 @@ class CsvSink(_FileSink):
         return ds.CsvFileFormat()
 
     def _dataset_options(self) -> Any:
-        return self._dataset_format().make_write_options(include_header=self.config.header, delimiter=self.config.delimiter)
+        config = self.config
+        assert isinstance(config, CsvSinkConfig)
+        return self._dataset_format().make_write_options(include_header=config.header, delimiter=config.delimiter,
+                                                         null_string=config.null, quoting_style="needed")

@@ -37,6 +37,14 @@ class CsvSourceConfig(FileSourceConfig):
     delimiter: str = ","
     header: bool = True
     quote_char: str = '"'
+    #: what stands for NULL when it stands unquoted ('': an empty field, as PostgreSQL's CSV writes it);
+    #: a quoted value is never NULL: "" is an empty string
+    null: str = ""
+    #: column types by name, instead of those inferred from the first file: Arrow type names (int64,
+    #: float64, string, date32, timestamp[us], bool) or decimal(p,s). Inferred: numbers with a decimal
+    #: point (and no exponent) are decimal(38, s) with the largest scale the first block of the first
+    #: file shows, read exactly; a later value with more digits is refused by name
+    column_types: dict[str, str] = field(default_factory=dict)
 
 
 def _filesystem(path: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
@@ -308,6 +316,7 @@ class CsvSource(_FileSource):
         import pyarrow.csv as pacsv
 
         cfg = self.config
+        assert isinstance(cfg, CsvSourceConfig)
         compression = "gzip" if path.endswith(".gz") else None
         try:
             stream = fs.open(path, "rb", compression=compression)
@@ -315,14 +324,64 @@ class CsvSource(_FileSource):
             raise fs_util.translate(exc, f"csv file {path}") from None
         read = pacsv.ReadOptions(autogenerate_column_names=not cfg.header, block_size=8 << 20)
         parse = pacsv.ParseOptions(delimiter=cfg.delimiter, quote_char=cfg.quote_char)
-        convert = pacsv.ConvertOptions(column_types=column_types)
+        # NULL is the null marker standing unquoted, in every column (text too); nothing else is NULL
+        convert = pacsv.ConvertOptions(column_types=column_types, null_values=[cfg.null], strings_can_be_null=True,
+                                       quoted_strings_can_be_null=False)
         try:
             return pacsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert)
         except Exception as exc:
+            if column_types is not None and ("CSV conversion error" in str(exc) or "Rescaling" in str(exc)):
+                raise self._unfit(path, exc) from None
             raise SchemaError(f"csv file {path}: cannot be read: {exc}") from None
 
+    def _unfit(self, path: str, exc: BaseException) -> TransferError:
+        """A value that does not fit its column's type, with the column named (pyarrow numbers it)."""
+        import re
+
+        text = first_line(exc)
+        found = re.search(r"column #(\d+)", text)
+        if found and self._schema is not None and int(found.group(1)) < len(self._schema):
+            field = self._schema.field(int(found.group(1)))
+            text = f"column {field.name} ({field.type}): {text}"
+        return TransferError(f"csv file {path}: {text}",
+                             hint="a value does not fit the type inferred from the first file's first block: name the column's "
+                                  "type in source.column_types (e.g. {price: 'decimal(18,4)'}), or its NULL marker in source.null")
+
     def _file_schema(self, fs: Any, path: str) -> Any:
-        return self._reader(fs, path).schema
+        """The first file's columns: pyarrow's inference over its first block, with numbers that have a
+        decimal point as exact decimals (not doubles) and ``column_types`` over both."""
+        import pyarrow as pa
+
+        cfg = self.config
+        assert isinstance(cfg, CsvSourceConfig)
+        given = {name: csv_type(name, text) for name, text in cfg.column_types.items()}
+        inferred = self._reader(fs, path, column_types=given).schema
+        unknown = sorted(set(given) - set(inferred.names))
+        if unknown:
+            raise ConfigError(f"source.column_types: no column {', '.join(unknown)} in {path}", key="source.column_types",
+                              hint=f"its columns: {', '.join(inferred.names)}")
+        doubles = [f.name for f in inferred if pa.types.is_floating(f.type) and f.name not in given]
+        if doubles:
+            given.update(self._decimals(fs, path, doubles, given))
+        return pa.schema([f.with_type(given.get(f.name, f.type)) for f in inferred])
+
+    def _decimals(self, fs: Any, path: str, names: list[str], given: dict[str, Any]) -> dict[str, Any]:
+        """Of the columns pyarrow would read as doubles, those whose text in the first block is plain decimal
+        numbers: their decimal type (the largest scale seen, at 38 digits; 76 where they need more)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        block = self._reader(fs, path, column_types={**given, **{n: pa.string() for n in names}}).read_next_batch()
+        out = {}
+        for name in names:
+            text = block.column(name).drop_null()
+            if len(text) == 0 or not pc.all(pc.match_substring_regex(text, r"^[+-]?[0-9]*\.?[0-9]+$")).as_py():
+                continue  # an exponent, inf or nan: a double's text
+            fraction = pc.utf8_length(pc.replace_substring_regex(text, r"^[^.]*\.?", ""))
+            whole = pc.utf8_length(pc.replace_substring_regex(text, r"^[+-]?0*([0-9]*)(\..*)?$", r"\1"))
+            scale, digits = pc.max(fraction).as_py() or 0, (pc.max(whole).as_py() or 0) + (pc.max(fraction).as_py() or 0)
+            out[name] = pa.decimal128(38, scale) if digits <= 38 and scale <= 38 else pa.decimal256(76, min(scale, 76))
+        return out
 
     def _read_file(self, fs: Any, path: str, row_groups: list[int] | None = None) -> Iterator[Any]:
         if row_groups is not None:
@@ -334,7 +393,27 @@ class CsvSource(_FileSource):
         try:
             yield from reader
         except Exception as exc:
-            raise TransferError(f"csv file {path}: {exc}", hint="a value does not fit the type inferred from the first file") from None
+            raise self._unfit(path, exc) from None
+
+
+def csv_type(name: str, text: str) -> Any:
+    """An Arrow type from its name (``int64``, ``timestamp[us]``, ...) or ``decimal(p,s)``, refused by name."""
+    import re
+
+    import pyarrow as pa
+
+    found = re.fullmatch(r"\s*decimal\s*\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*", text)
+    if found:
+        p, s = int(found.group(1)), int(found.group(2))
+        return pa.decimal128(p, s) if p <= 38 else pa.decimal256(p, s)
+    unit = re.fullmatch(r"\s*timestamp\[(s|ms|us|ns)(?:,\s*tz=(.+))?\]\s*", text)
+    if unit:
+        return pa.timestamp(unit.group(1), unit.group(2))
+    try:
+        return pa.type_for_alias(text.strip())
+    except (ValueError, KeyError):
+        raise ConfigError(f"source.column_types: {name}: {text!r} is not a type", key=f"source.column_types.{name}",
+                          hint="Arrow type names: int64, float64, string, bool, date32, timestamp[us], or decimal(p,s)") from None
 
 
 # --- sinks ----------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""CSV keeps NULL apart from '' both ways and reads numbers exactly.
+
+PostgreSQL's convention: every text value is quoted, NULL is the null marker unquoted ('' by
+default), so "" is an empty string and "NULL" a text. On the main this started from, the CSV source
+read the unquoted empty field of a text column as '' (NULL became an empty string, exit 0) and every
+number with a decimal point as a double (numeric(15,2) could not be loaded exactly from CSV at all).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from conveyor.errors import ConfigError, SchemaError, TransferError
+from tests.helpers import PG_PASSWORD, checksum, job, pg_exec
+
+
+@pytest.fixture(autouse=True)
+def _password(monkeypatch):
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+
+
+COLUMNS = "id int, t text, n numeric(15,2), wide numeric(38,10), f float8, d date, b bool"
+
+
+def test_postgres_to_csv_to_postgres_keeps_null_empty_text_and_numerics(pg_source, pg_target, tmp_path: Path) -> None:
+    pg_exec(pg_source, "DROP TABLE IF EXISTS csv_vals", f"CREATE TABLE csv_vals ({COLUMNS})",
+            "INSERT INTO csv_vals VALUES (1, NULL, 1.50, 12345678901234567890.0123456789, 0.1, '2020-01-01', true), "
+            "(2, '', NULL, NULL, NULL, NULL, NULL), (3, 'NULL', -2.05, -0.0000000001, 1e-7, '1999-12-31', false), "
+            "(4, 'x,y\"z', 9999999999999.99, 0, 'NaN', NULL, NULL), (5, E'line\\nbreak', 0.00, 1, '-Infinity', '2000-02-29', true), "
+            "(6, 'NA', 0.01, 2.5, 1.5, NULL, NULL)")
+    out = tmp_path / "csv"
+    job({"type": "postgres", "port": pg_source.port, "table": "csv_vals"}, {"type": "csv", "path": str(out)}, load_mode="replace")
+    text = "".join(p.read_text() for p in sorted(out.glob("*.csv")))
+    assert '\n1,,"1.50",' in text and '\n2,"",,' in text and '\n3,"NULL",' in text  # NULL bare, '' and "NULL" quoted
+    assert '"0.0000000000"' in text and "E-" not in text  # decimals as PostgreSQL prints them, not 0E-10
+    pg_exec(pg_target, "DROP TABLE IF EXISTS csv_vals", f"CREATE TABLE csv_vals ({COLUMNS})")
+    job({"type": "csv", "path": str(out)}, {"type": "postgres", "port": pg_target.port, "table": "csv_vals"}, load_mode="append")
+    assert checksum(pg_target, "csv_vals") == checksum(pg_source, "csv_vals")
+    assert pg_exec(pg_target, "SELECT id FROM csv_vals WHERE t IS NULL") == [(1,)]
+    assert pg_exec(pg_target, "SELECT id FROM csv_vals WHERE t = ''") == [(2,)]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_numbers_with_a_decimal_point_are_read_as_decimals(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from conveyor.connectors.files.sources import CsvSource, CsvSourceConfig
+    from conveyor.core import JobOptions, WholeSource
+
+    _write(tmp_path / "in" / "a.csv", 'price,ratio,qty,name\n1.5,1e-3,1,"a"\n-2.25,0.5,,""\n,nan,3,\n')
+    source = CsvSource(CsvSourceConfig(path=str(tmp_path / "in")), JobOptions())
+    schema = source.describe().schema
+    assert schema.field("price").type == pa.decimal128(38, 2)  # exact: not a double
+    assert schema.field("ratio").type == pa.float64()  # an exponent or nan: a double's text
+    assert schema.field("qty").type == pa.int64() and schema.field("name").type == pa.string()
+    table = pa.Table.from_batches(list(source.read(WholeSource(index=0, count=1))))
+    assert table.column("price").to_pylist() == [Decimal("1.50"), Decimal("-2.25"), None]
+    assert table.column("name").to_pylist() == ["a", "", None]
+
+
+def test_a_later_value_with_more_digits_is_refused_by_name_and_column_types_decide(tmp_path: Path) -> None:
+    _write(tmp_path / "in" / "a.csv", "price\n1.5\n")
+    _write(tmp_path / "in" / "b.csv", "price\n1.125\n")
+    with pytest.raises(TransferError, match=r"b\.csv") as caught:
+        job({"type": "csv", "path": str(tmp_path / "in")}, {"type": "parquet", "path": str(tmp_path / "out")}, "files", load_mode="replace")
+    assert "source.column_types" in caught.value.hint
+    report = job({"type": "csv", "path": str(tmp_path / "in"), "column_types": {"price": "decimal(10,3)"}},
+                 {"type": "parquet", "path": str(tmp_path / "out")}, "files", load_mode="replace")
+    assert report.rows == 2
+    import pyarrow.parquet as pq
+
+    assert str(pq.read_table(tmp_path / "out").schema.field("price").type) == "decimal128(10, 3)"
+    with pytest.raises(ConfigError, match="no column nope"):
+        job({"type": "csv", "path": str(tmp_path / "in"), "column_types": {"nope": "int64"}}, {"type": "parquet", "path": str(tmp_path / "o2")})
+
+
+@pytest.mark.parametrize("column, typ, value", [("b", "bytea", "'\\x00ff'::bytea"), ("u", "uuid", "gen_random_uuid()")])
+def test_a_column_csv_cannot_hold_is_refused_before_any_row_moves(pg_source, tmp_path: Path, column: str, typ: str, value: str) -> None:
+    pg_exec(pg_source, "DROP TABLE IF EXISTS csv_bin", f"CREATE TABLE csv_bin (id int, {column} {typ})",
+            f"INSERT INTO csv_bin VALUES (1, {value})")
+    with pytest.raises(SchemaError, match=f"csv sink: column {column}"):
+        job({"type": "postgres", "port": pg_source.port, "table": "csv_bin"}, {"type": "csv", "path": str(tmp_path / "out")},
+            load_mode="replace")
+    assert not list((tmp_path / "out").glob("**/*.csv"))
