@@ -212,7 +212,7 @@ def judge(src: ColumnType, tgt: ColumnType) -> str | None:
     if sk == "date" and tk == "timestamp":
         return None
     if {sk, tk} == {"timestamp", "timestamptz"}:
-        return ("a timestamp without time zone has none: PostgreSQL would read it in the session's TimeZone"
+        return ("a timestamp without time zone has none: the target would read it in its session's time zone"
                 if sk == "timestamp" else "the time zone would be dropped")
     if sk in ("json", "enum") and tk == "string":
         return None  # a JSON document's text is the document, an enum's is its label
@@ -242,9 +242,10 @@ def _item(ct: ColumnType) -> ColumnType | None:
 
 
 def check_casts(pairs: Sequence[tuple[str, str]], sources: Sequence[ColumnType], targets: Sequence[ColumnType],
-                where: str, allowed: Sequence[str] = ()) -> list[str]:
+                where: str, allowed: Sequence[str] = (), engine: str = "PostgreSQL", note: str = "") -> list[str]:
     """Refuse, naming every such column, the pairs whose values would change; returns the target
-    columns the user allowed to be cast anyway (``sink.allow_cast``), which PostgreSQL then casts."""
+    columns the user allowed to be cast anyway (``sink.allow_cast``), which the target's ``engine``
+    then casts by its own rules (``note``: what those rules do with a time zone, where it matters)."""
     allow_all = "*" in allowed
     refused, forced = [], []
     for (s, t), st, tt in zip(pairs, sources, targets):
@@ -254,11 +255,19 @@ def check_casts(pairs: Sequence[tuple[str, str]], sources: Sequence[ColumnType],
         if allow_all or s in allowed or t in allowed:
             forced.append(t)
             continue
-        refused.append(f"column {s} ({st.shown} -> {tt.shown}): {why}")
+        refused.append((s, f"column {s} ({st.shown} -> {tt.shown}): {why}"))
     if refused:
-        more = f" (and {len(refused) - 1} more: {'; '.join(refused[1:])})" if len(refused) > 1 else ""
+        more = f" (and {len(refused) - 1} more: {'; '.join(r for _, r in refused[1:])})" if len(refused) > 1 else ""
+        names = ",".join(_override_item(s) for s, _ in refused)
         raise SchemaError(
-            f"{where}: {refused[0]}{more}",
-            hint="cast it in source.query, change the target column's type, or let PostgreSQL cast it by its own "
-                 f"rules with sink.allow_cast=[{','.join(r.split(' ', 2)[1] for r in refused)}]")
+            f"{where}: {refused[0][1]}{more}",
+            hint=f"cast it in source.query, change the target column's type, or let {engine} cast it by its own rules with "
+                 f"sink.allow_cast=[{names}]" + (f" ({note})" if note and any("zone" in r for _, r in refused) else ""))
     return forced
+
+
+def _override_item(name: str) -> str:
+    """A column name as an item of a command-line list override: quoted unless a plain identifier."""
+    import re
+
+    return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"

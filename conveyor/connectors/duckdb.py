@@ -11,6 +11,7 @@ tasks in the driver's process (``runtime=local``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -381,9 +382,9 @@ class DuckDBSink(StagedSink):
 
         from conveyor.casts import ColumnType, check_casts
 
-        target = con.execute(f"SELECT * FROM {table} LIMIT 0").arrow().schema
+        target = _target_schema(con, table)
         check_casts(pairs, [ColumnType.of_field(source.field(s)) for s, _ in pairs],
-                    [ColumnType(target.field(t).type) for _, t in pairs], where, self.config.allow_cast)
+                    [ColumnType(target.field(t).type) for _, t in pairs], where, self.config.allow_cast, engine="DuckDB")
         sql = self._insert_sql(table, [t for _, t in pairs], [s for s, _ in pairs], "__conveyor_empty")
         con.execute("BEGIN")
         try:
@@ -521,3 +522,19 @@ class DuckDBSink(StagedSink):
             con.execute(f"DROP TABLE IF EXISTS {qualified(self.config.schema, table)}")
         finally:
             _close(con)
+
+
+def _target_schema(con: Any, table: str) -> Any:
+    """A table's columns as Arrow types, each DuckDB type as the one that holds it exactly (UUID as arrow.uuid,
+    not the text DuckDB exports by default, so a UUID column takes a uuid source as it is)."""
+    import duckdb
+
+    try:
+        con.execute("SET arrow_lossless_conversion = true")
+    except duckdb.Error:  # a DuckDB without the setting
+        pass
+    try:
+        return con.execute(f"SELECT * FROM {table} LIMIT 0").arrow().schema
+    finally:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("RESET arrow_lossless_conversion")

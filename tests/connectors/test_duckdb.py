@@ -262,3 +262,17 @@ def test_many_partitions_written_by_two_threads_each_open_and_close_the_file_saf
                  load_mode="create", degree=2)
     assert len(report.results) == 120 and report.verification.ok
     assert _rows(db, "SELECT count(*), count(DISTINCT id), sum(id) FROM t") == [(1200, 1200, 1199 * 1200 // 2)]
+
+
+def test_create_makes_uuid_time_and_json_columns_and_appends_into_them(pg_source, tmp_path: Path) -> None:
+    """create refused a uuid column in the very table it was making: the target's UUID read back as text
+    (DuckDB's default Arrow export), and uuid -> text is a formatting cast. The target is read as the types it holds."""
+    from tests.helpers import pg_exec  # the pg_servers fixture sets PGPASSWORD
+
+    pg_exec(pg_source, "DROP TABLE IF EXISTS to_duck", "CREATE TABLE to_duck (id int, u uuid, t time, j jsonb)",
+            "INSERT INTO to_duck VALUES (1, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '12:34:56.789', '{\"a\": 1}')")
+    db = tmp_path / "t.duckdb"
+    src = {"type": "postgres", "port": pg_source.port, "table": "to_duck"}
+    job(src, {"type": "duckdb", "database": str(db), "table": "to_duck"}, load_mode="create")
+    job(src, {"type": "duckdb", "database": str(db), "table": "to_duck"}, load_mode="append")
+    assert _rows(db, "SELECT typeof(u), typeof(t), count(*), count(DISTINCT u) FROM to_duck GROUP BY ALL") == [("UUID", "TIME", 2, 1)]

@@ -7,6 +7,7 @@ On the main this started from there was no mysql connector: every test here fail
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -346,3 +347,56 @@ def test_trailing_spaces_past_a_varchar_length_are_refused_not_cut(mysql_server,
     pq.write_table(pa.table({"id": [1, 2], "v": ["ab ", "abc"]}), tmp_path / "in" / "a.parquet")
     job({"type": "parquet", "path": str(tmp_path / "in")}, _my(m, table="tl_my", bulk=bulk), "files", load_mode="append")
     assert m.execute("SELECT id, concat(v, '|') FROM tl_my ORDER BY id") == [(1, "ab |"), (2, "abc|")]
+
+
+# --- date-times by the cast policy (read back in a session of another zone: +05:00) ----------------------
+
+
+@pytest.fixture(scope="module")
+def zoned_times(mysql_server, pg_source):
+    pg_exec(pg_source, "DROP TABLE IF EXISTS my_times", "CREATE TABLE my_times (id int, t timestamp, tz timestamptz, t0 timestamp)",
+            "INSERT INTO my_times VALUES (1, '2020-01-01 00:37:00.123456', '2020-01-01 00:37:00.123456+00', '2020-01-01 00:37:00.7')")
+    return mysql_server
+
+
+@pytest.mark.parametrize("bulk", ["load_data", "insert"])
+def test_a_timestamp_without_zone_into_a_mysql_timestamp_is_refused_and_one_with_a_zone_keeps_its_instant(zoned_times, pg_source,
+                                                                                                       bulk: str) -> None:
+    """MySQL's TIMESTAMP is an instant (kept in UTC, shown in the session's zone): a PostgreSQL timestamp
+    has no zone, so loading it there is timestamp -> timestamptz, refused by the cast policy (on the main
+    this started from it was written as UTC and read back 5 hours off in a +05:00 session); a timestamptz
+    goes in as the same instant, on both bulk paths."""
+    m = zoned_times
+    m.execute("DROP TABLE IF EXISTS my_ts", "CREATE TABLE my_ts (id int, t timestamp(6) NULL, tz timestamp(6) NULL)")
+    src = {"type": "postgres", "port": pg_source.port}
+    with pytest.raises(SchemaError, match=r"column t \(timestamp\[us\] -> timestamp\(6\)\): a timestamp without time zone") as caught:
+        job({**src, "query": "SELECT id, t FROM my_times"}, _my(m, table="my_ts", bulk=bulk), load_mode="append")
+    assert "let MySQL cast it" in caught.value.hint and "PostgreSQL" not in caught.value.hint
+    job({**src, "query": "SELECT id, tz FROM my_times"}, _my(m, table="my_ts", bulk=bulk), load_mode="append")
+    assert m.execute("SET time_zone = '+05:00'", "SELECT CAST(tz AS CHAR), UNIX_TIMESTAMP(tz) FROM my_ts") == [
+        ("2020-01-01 05:37:00.123456", Decimal("1577839020.123456"))]
+
+
+def test_a_datetime_with_fewer_fractional_digits_is_refused_not_cut(zoned_times, pg_source) -> None:
+    """DATETIME(0) keeps no fraction: MariaDB cut 00:37:00.7 to 00:37:00 without a word."""
+    m = zoned_times
+    m.execute("DROP TABLE IF EXISTS my_dt0", "CREATE TABLE my_dt0 (id int, t0 datetime)")
+    with pytest.raises(SchemaError, match=r"column t0 .*fractional seconds 0 < 6"):
+        job({"type": "postgres", "port": pg_source.port, "query": "SELECT id, t0 FROM my_times"}, _my(m, table="my_dt0"), load_mode="append")
+
+
+def test_create_makes_columns_for_uuid_time_and_json_and_leaves_no_staging_label(mysql_server, pg_source) -> None:
+    """create / replace refused uuid ("no exact MySQL type") in the very table they were making, and the
+    swapped-in table kept its "staging table" comment; replace keeps the replaced table's own comment."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS to_my2", "CREATE TABLE to_my2 (id int primary key, u uuid, t time, j jsonb)",
+            "INSERT INTO to_my2 VALUES (1, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '12:34:56.789', '{\"a\": 1}')")
+    m = mysql_server
+    m.execute("DROP TABLE IF EXISTS to_my2")
+    src = {"type": "postgres", "port": pg_source.port, "table": "to_my2"}
+    job(src, _my(m, table="to_my2"), load_mode="create")
+    assert m.execute("SELECT id, u, CAST(t AS CHAR), j FROM to_my2") == [(1, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "12:34:56.789000", '{"a": 1}')]
+    comment = "SELECT table_comment FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'to_my2'"
+    assert m.execute(comment) == [("",)]
+    m.execute("ALTER TABLE to_my2 COMMENT = 'kept''s'")
+    job(src, _my(m, table="to_my2"), load_mode="replace")
+    assert m.execute(comment) == [("kept's",)] and not _leftovers(m)

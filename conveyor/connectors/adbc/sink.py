@@ -102,7 +102,8 @@ class AdbcSink(AdbcBase, StagedSink):
 
                 tschema = self._target_schema
                 check_casts(pairs, [ColumnType.of_field(schema.field(s)) for s, _ in pairs],
-                            [_column_type(tschema.field(t)) for _, t in pairs], where, self.config.allow_cast)
+                            [_column_type(tschema.field(t)) for _, t in pairs], where, self.config.allow_cast,
+                            engine=f"the {self.config.driver} database")
                 # the driver writes each column as its Arrow type (binary COPY for PostgreSQL): an
                 # int32 into a bigint column must be an int64 first (checked value by value)
                 to = {s: tschema.field(t).type for s, t in pairs if _castable(schema.field(s).type, tschema.field(t).type)}

@@ -62,9 +62,14 @@ class MyPlan:
 
 def arrow_to_mysql(f: Any) -> str:
     """The MySQL column type ``create`` gives an Arrow field (values kept exactly, or refused by name)."""
+    import pyarrow as pa
     import pyarrow.types as t
 
     typ = f.type
+    if isinstance(typ, pa.BaseExtensionType) and typ.extension_name == "arrow.uuid":
+        return "CHAR(36) CHARACTER SET ascii"  # its canonical text (MySQL has no uuid type): the same value, readable
+    if isinstance(typ, pa.BaseExtensionType) and typ.extension_name == "arrow.json":
+        return "LONGTEXT"  # the document's text as it is (MySQL's JSON type would reorder and reformat it)
     if t.is_dictionary(typ):
         typ = typ.value_type
     simple = [(t.is_boolean, "BOOLEAN"), (t.is_int8, "TINYINT"), (t.is_int16, "SMALLINT"), (t.is_int32, "INT"), (t.is_int64, "BIGINT"),
@@ -88,6 +93,15 @@ def arrow_to_mysql(f: Any) -> str:
         return f"DECIMAL({typ.precision},{typ.scale})"
     raise SchemaError(f"column {f.name}: Arrow type {typ} has no exact MySQL type",
                       hint="cast it in the source (e.g. to text), or create the target table yourself")
+
+
+def _own_mapping(typ: Any) -> bool:
+    """Whether ``create`` gives this Arrow type a column of another kind that holds it exactly by design
+    (arrow_to_mysql: a zoned timestamp as its UTC wall-clock time, a uuid as its canonical text)."""
+    import pyarrow as pa
+
+    return (pa.types.is_timestamp(typ) and typ.tz is not None) or (isinstance(typ, pa.BaseExtensionType)
+                                                                     and typ.extension_name == "arrow.uuid")
 
 
 class _Rows:
@@ -278,7 +292,6 @@ class MySqlSink(StagedSink):
 
     def _check_types(self, pairs: list[tuple[str, str]], schema: Any, table: str, where: str) -> None:
         """The cast policy (conveyor/casts.py) against the target's columns as DuckDB sees them."""
-        import pyarrow as pa
 
         from conveyor.casts import ColumnType, check_casts
 
@@ -289,10 +302,29 @@ class MySqlSink(StagedSink):
             except Exception as exc:
                 raise self.config.translate(exc, "reading the target's columns") from None
         sources = [ColumnType.of_field(schema.field(s)) for s, _ in pairs]
-        targets = [ColumnType(target.field(t).type) for _, t in pairs]
-        if self.options.load_mode in ("create", "replace"):  # our own DATETIME(6) holds a UTC time: the documented mapping
-            targets = [s if pa.types.is_timestamp(s.arrow) and s.arrow.tz else t for s, t in zip(sources, targets)]
-        check_casts(pairs, sources, targets, where, self.config.allow_cast)
+        times = self._time_columns(table)
+        targets = [times.get(t.lower()) or ColumnType(target.field(t).type) for _, t in pairs]
+        if self.options.load_mode in ("create", "replace"):  # our own DATETIME(6) holds a UTC time, CHAR(36) a uuid's text:
+            targets = [s if _own_mapping(s.arrow) else t for s, t in zip(sources, targets)]  # the documented mappings
+        check_casts(pairs, sources, targets, where, self.config.allow_cast, engine="MySQL",
+                    note="a time without a zone is then read as UTC: Conveyor's MySQL sessions use time_zone '+00:00'")
+
+    def _time_columns(self, table: str) -> dict[str, Any]:
+        """The target's date-time columns as the cast policy judges them, from the server's own types (DuckDB
+        sees each as a microsecond timestamp): TIMESTAMP is an instant (stored in UTC, shown in the session's
+        time zone: a time without a zone is not one), DATETIME a wall-clock time; both keep their precision's
+        fractional digits (MySQL rounds or cuts the rest without a word)."""
+        import pyarrow as pa
+
+        from conveyor.casts import ColumnType
+
+        rows = self.config.run("SELECT column_name, data_type, datetime_precision, column_type FROM information_schema.columns "
+                               f"WHERE table_schema = DATABASE() AND table_name = {MYSQL_DIALECT.literal(table)} "
+                               "AND data_type IN ('timestamp', 'datetime', 'time')", doing="reading the target")
+        kinds = {"timestamp": (pa.timestamp("us", tz="UTC"), "timestamptz"), "datetime": (pa.timestamp("us"), "timestamp"),
+                 "time": (pa.time64("us"), "time")}
+        return {name.lower(): ColumnType(kinds[typ][0], db=kinds[typ][1], sql=str(sql), typmod=int(digits or 0))
+                for name, typ, digits, sql in rows}
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
         attempt = commits.Attempt(self.config, plan.own.once, part.key, (plan.expected_rows or {}).get(part.key))
@@ -431,6 +463,9 @@ class MySqlSink(StagedSink):
             duck.register("__conveyor_batches", reader)
             duck.execute("BEGIN")
             try:
+                # the transaction's MySQL session reads times as UTC, as Conveyor's own sessions do (DuckDB writes
+                # a TIMESTAMP WITH TIME ZONE as its UTC time; the server's default zone would shift it)
+                duck.execute("CALL mysql_execute('my', 'SET time_zone = ''+00:00''')")
                 inserted = duck.execute(sql).fetchone()[0]
                 check_stored(plan.target, part.key, counted.rows, inserted)  # the INSERT's own count
                 once = plan.own.once
@@ -474,12 +509,17 @@ class MySqlSink(StagedSink):
         if plan.load_mode == "truncate":
             return super().finalize(plan, results)  # DELETE + INSERT ... SELECT in one transaction
         # create / replace: RENAME TABLE swaps atomically (MySQL's DDL commits on its own: no transaction)
+        comment = ""  # the stage's label goes; a replaced table's own comment stays
         if plan.load_mode == "replace" and self._target_columns() is not None:
+            comment = str(self.config.run("SELECT table_comment FROM information_schema.tables WHERE table_schema = DATABASE() "
+                                          f"AND table_name = {MYSQL_DIALECT.literal(self.config.table)}", doing="reading the target")[0][0] or "")
             old = self._qualified(f"{commits.OLD_PREFIX}{self.options.run_id}")
             self.config.run(f"RENAME TABLE {self._qualified()} TO {old}, {stage} TO {self._qualified()}", f"DROP TABLE {old}",
                             doing="load_mode=replace")
         else:
             self.config.run(f"RENAME TABLE {stage} TO {self._qualified()}", doing=f"load_mode={plan.load_mode}")
+        with contextlib.suppress(ConveyorError):  # after the swap, best effort: the rows are in place
+            self.config.run(f"ALTER TABLE {self._qualified()} COMMENT = '{comment.replace(chr(92), chr(92) * 2).replace(chr(39), chr(39) * 2)}'")
         forget = self._forget(plan)
         if forget:  # DDL commits on its own: the markers go after it, best effort
             with contextlib.suppress(ConveyorError):

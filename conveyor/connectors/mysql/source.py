@@ -259,8 +259,11 @@ def _arrow_type(col: MyColumn, read: Any) -> Any:
 
     if col.text and (pa.types.is_binary(read) or pa.types.is_large_binary(read)):
         return pa.string()
-    if col.code == 7 and pa.types.is_timestamp(read):
-        return pa.timestamp(read.unit, tz="UTC")
+    if col.code in (7, 12) and pa.types.is_timestamp(read):
+        # the unit that keeps the column's fractional digits (DATETIME(0) as seconds, (3) as milliseconds): a
+        # target's precision is judged against the source's, and a DATETIME(0) copy must not look finer than it is
+        unit = "s" if col.scale == 0 else "ms" if col.scale == 3 else read.unit
+        return pa.timestamp(unit, tz="UTC" if col.code == 7 else None)
     if col.code == 1:
         return pa.uint8() if col.flags & 32 else pa.int8()
     return read
