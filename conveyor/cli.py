@@ -210,21 +210,18 @@ REPORT_PATH: list[str] = []  # --report PATH, taken off the command line by main
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    """First Ctrl-C / SIGTERM: stop starting partitions, roll back the running ones. Second: leave now."""
+    """First Ctrl-C / SIGTERM: stop starting partitions, roll back the running ones. Second: the process
+    ends at once, by the signal's default action (however busy the main thread is in a native call; open
+    transactions roll back with their connections)."""
     import signal
 
     from conveyor.core import request_cancel
 
-    _stderr("interrupted: cancelling the running partitions (again to quit at once)")
+    signal.alarm(0)  # an alarm a native library armed on the signal (absl's: abort in 3 s) would end the stop
+    _stderr("interrupted: cancelling the running partitions (again to quit at once: they roll back with their connections)")
     request_cancel()
-    signal.signal(signal.SIGINT, _quit_now)
-    signal.signal(signal.SIGTERM, _quit_now)
-
-
-def _quit_now(signum: int, frame: Any) -> None:
-    """Second Ctrl-C / SIGTERM: leave at once, no traceback (open transactions roll back with their connections)."""
-    _stderr("error: cancelled: quit at once (second interrupt); partitions that were running rolled back")
-    os._exit(130)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextlib.contextmanager

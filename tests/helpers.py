@@ -105,18 +105,18 @@ def runtime_args(kind: str, request) -> list[str]:
     return ["runtime=local"]
 
 
-def ctrl_c_run(args: list[str], tmp_path: Path, started: Callable[[], None]) -> tuple[dict[str, Any], str, float]:
-    """`conveyor --report ... ARGS` stopped by one Ctrl-C once ``started()`` returns (rows are moving):
-    it must exit 130 within 30 s, in one line and a resume hint, with a report saying cancelled.
+def ctrl_c_run(args: list[str], tmp_path: Path, started: Callable[[], None], sig: int = signal.SIGINT) -> tuple[dict[str, Any], str, float]:
+    """`conveyor --report ... ARGS` stopped by one Ctrl-C (or ``sig``) once ``started()`` returns (rows are
+    moving): it must exit 130 within 30 s, in one line and a resume hint, with a report saying cancelled.
     Returns (the report, stderr, seconds from the signal to the exit)."""
     report_path = tmp_path / "r.json"
     proc = popen_run(["--report", str(report_path), *args], tmp_path, "run")
     started()
     sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     took = time.monotonic() - sent
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, (proc.returncode, err)
     assert took < 30, f"Ctrl-C took {took:.1f} s"
     assert "Traceback" not in err and "error: cancelled:" in err
     report = json.loads(report_path.read_text())

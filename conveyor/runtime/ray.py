@@ -263,6 +263,27 @@ def _quiet_thread_note() -> contextlib.AbstractContextManager[None]:
     return _dropped("ray._private.worker", "SIGTERM handler is not set")
 
 
+@contextlib.contextmanager
+def _signals_kept() -> Iterator[None]:
+    """The process's Python handlers of SIGTERM and SIGINT, as they were before Ray's driver started, put
+    back in front of the signals after it (from the main thread). ``ray.init`` in the main thread sets its
+    own SIGTERM handler (``sys.exit``: the run ended with exit 2 and no report); in any thread it installs
+    absl's failure-signal handler for SIGTERM, which prints a stack, passes the signal on, and arms a
+    3-second alarm that aborts the process (SIGABRT, exit 134): a run that took longer to stop died
+    without its report."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:  # None: set from C by someone else, and not Python's to give back
+                signal.signal(sig, handler)
+
+
 class _RemoteProgress:
     """A task's counts, sent to the run's collector actor; until the driver has made it (looked up
     by name at most once a second), they add up here and go together once it is found."""
@@ -588,7 +609,8 @@ class RayRuntime:
                                 f"process, {degree} at a time (a private instance on this machine would add seconds of start-up; "
                                 "runtime.in_driver_max_bytes=0 starts one anyway)")
             return self._run_in_driver(tasks, degree, progress)
-        ray, started = self._init()
+        with _signals_kept():
+            ray, started = self._init()
         started, self._connected_here = started or self._connected_here, False
         if started and self._reaper is None:
             here = self._here_instead(ray, tasks, degree)

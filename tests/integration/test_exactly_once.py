@@ -254,6 +254,47 @@ def test_one_ctrl_c_on_the_pass_through_with_partitions_queued_keeps_whole_parti
     print(f"{kind}: Ctrl-C to exit {took:.2f} s")
 
 
+def test_sigterm_on_ray_workers_whose_stop_takes_seconds_exits_130_with_its_report(ex_src, pg_target, tmp_path: Path, request) -> None:
+    """SIGTERM to a driver whose tasks run on Ray workers: Ray's driver put absl's failure handler in front of
+    SIGTERM, which armed a 3 s alarm that aborted the process (exit 134, no report.json) when the stop took
+    longer; here each relayed 1 MiB chunk takes seconds into a slow target, so it does. Ray's stack lines for
+    the signal are not printed either."""
+    _slow_target(pg_target, "ex_term", every=100, seconds=0.03)
+    args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",
+            "sink.table=ex_term", "load_mode=append", "degree=2", "strategy.partitions=4", "sink.copy_path=passthrough",
+            *runtime_args("ray", request)]
+    report, err, took = ctrl_c_run(args, tmp_path, lambda: _wait_for_copy(pg_target, "ex_term"), sig=signal.SIGTERM)
+    assert took > 3, f"the stop took {took:.1f} s: too short to show the alarm's abort"
+    assert "SIGTERM received" not in err and "PC: @" not in err, err
+    _wait_until_idle(pg_target)
+    committed = sum(p["rows"] for p in report["partitions"] if p["error"] is None)
+    assert pg_exec(pg_target, "SELECT count(*) FROM ex_term")[0][0] == committed < 200000
+
+
+@pytest.mark.parametrize("kind", RUNTIMES)
+def test_a_second_ctrl_c_ends_the_process_at_once(ex_src, pg_target, tmp_path: Path, kind: str, request) -> None:
+    """The first Ctrl-C asks the running partitions to stop (here that takes seconds: each relayed chunk
+    into the slow target does); the second ends the process at once, by SIGINT's own action, however
+    busy its main thread is in Ray or a driver's native call. On the main this started from, the second
+    one's Python handler waited for the main thread to come back to the interpreter."""
+    _slow_target(pg_target, "ex_twice_c", every=100, seconds=0.03)
+    args = ["run", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", f"sink.port={pg_target.port}",
+            "sink.table=ex_twice_c", "load_mode=append", "degree=2", "strategy=ntile", "strategy.distribute_key=id",
+            "strategy.partitions=4", "sink.copy_path=passthrough",
+            *runtime_args(kind, request)]
+    proc = popen_run(args, tmp_path, "run")
+    _wait_for_copy(pg_target, "ex_twice_c")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    second = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - second < 1.5 and proc.returncode == -signal.SIGINT, (time.monotonic() - second, proc.returncode, err)
+    assert "again to quit at once" in err and "Traceback" not in err
+    _wait_until_idle(pg_target)
+    assert pg_exec(pg_target, "SELECT count(*) FROM ex_twice_c")[0][0] % 50000 == 0  # whole partitions (of 4) or none
+
+
 @pytest.mark.parametrize("kind", RUNTIMES)
 def test_ctrl_c_during_a_merge_leaves_the_target_as_it_was(ex_src, pg_target, tmp_path: Path, kind: str, request) -> None:
     """load_mode=merge stages every partition first: a Ctrl-C with partitions queued changes no row of

@@ -233,8 +233,8 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
             return _routed_copy(con, load, cols, counted, wire), counted.bytes, counted.rows
         temp = f"_conveyor_in_{part.index}" if any(c is None for c in load.casts) else None
         into = _table(load, plan) if temp is None else f"pg_temp.{ident(temp)}"
-        if temp is not None:  # PostgreSQL casts these text columns: through a temp table
-            temp_types = ["text" if c is None else ty for c, ty in zip(load.casts, load.target_types)]
+        if temp is not None:  # PostgreSQL casts these columns from their own type: through a temp table
+            temp_types = [_wire_sql(ty) if c is None else tt for c, ty, tt in zip(load.casts, types, load.target_types)]
             con.execute(f"CREATE TEMP TABLE {into} ({', '.join(f'{ident(c)} {ty}' for c, ty in zip(plan.columns, temp_types))}) "
                         "ON COMMIT DROP")
         with con.cursor() as cur:
@@ -399,6 +399,24 @@ def _pgpq_type(src: Any, cast: Any, oid: int) -> Any:
         return None
     cast = _plain(cast)
     return cast if _pgpq_encodes(cast, oid) else None
+
+
+def _wire_sql(typ: Any) -> str:
+    """The PostgreSQL type whose binary COPY form pgpq writes for the Arrow type ``typ``: a temp table's
+    column, cast into the target by PostgreSQL (text for strings; numeric for a decimal of another scale)."""
+    import pyarrow as pa
+
+    if pa.types.is_decimal(typ):
+        return "numeric"
+    if pa.types.is_timestamp(typ):
+        return "timestamptz" if typ.tz else "timestamp"
+    if pa.types.is_fixed_size_binary(typ):
+        return "uuid"
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        return "bytea"
+    names = {"bool": "bool", "int16": "int2", "int32": "int4", "int64": "int8", "float": "float4", "double": "float8",
+             "date32[day]": "date", "time64[us]": "time"}
+    return names.get(str(typ), "text")
 
 
 # Dates and timestamps go to pgpq as PostgreSQL's own integers (days / microseconds since
