@@ -140,10 +140,15 @@ def _stderr(msg: str) -> None:
 
 def report_error(exc: BaseException, verbose: bool) -> int:
     """Print an error as one line plus its hint; return the exit code."""
-    from conveyor.errors import ConveyorError, JobFailed
+    from conveyor.errors import ConveyorError, JobFailed, missing_extra
 
     if isinstance(exc, JobFailed):  # a failed run: say what stopped it
         exc = exc.cause
+    if isinstance(exc, BrokenPipeError):  # the reader went away (conveyor plugins | head): nothing more to say
+        with contextlib.suppress(Exception):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a process ended by SIGPIPE
+    exc = missing_extra(exc) or exc
     if isinstance(exc, ConveyorError):
         if verbose:
             _stderr("".join(traceback.format_exception(exc)).rstrip())
@@ -255,6 +260,32 @@ def _hydra_dir() -> Any:
         return None
 
 
+def _keep_config(cfg: Any, run_dir: Any) -> None:
+    """The run's composed config and its command-line overrides in ``<run dir>/.hydra/`` (where Hydra keeps
+    them), with every secret masked: Hydra's own copies are switched off (``hydra.output_subdir: null``),
+    since they hold a secret resolved into the config as it is."""
+    from omegaconf import OmegaConf
+
+    from conveyor.pipelines.report import mask, mask_override
+
+    if run_dir is None:
+        return
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra = HydraConfig.get()
+        if hydra.output_subdir is not None:  # the user asked Hydra for its copies: they are its own
+            return
+        overrides = list(hydra.overrides.task)
+    except Exception:  # not under hydra.main
+        return
+    folder = run_dir / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(mask(plain))))
+    (folder / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create([mask_override(o) for o in overrides])))
+
+
 def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     """One composed config: plan it, or run it (conveyor.pipelines.run owns the run); print the outcome."""
     from pathlib import Path
@@ -270,6 +301,7 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
             console.print(plan_table(plan_run(cfg)))
             return 0
         place = RunPlace(run_dir=_hydra_dir(), report_path=Path(REPORT_PATH[0]) if REPORT_PATH else None)
+        _keep_config(cfg, place.run_dir)
         try:
             with _signals():
                 report = run(cfg, place, progress=lambda plan: _progress(console, plan))
@@ -286,9 +318,10 @@ def _progress(console: Any, plan: Any) -> Any:
 
     _collector_back()
 
+    info = plan.info
     if console.is_terminal:
-        return RichProgress(console, plan.info.estimated_rows, len(plan.partitions))
-    return LogProgress(plan.info.estimated_rows, len(plan.partitions))
+        return RichProgress(console, info.estimated_rows, len(plan.partitions), total_bytes=info.estimated_bytes)
+    return LogProgress(info.estimated_rows, len(plan.partitions), total_bytes=info.estimated_bytes)
 
 
 def _collector_back() -> None:

@@ -240,6 +240,10 @@ def _translate(exc: Exception, prefix: str) -> ConfigError:
         return ConfigError(f"{key + ': ' if key else ''}cannot resolve: {first}", key=key, hint=hint)
     value = getattr(exc, "value", None) if hasattr(exc, "value") else None
     first = str(exc).splitlines()[0]
+    if "is not a ListConfig" in first:  # a single value where a list belongs
+        shown = str(value).strip("'\"")
+        return ConfigError(f"{key}: takes a list, and {shown} is one value", key=key,
+                           hint=f"write it in brackets, quoted for the shell: '{key}=[{shown}]' (several: '{key}=[a,b]')")
     if value is not None:
         first = f"{value!r} is not valid: {first}"
     return ConfigError(f"{key}: {first}", key=key)
@@ -320,9 +324,37 @@ def _without_siblings_keys(kind: str, name: str, node: Any, schema: type) -> Any
     return OmegaConf.masked_copy(node, [k for k in node.keys() if k not in dropped])
 
 
+def refuse_secrets(config: Any, path: str = "") -> None:
+    """A secret written into the config itself (a password, a token, a URI with its password) is refused
+    by its key: Conveyor takes secrets from the environment or files (``password_env``, ``password_file``,
+    ``${oc.env:VAR}``), which no file a run writes ever holds; a value in the config would travel with it."""
+    from conveyor.pipelines.report import is_secret_key
+
+    if isinstance(config, dict):
+        for k, v in config.items():
+            key = f"{path}.{k}" if path else str(k)
+            if k == "hydra":
+                continue
+            literal = isinstance(v, str) and v and not (v.startswith("${") and v.endswith("}"))
+            if (literal or isinstance(v, (int, float)) and not isinstance(v, bool)) and is_secret_key(str(k)):
+                raise ConfigError(f"{key}: a secret written into the config would be kept with it (in the run's files and the "
+                                  "report's config)", key=key,
+                                  hint=f"give it through the environment: {key}='${{oc.env:MY_VAR}}', or password_env / password_file "
+                                       "(PGPASSWORD, MYSQL_PWD)")
+            if literal and re.search(r"://[^:/@\s]+:[^@/\s]+@", v) and "${" not in v:
+                raise ConfigError(f"{key}: the URI holds a password, which would be kept with the config", key=key,
+                                  hint="write the password as ${oc.env:MY_VAR} inside the URI, or leave it out and use the driver's "
+                                       "environment (PGPASSWORD)")
+            refuse_secrets(v, key)
+    elif isinstance(config, list):
+        for i, v in enumerate(config):
+            refuse_secrets(v, f"{path}[{i}]")
+
+
 def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...] = TOP_LEVEL_PLUGINS,
               load_id: str | None = None) -> JobSpec:
     """Validate the composed config and build the plugins (all four by default), without connecting anywhere."""
+    refuse_secrets(OmegaConf.to_container(cfg, resolve=False))
     try:
         OmegaConf.resolve(cfg)
     except oc_errors.OmegaConfBaseException as exc:

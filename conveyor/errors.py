@@ -134,6 +134,31 @@ class JobFailed(ConveyorError):
         self.task_traceback = cause.task_traceback if ours else None
 
 
+#: the extra (``pip install 'conveyor[<extra>]'``) that brings each optional top-level module
+EXTRAS = {"psycopg": "postgres", "adbc_driver_postgresql": "postgres", "adbc_driver_manager": "postgres", "pgpq": "postgres",
+          "duckdb_extension_postgres": "postgres", "pymysql": "mysql", "duckdb_extension_mysql": "mysql", "s3fs": "s3",
+          "gcsfs": "gcs", "adlfs": "azure", "ray": "ray", "adbc_driver_sqlite": "adbc", "matplotlib": "plot"}
+
+
+def missing_extra(exc: BaseException) -> PluginError | None:
+    """A module of an optional extra that is not installed, as one line naming the extra (None: not one of
+    those: a module Conveyor itself should have had is an internal error)."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    top = exc.name.split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return PluginError(f"the Python package {top!r} is not installed: it comes with Conveyor's {extra!r} extra",
+                       hint=f"pip install 'conveyor[{extra}]' (in this environment: {_python()} -m pip install 'conveyor[{extra}]')")
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable or "python"
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's message as one line (its type's name where it has none)."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -160,5 +185,6 @@ __all__ = [
     "TransferError",
     "VerificationError",
     "first_line",
+    "missing_extra",
     "scrub_value",
 ]

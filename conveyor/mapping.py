@@ -64,8 +64,10 @@ def map_columns(
     if required:
         problems.append(f"NOT NULL target columns without a default the source does not fill: {', '.join(required)}")
     if problems:
-        raise SchemaError(
-            f"{where}: " + "; ".join(problems),
-            hint=f"target columns are: {', '.join(c.name for c in target)}; or try map_method=position",
-        )
+        hint = f"target columns are: {', '.join(c.name for c in target)}"
+        if unmatched and len(source) > len(target):
+            hint += f"; the source has {len(source) - len(target)} more: select the ones to load in source.query"
+        elif len(source) == len(target) and not dupes:  # a rename, one for one: the same count maps by position
+            hint += "; or, to map the i-th source column onto the i-th target column, map_method=position"
+        raise SchemaError(f"{where}: " + "; ".join(problems), hint=hint)
     return pairs

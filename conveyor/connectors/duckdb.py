@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -71,6 +72,18 @@ def _connect(database: str, read_only: bool = False) -> Any:
     except duckdb.Error as exc:
         raise ConnectError(f"duckdb database {database!r}: {str(exc).splitlines()[0]}",
                            hint="check the path and that no other process holds it open for writing") from None
+
+
+def _new_file(database: str) -> bool:
+    """Whether connecting to ``database`` makes its file (an in-memory database has none)."""
+    return database not in ("", ":memory:") and not database.startswith(":memory:") and not os.path.exists(database)
+
+
+def _remove_file(database: str) -> None:
+    """A database file a failed run made, and its write-ahead log, removed."""
+    for path in (database, f"{database}.wal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 def _close(con: Any) -> None:
@@ -218,6 +231,8 @@ class DuckPlan:
     merge: merging.MergePlan | None = None
     #: incremental.cursor: the window this load reads; its upper end becomes the committed cursor
     window: CursorWindow | None = None
+    #: the database file did not exist before this run: a failed run that leaves nothing in it removes it
+    made_file: bool = False
 
 
 def _swap_blocker(con: Any, schema: str, table: str, stage: str) -> str | None:
@@ -314,6 +329,7 @@ class DuckDBSink(StagedSink):
 
         mode = self.options.load_mode
         where = f"duckdb table {self.config.schema}.{self.config.table}"
+        made = _new_file(self.config.database)
         con = _connect(self.config.database)
         try:
             con.execute(f"CREATE SCHEMA IF NOT EXISTS {qident(self.config.schema)}")
@@ -347,10 +363,14 @@ class DuckDBSink(StagedSink):
                     raise ConfigError("incremental.cursor with load_mode=append needs sink.commit_markers=true: they tell a run that "
                                       "stopped half way from one that loaded nothing", key="sink.commit_markers")
                 state.record_pending(con, self.config.schema, self._name, request.window, self.options.load, mode)
-        finally:
+        except BaseException:
             _close(con)
+            if made:  # a run that fails before its rows leaves no empty database file behind
+                _remove_file(self.config.database)
+            raise
+        _close(con)
         return SinkPlan(
-            own=DuckPlan(merge, request.window),
+            own=DuckPlan(merge, request.window, made),
             rows_before=before,
             target=f"{self.config.database}:{self.config.schema}.{self.config.table}",
             write_target=write_target,
@@ -474,6 +494,9 @@ class DuckDBSink(StagedSink):
     def abort(self, plan: SinkPlan) -> None:
         super().abort(plan)  # a staging table dropped
         own: DuckPlan = plan.own
+        if own.made_file and (plan.write_target != self.config.table or self.committed(plan) == {}):
+            _remove_file(self.config.database)  # this run made the file, and nothing of it stays
+            return
         if plan.write_target == self.config.table:
             return
         con = _connect(self.config.database)

@@ -8,6 +8,7 @@ environment variable holding it) is sent as ``authorization: Bearer <token>``.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,9 @@ def translate(exc: BaseException, conf: FlightConfig, doing: str, partition: str
 
     if isinstance(exc, ConveyorError):
         return exc
-    text = first_line(exc)
+    # a Python service's error comes with its own traceback and gRPC's context after it: the message alone
+    text = re.split(r"\.?\s*(?:Traceback \(most recent call last\)|gRPC client debug context|Detail: Python exception|Client context:)",
+                    first_line(exc))[0].strip()
     msg = f"flight {conf.location}: {doing}: {text}"
     if isinstance(exc, (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)):
         return ConnectError(msg, hint=f"check the token in ${conf.token_env}" if conf.token_env else "the service wants a token: set token_env")

@@ -236,11 +236,23 @@ class SqlSource:
                           f"FROM {self._relation()} WHERE {q} IS NOT NULL) AS t GROUP BY b ORDER BY b")
         return [r[0] for r in rows[1:]]
 
-    def key_values(self, column: str) -> list[tuple[Any, int]]:
+    def key_values(self, column: str, limit: int | None = None) -> list[tuple[Any, int]]:
         self._key_kind(column)
         q = self.dialect.quote(column)
-        rows = self._rows(f"SELECT {q}, count(*) FROM {self._relation()} GROUP BY {q} ORDER BY {q} NULLS FIRST")
+        rows = self._rows(f"SELECT {q}, count(*) FROM {self._relation()} GROUP BY {q} ORDER BY {q} NULLS FIRST"
+                          + (f" LIMIT {int(limit)}" if limit is not None else ""))
         return [(r[0], int(r[1])) for r in rows]
+
+    def key_runs(self, column: str, runs: int) -> list[Any]:
+        """The values that start runs 2..n of the sorted distinct values, about equal in rows, computed by
+        the database (a window over the grouped values): the driver receives ``runs`` values, whatever
+        the number of distinct ones. NULLs are in no run's count (they go with the first range)."""
+        self._key_kind(column)
+        q, n = self.dialect.quote(column), int(runs)
+        grouped = f"SELECT {q} AS v, count(*) AS c FROM {self._relation()} WHERE {q} IS NOT NULL GROUP BY {q}"
+        run = f"floor((sum(c) OVER (ORDER BY v) - c) * {n} / sum(c) OVER ())"
+        rows = self._rows(f"SELECT min(v) FROM (SELECT v, {run} AS b FROM ({grouped}) AS g) AS w WHERE b > 0 GROUP BY b ORDER BY 1")
+        return [r[0] for r in rows][: n - 1]
 
     def query_values(self, query: str) -> list[Any]:
         return [r[0] for r in self._rows(query)]

@@ -202,8 +202,13 @@ class SupportsKeys(Protocol):
 
     def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]: ...
 
-    def key_values(self, column: str) -> list[tuple[Any, int]]:
-        """Each distinct value of ``column`` (NULL first) with its row count."""
+    def key_values(self, column: str, limit: int | None = None) -> list[tuple[Any, int]]:
+        """Each distinct value of ``column`` (NULL first) with its row count; the first ``limit`` of them."""
+        ...
+
+    def key_runs(self, column: str, runs: int) -> list[Any]:
+        """The sorted distinct values cut into ``runs`` contiguous runs of about equal rows: the value each
+        run after the first starts at (computed where the data is: the driver never holds every value)."""
         ...
 
     def query_values(self, query: str) -> list[Any]: ...

@@ -501,6 +501,8 @@ def committed_note(report: JobReport) -> str:
         if done and report.sink_plan is not None and report.sink_plan.checks_before_commit:  # a truncate in one transaction
             return f"the load had committed before it stopped: the target holds its {sum(r.rows for r in done):,} new rows"
         return "the target is as it was"
+    if not done:
+        return "no partition had committed: the target is as it was"
     return (f"{len(done)} of {len(report.plan.partitions)} partitions had committed: "
             f"their {sum(r.rows for r in done):,} rows stay in the target")
 
@@ -509,7 +511,7 @@ def _resume_hint(report: JobReport) -> str:
     if report.plan.spec.options.load_mode != "append":
         return "run it again" + ("" if any(r.ok for r in report.results) else ": nothing was changed")
     if not any(r.ok for r in report.results):
-        return "no partition had committed: run it again when the cause is fixed"
+        return "run it again when the cause is fixed"
     # running the job again from the start would load the committed partitions a second time
     return f"do not simply run it again (the committed rows would be loaded twice): run it with {RESUME_HINT} to load only the rest"
 

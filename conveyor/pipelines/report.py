@@ -121,6 +121,21 @@ def mask(value: Any) -> Any:
     return value
 
 
+def mask_override(text: str) -> str:
+    """A command-line override with its secrets masked: a secret key's value (``sink.password=x``, ``{token: x}``)
+    and a URI's password; a reference (``${oc.env:X}``) stays as written."""
+    import re
+
+    def hide(match: re.Match[str]) -> str:
+        key, value = match.group(1), match.group(2)
+        if not is_secret_key(key.split(".")[-1].lstrip("+~")) or value.strip("'\"").startswith("${"):
+            return match.group(0)
+        return match.group(0)[: match.start(2) - match.start(0)] + "***"
+
+    text = re.sub(r"([\w.+~]+)\s*[=:]\s*('[^']*'|\"[^\"]*\"|[^,{}\[\]\s]+)", hide, text)
+    return re.sub(r"(://[^:/@\s]+):[^@/\s]+@", r"\1:***@", text)
+
+
 def _is_reference(value: Any) -> bool:
     return isinstance(value, str) and value.startswith("${") and value.endswith("}")
 

@@ -23,6 +23,7 @@ kill caused first (psql killed with its worker). The job's error is the partitio
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -138,9 +139,16 @@ def _remote_run(task: Task, max_retries: int, prefetch: int, collector: str | No
     rolls back at its next batch and returns a cancelled result (:func:`_watch_for_stop`)."""
     from unittest import mock  # the standard library's way to set and restore os.environ
 
+    from conveyor.compat import ray_task_attempt
+
     with mock.patch.dict(os.environ, env or {}), _watch_for_stop(stop):
-        return run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries,
-                        prefetch=prefetch, prefetch_bytes=prefetch_bytes)
+        result = run_task(task, _RemoteProgress(collector) if collector is not None else NullProgress(), max_retries,
+                          prefetch=prefetch, prefetch_bytes=prefetch_bytes)
+    lost = ray_task_attempt()  # Ray ran this task again after its worker was lost (max_retries): those attempts count too
+    if lost:
+        result = dataclasses.replace(result, attempts=result.attempts + lost,
+                                     notes=(*result.notes, f"Ray ran it {lost} more time(s) after losing the worker it ran on"))
+    return result
 
 
 @contextlib.contextmanager

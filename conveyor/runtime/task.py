@@ -27,7 +27,7 @@ from conveyor.core import (
     WriteStats,
     cancel_requested,
 )
-from conveyor.errors import Cancelled, ConveyorError, PluginError, TransferError, first_line
+from conveyor.errors import Cancelled, ConveyorError, PluginError, TransferError, first_line, missing_extra
 from conveyor.log import note
 
 
@@ -42,6 +42,9 @@ def _reported(batches: Iterator[Any], key: str, progress: Progress) -> Iterator[
 def _as_conveyor_error(exc: BaseException, key: str) -> ConveyorError:
     if isinstance(exc, ConveyorError):
         return exc
+    extra = missing_extra(exc)  # a worker without the extra its connector needs
+    if extra is not None:
+        return extra
     # An error no connector translated: report it as fatal, with its type, for this partition.
     first = (str(exc).splitlines() or [""])[0]
     return TransferError(f"partition {key}: {type(exc).__name__}: {first}", partition=key, retriable=False)
@@ -149,9 +152,9 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
         attempt += 1
         start = time.perf_counter()
         try:
-            if task.plan.native:
-                stats = pass_through(task.source, task.sink, task.plan, task.partition)
-                progress.advanced(key, stats.rows, stats.bytes)
+            if task.plan.native:  # the stream's bytes are reported as they move, its rows once counted
+                stats = pass_through(task.source, task.sink, task.plan, task.partition, progress)
+                progress.advanced(key, stats.rows, 0)
             else:
                 # the read is closed by read_ahead (its reader thread, or its yield from) when the sink stops early
                 reading = task.source.read(task.partition)
@@ -197,13 +200,30 @@ def _where() -> str:
     return f"{socket.gethostname()} pid {os.getpid()}"
 
 
-def pass_through(source: Any, sink: Any, plan: SinkPlan, part: Partition) -> WriteStats:
-    """The native path both ends agreed on in prepare: the source's stream straight into the sink."""
+def pass_through(source: Any, sink: Any, plan: SinkPlan, part: Partition, progress: Progress | None = None) -> WriteStats:
+    """The native path both ends agreed on in prepare: the source's stream straight into the sink (its
+    bytes reported to ``progress`` as the sink reads them)."""
     if not isinstance(source, SupportsNativeExport) or not isinstance(sink, SupportsNativeWrite):
         raise PluginError(f"the sink agreed on the native format {plan.native} with a source or sink that does not "
                           "implement it (SupportsNativeExport / SupportsNativeWrite)")
     with source.export_native(part, plan.source_columns) as stream:
-        return sink.write_native(plan, part, stream)
+        return sink.write_native(plan, part, stream if progress is None else _Reported(stream, part.key, progress))
+
+
+class _Reported:
+    """A native stream whose reads are reported as bytes moved (its rows are the sink's count, at its end)."""
+
+    def __init__(self, stream: Any, key: str, progress: Progress) -> None:
+        self._stream, self._key, self._progress = stream, key, progress
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        if data:
+            self._progress.advanced(self._key, 0, len(data))
+        return data
+
+    def __getattr__(self, name: str) -> Any:  # rows, format, ...: the stream's own
+        return getattr(self._stream, name)
 
 
 def not_run(task: Task, why: str) -> TaskResult:

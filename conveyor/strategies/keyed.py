@@ -356,14 +356,13 @@ class DataDrivenStrategy(_Base):
             groups = _pack([(v, 1) for v in dict.fromkeys(listed)], one_each)
             parts = [ValueSet(index=i, count=len(groups), column=column, values=tuple(g)) for i, g in enumerate(groups)]
             return PartitionPlan(parts or [ValueSet(index=0, count=1, column=column, values=())], note)
-        counted = source.key_values(column)
-        note = f"{len(counted)} distinct values of {column}"
+        counted = source.key_values(column, limit=one_each + 1)  # no more than that: many values are cut into runs where they are
         if len(counted) <= one_each:
             parts = [ValueSet(index=i, count=len(counted), column=column, values=(v,), estimated_rows=rows)
                      for i, (v, rows) in enumerate(counted)]
-            return PartitionPlan(parts or [ValueSet(index=0, count=1, column=column, values=())], note)
-        parts = _runs(column, counted, n)
-        return PartitionPlan(parts, f"{note} in {len(parts)} ranges balanced by rows")
+            return PartitionPlan(parts or [ValueSet(index=0, count=1, column=column, values=())], f"{len(counted)} distinct values of {column}")
+        parts = ranges_from_bounds(column, source.key_runs(column, n))
+        return PartitionPlan(parts, f"more than {one_each} distinct values of {column}: {len(parts)} ranges of them balanced by rows")
 
 
 def _pack(values: list[tuple[Any, int]], n: int) -> list[list[Any]]:
@@ -378,19 +377,6 @@ def _pack(values: list[tuple[Any, int]], n: int) -> list[list[Any]]:
         group.append(value)
         heapq.heappush(heap, (total + rows, i, group))
     return [g for _, _, g in sorted(heap, key=lambda t: t[1]) if g]
-
-
-def _runs(column: str, counted: list[tuple[Any, int]], n: int) -> list[Partition]:
-    """Contiguous runs of the sorted values, about equal in rows, as key ranges open at both ends
-    (NULL keys in the first): every row in exactly one, whatever was written since."""
-    total = sum(rows for _, rows in counted)
-    bounds: list[Any] = []
-    running, target = 0, total / n
-    for value, rows in counted:
-        if value is not None and running >= target * (len(bounds) + 1) and len(bounds) < n - 1:
-            bounds.append(value)
-        running += rows
-    return ranges_from_bounds(column, bounds)
 
 
 class AutoStrategy(_Base):

@@ -178,7 +178,8 @@ def test_off_a_terminal_the_progress_actor_waits_for_the_first_log_line(ray_inst
         spec.runtime.config.progress_actor_after = 0.3
         plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=2) for i in range(2)])
         out, before = io.StringIO(), collectors()
-        assert execute(plan, LogProgress(40000, 2, interval=interval, out=out)).rows == 40000
+        with LogProgress(40000, 2, interval=interval, out=out) as shown:
+            assert execute(plan, shown).rows == 40000
         return collectors() - before, out.getvalue()
 
     started, _ = run(60.0)  # a run of about 2 s, with its first log line due at 60 s
@@ -287,6 +288,9 @@ def test_a_worker_killed_mid_partition_is_retried_without_duplicates(ray_instanc
     assert marker.exists()  # the first attempt really died
     assert report.rows == 100000
     assert pg_exec(pg_target, "SELECT count(*), count(DISTINCT n), min(n), max(n) FROM crash_t")[0] == (100000, 100000, 0, 99999)
+    # the report counts the attempt Ray made again after losing the worker (it said attempts 1)
+    assert [r.attempts for r in report.results] == [2], report.results
+    assert any("after losing the worker" in n for n in report.results[0].notes)
 
 
 def test_a_dropped_target_connection_is_retried(ray_instance, pg_target) -> None:

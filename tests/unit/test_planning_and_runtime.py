@@ -207,8 +207,17 @@ def test_datadriven_packs_many_values_into_balanced_ranges() -> None:
         def key_quantiles(self, column, buckets, exact):  # type: ignore[no-untyped-def]
             raise AssertionError("not needed")
 
-        def key_values(self, column):  # type: ignore[no-untyped-def]
-            return [(None, 7)] + [(v, 1 + v % 3) for v in range(10000)]
+        def key_values(self, column, limit=None):  # type: ignore[no-untyped-def]
+            values = [(None, 7)] + [(v, 1 + v % 3) for v in range(10000)]
+            return values[:limit]
+
+        def key_runs(self, column, runs):  # type: ignore[no-untyped-def]
+            # what SqlSource.key_runs computes in SQL, over the same values: where each run of about equal rows starts
+            total, running, bounds = 20000, 0, {}
+            for v in range(10000):
+                bounds.setdefault(running * runs // total, v)
+                running += 1 + v % 3
+            return [bounds[b] for b in sorted(bounds) if b > 0]
 
         def query_values(self, query):  # type: ignore[no-untyped-def]
             return list(range(200))

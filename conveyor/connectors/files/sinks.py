@@ -26,6 +26,16 @@ from conveyor.core import (
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
 
 
+@dataclass(frozen=True)
+class FilesPlan:
+    """The file sinks' own decisions (``SinkPlan.own``)."""
+
+    #: incremental.cursor: the window this load reads (committed beside the files when they are)
+    window: Any = None
+    #: the output folder did not exist before this run: a run that fails leaving it empty removes it
+    made_root: bool = False
+
+
 @dataclass
 class FileSinkConfig:
     #: the folder that receives one file per partition; any fsspec URL
@@ -106,6 +116,7 @@ class _FileSink:
             if mode == "create" and existing:
                 raise SchemaError(f"{where} already holds {len(existing)} {self.extension} file(s)", hint="use load_mode=replace or append")
             write_to = root if mode == "append" else posixpath.join(root, f"_conveyor_staging_{self.options.run_id}")
+            made = not fs.exists(root)
             fs.makedirs(write_to, exist_ok=True)
             if request.window is not None:  # before any file of the load: a run that stops half way is known to the next
                 cursors.record_pending(fs, root, request.window, self.options.load, mode, self.options.run_id)
@@ -115,7 +126,7 @@ class _FileSink:
             raise fs_util.translate(exc, where) from None
         return SinkPlan(
             target=fs_util.display(fs, root), write_target=write_to, load_mode=mode,
-            columns=tuple(schema.names), source_columns=tuple(schema.names), schema=schema, own=request.window,
+            columns=tuple(schema.names), source_columns=tuple(schema.names), schema=schema, own=FilesPlan(request.window, made),
         )
 
     def cursor_state(self, column: str) -> CursorState:
@@ -257,9 +268,9 @@ class _FileSink:
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         fs, root = self._fs()
         if plan.write_target == root:  # append: every partition's file is in place
-            if plan.own is not None:
+            if plan.own.window is not None:
                 try:
-                    cursors.commit(fs, root, plan.own, self.options.load, self.options.run_id)
+                    cursors.commit(fs, root, plan.own.window, self.options.load, self.options.run_id)
                 except Exception as exc:
                     raise fs_util.translate(exc, f"sink.path {self.config.path!r}: writing {cursors.STATE}") from None
             return
@@ -279,6 +290,9 @@ class _FileSink:
         fs, root = self._fs()
         if plan.write_target != root and fs.exists(plan.write_target):
             fs.rm(plan.write_target, recursive=True)
+        if plan.own.made_root and fs.exists(root) and not fs.ls(root):  # the folder this run made, left empty
+            with contextlib.suppress(Exception):
+                fs.rmdir(root)
 
 
 class ParquetSink(_FileSink):

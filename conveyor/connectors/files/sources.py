@@ -228,9 +228,14 @@ class _FileSource:
 
     def _check_schema(self, path: str, schema: Any) -> None:
         if self._schema is not None and not same_columns(schema, self._schema):
+            first = {f.name: f.type for f in self._schema}
+            here = {f.name: f.type for f in schema}
+            diffs = [f"{n}: {first[n]} in the first file, {here[n]} here" for n in first if n in here and first[n] != here[n]]
+            diffs += [f"{n}: not here" for n in first if n not in here] + [f"{n}: not in the first file" for n in here if n not in first]
             raise SchemaError(
-                f"{self.format_name} file {path}: its columns differ from the first file's",
-                hint=f"expected {self._schema.names}, found {schema.names}",
+                f"{self.format_name} file {path}: its columns differ from the first file's: {'; '.join(diffs[:5])}"
+                + (f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""),
+                hint="read files of one layout at a time (source.path), or cast the column to one type when writing them",
             )
 
 

@@ -37,12 +37,14 @@ class MySqlSourceConfig(MySqlConnConfig):
     query: str | None = None
     #: zero dates ('0000-00-00', '2024-00-15': MySQL without NO_ZERO_DATE) have no Arrow form: error (the
     #: default) names the column; null reads them as NULL
-    zero_dates: str = "error"
+    zero_dates: str | None = "error"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if bool(self.table) == bool(self.query):
             raise ValueError("set exactly one of table or query")
+        if self.zero_dates is None:  # zero_dates=null on the command line is YAML's null: the policy named null
+            self.zero_dates = "null"
         if self.zero_dates not in ("error", "null"):
             raise ValueError(f"zero_dates: {self.zero_dates!r} is not one of error, null")
 
@@ -246,10 +248,11 @@ class MySqlSource(SqlSource):
                                doing="planning")
         return rows[0][0] if len(rows) == 1 else None
 
-    def key_values(self, column: str) -> list[tuple[Any, int]]:
+    def key_values(self, column: str, limit: int | None = None) -> list[tuple[Any, int]]:
         self._key_kind(column)
         q = qident(column)
-        rows = self._rows(f"SELECT {q}, count(*) FROM {self._relation()} GROUP BY {q} ORDER BY {q}")  # NULL sorts first in MySQL
+        rows = self._rows(f"SELECT {q}, count(*) FROM {self._relation()} GROUP BY {q} ORDER BY {q}"  # NULL sorts first in MySQL
+                          + (f" LIMIT {int(limit)}" if limit is not None else ""))
         return [(r[0], int(r[1])) for r in rows]
 
 

@@ -157,6 +157,11 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
     text = f"{where}: {doing}: {msg}"
     if state.startswith("28") or "password authentication failed" in msg or "no password supplied" in msg:
         return ConnectError(text, hint=conf.password_hint())
+    if state == "3D000" or re.search(r'database "[^"]*" does not exist', msg):  # the server is up; the database is not there
+        found = re.search(r'database "[^"]*" does not exist', msg)
+        return ConnectError(f"{where}: {found.group(0) if found else msg}",
+                            hint=f"check dbname (or $PGDATABASE): the server at {conf.host}:{conf.port} answered, and has no such database "
+                                 "(psql -l lists them)")
     if "no partition of relation" in msg:  # a row outside every partition's bounds, and no DEFAULT partition
         return TransferError(text, partition=partition, retriable=False,  # PostgreSQL's detail names the key's value: left out
                              hint="add a partition that covers these keys, or a DEFAULT partition; with pg_partman, "

@@ -66,7 +66,7 @@ class PostgresSourceConfig(PgConnConfig):
     #: 294247-01-10): error (default) names the column; null writes NULL; clamp writes the latest /
     #: earliest value both can hold. Into a sink that keeps infinity (PostgreSQL, DuckDB), the
     #: default passes infinity and -infinity on exactly.
-    special_values: str = "error"
+    special_values: str | None = "error"
     #: what decodes PostgreSQL's binary COPY into Arrow (not used where the sink takes the COPY stream
     #: as it is): duckdb (DuckDB's postgres extension, C++, about 3x less CPU), adbc (ADBC's reader), or
     #: auto: duckdb where its decoding is exactly ADBC's for every column and the extension loads, else adbc
@@ -78,6 +78,8 @@ class PostgresSourceConfig(PgConnConfig):
             raise ValueError("set exactly one of table, query or tables")
         if self.exclude and not self.tables:
             raise ValueError("exclude goes with tables")
+        if self.special_values is None:  # special_values=null on the command line is YAML's null: the policy named null
+            self.special_values = "null"
         if self.special_values not in SPECIAL_VALUES:
             raise ValueError(f"special_values: {self.special_values!r} is not one of {', '.join(SPECIAL_VALUES)}")
         if self.decoder not in DECODERS:

@@ -180,7 +180,7 @@ def write_adbc(config: PgConnConfig, run_id: str, plan: SinkPlan, part: Partitio
     pairs = list(zip(plan.source_columns, plan.columns))
     out_schema = _ingest_schema(plan.schema, pairs, load.casts)
     # errors raised while reading or casting are kept: the driver would only wrap them
-    counted = CountingBatches(_cast_batches(iter(batches), pairs, load.casts, out_schema, part.key))
+    counted = CountingBatches(_no_infinity(_cast_batches(iter(batches), pairs, load.casts, out_schema, part.key), part.key))
     reader = pa.RecordBatchReader.from_batches(out_schema, counted)
     conn = adbc_connect(config, part.key, run_id)
     cur = conn.cursor()
@@ -253,6 +253,28 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
         return attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(), body, cause=lambda: counted.error)
     finally:
         con.close()
+
+
+def _no_infinity(batches: Iterator[Any], key: str) -> Iterator[Any]:
+    """Batches for ADBC's writer, refused by column name at a date or timestamp that is infinity or
+    -infinity (core.INFINITY: a source that keeps them, DuckDB's): the writer cannot write them, and
+    failed with 'Error occurred writing COPY data:' and nothing after it. pgpq writes them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for batch in batches:
+        for field, arr in zip(batch.schema, batch.columns):
+            if not (pa.types.is_date32(field.type) or pa.types.is_timestamp(field.type)) or arr.null_count == len(arr):
+                continue
+            ints = arr.view(pa.int32() if pa.types.is_date32(field.type) else pa.int64())
+            top = INFINITY_DAYS if pa.types.is_date32(field.type) else INFINITY_TICKS
+            low, high = pc.min_max(ints).values()
+            if high.as_py() == top or low.as_py() == -top:
+                what = "infinity" if high.as_py() == top else "-infinity"
+                raise TransferError(f"column {field.name} ({field.type}) holds {what}, which ADBC's COPY writer cannot write",
+                                    partition=key, hint="use sink.writer=auto or pgpq (it writes PostgreSQL's infinity), or filter the "
+                                                        "rows in the source")
+        yield batch
 
 
 def _routed_copy(con: Any, load: PgLoad, cols: str, batches: Iterable[Any], wire: Any) -> int:
