@@ -517,7 +517,7 @@ class DuckDBSink(StagedSink):
         return qident(name)
 
     def _in_one_transaction(self, plan: SinkPlan, steps: Sequence[str] | Callable[[Any], Sequence[str]],
-                            first: Callable[[Any], None] | None = None) -> None:
+                            taken: Callable[[int], None] | None = None, first: Callable[[Any], None] | None = None) -> None:
         """``steps`` in the transaction that makes the load visible, with the cursor's move (and a staged
         load's markers forgotten); a callable ``steps`` is asked for them inside the transaction."""
         own: DuckPlan = plan.own

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from conveyor.core import SinkPlan, WriteStats
-from conveyor.errors import SchemaError
+from conveyor.errors import SchemaError, VerificationError
 
 
 def check_mode(mode: str, exists: bool, where: str, on: str = "") -> None:
@@ -25,6 +25,15 @@ def check_mode(mode: str, exists: bool, where: str, on: str = "") -> None:
                           hint="create it first, or use load_mode=create or replace")
     if mode == "create" and exists:
         raise SchemaError(f"{where} already exists", hint="use load_mode=replace, truncate or append")
+
+
+def check_taken(where: str, taken: int, staged: int) -> None:
+    """The staged rows copied into the target must all be taken (a trigger or rule on it can drop rows
+    without an error): checked before the swap commits."""
+    if taken != staged:
+        raise VerificationError(f"verification failed for {where}: it took {taken:,} of the {staged:,} staged rows "
+                                "(a trigger or rule on it skipped the others)",
+                                hint="the target was not changed; see its triggers and rules (or load into a table without them)")
 
 
 def swap_steps(mode: str, target: str, stage: str, new_name: str, columns: Sequence[str], empty: str = "DELETE FROM",
@@ -57,7 +66,9 @@ class StagedSink:
     def _quote(self, name: str) -> str:
         raise NotImplementedError
 
-    def _in_one_transaction(self, plan: SinkPlan, steps: list[str]) -> None:
+    def _in_one_transaction(self, plan: SinkPlan, steps: list[str], taken: Callable[[int], None] | None = None) -> None:
+        """Run ``steps`` in one transaction; ``taken`` hears the rows the INSERT step (truncate's copy of the
+        staged rows) says it inserted, before the commit, and raises to roll it back."""
         raise NotImplementedError
 
     def _drop(self, table: str) -> None:
@@ -72,7 +83,9 @@ class StagedSink:
             return
         steps = swap_steps(plan.load_mode, self._qualified(), self._qualified(plan.write_target), self._quote(self.table),
                            [self._quote(c) for c in plan.columns], self.empty)
-        self._in_one_transaction(plan, steps)
+        staged = sum(r.rows for r in results)
+        where = f"{self._qualified()}"
+        self._in_one_transaction(plan, steps, taken=(lambda rows: check_taken(where, rows, staged)) if plan.load_mode == "truncate" else None)
 
     def abort(self, plan: SinkPlan) -> None:
         if self.staged(plan, self.table):

@@ -120,13 +120,13 @@ def test_a_typed_adbc_target_follows_the_cast_policy(pg_target, tmp_path: Path) 
     before anything moves (the database would otherwise decide), a widening integer is loaded."""
     import pyarrow as pa
 
-    from tests.helpers import PG_PASSWORD, pg_exec
+    from tests.helpers import pg_exec
 
     pg_exec(pg_target, "DROP TABLE IF EXISTS adbc_cast", "CREATE TABLE adbc_cast (id bigint, d int)")
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": pa.array([1, 2], pa.int32()), "d": pa.array([9497, 9498], pa.date32())}), src)
     sink = {"type": "adbc", "driver": "postgresql", "table": "adbc_cast",
-            "uri": f"postgresql://postgres:{PG_PASSWORD}@127.0.0.1:{pg_target.port}/postgres"}
+            "uri": f"postgresql://postgres@127.0.0.1:{pg_target.port}/postgres"}  # the password: PGPASSWORD (libpq)
     with pytest.raises(SchemaError, match=r"column d \(date32\[day\] -> int4\): the values would change meaning"):
         job({"type": "parquet", "path": str(src)}, sink, load_mode="append")
     pq.write_table(pa.table({"id": pa.array([1, 2], pa.int32()), "d": pa.array([7, 8], pa.int16())}), src)
@@ -194,13 +194,13 @@ def test_a_value_longer_than_a_varchar_n_target_is_refused_not_cut(pg_target, tm
     import pyarrow as pa
 
     from conveyor.errors import TransferError
-    from tests.helpers import PG_PASSWORD, pg_exec
+    from tests.helpers import pg_exec
 
     pg_exec(pg_target, "DROP TABLE IF EXISTS adbc_len", "CREATE TABLE adbc_len (id bigint, v varchar(3))")
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": [1, 2], "v": ["ab ", "abc  "]}), src)
     sink = {"type": "adbc", "driver": "postgresql", "table": "adbc_len",
-            "uri": f"postgresql://postgres:{PG_PASSWORD}@127.0.0.1:{pg_target.port}/postgres"}
+            "uri": f"postgresql://postgres@127.0.0.1:{pg_target.port}/postgres"}  # the password: PGPASSWORD (libpq)
     with pytest.raises(TransferError, match=r"column v -> v: a value of 5 characters is too long for character varying\(3\)"):
         job({"type": "parquet", "path": str(src)}, sink, load_mode="append")
     assert pg_exec(pg_target, "SELECT count(*) FROM adbc_len") == [(0,)]

@@ -146,3 +146,18 @@ def test_an_adbc_sqlite_append_whose_trigger_ignores_rows_fails(td_parquet, tmp_
             load_mode="append")
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+
+def test_an_adbc_sqlite_truncate_whose_trigger_ignores_rows_keeps_the_old_rows(td_parquet, tmp_path: Path) -> None:
+    """truncate copies the staged rows into the target in one transaction (DELETE, INSERT ... SELECT): the
+    INSERT's own count of what the target took is checked before it commits."""
+    db = tmp_path / "t.sqlite"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE t (id INTEGER, v TEXT)")
+        con.execute("INSERT INTO t VALUES (-1, 'old')")
+        con.execute("CREATE TRIGGER skip BEFORE INSERT ON t WHEN NEW.id % 3 = 0 BEGIN SELECT RAISE(IGNORE); END")
+    with pytest.raises(VerificationError, match=f"took {ROWS * 2 // 3:,} of the {ROWS:,} staged rows"):
+        job({"type": "parquet", "path": td_parquet}, {"type": "adbc", "driver": "sqlite", "uri": str(db), "table": "t"}, "files",
+            load_mode="truncate")
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT id, v FROM t").fetchall() == [(-1, "old")]

@@ -185,16 +185,24 @@ class AdbcSink(AdbcBase, StagedSink):
     def _quote(self, name: str) -> str:
         return qident(name)
 
-    def _in_one_transaction(self, plan: SinkPlan, steps: list[str]) -> None:
+    def _in_one_transaction(self, plan: SinkPlan, steps: list[str], taken: Callable[[int], None] | None = None) -> None:
         conn = self._connect()
         cur = conn.cursor()
         try:
             for step in steps:
                 cur.execute(step)
+                if taken is not None and step.startswith("INSERT INTO"):
+                    rows = cur.rowcount  # the driver's count of the rows the INSERT stored, where it gives one
+                    if rows is None or rows < 0:  # else the target's, in the transaction (truncate emptied it first)
+                        cur.execute(f"SELECT count(*) FROM {self._name()}")
+                        rows = int(cur.fetchone()[0])
+                    taken(rows)
             conn.commit()
         except Exception as exc:
             with contextlib.suppress(Exception):
                 conn.rollback()
+            if isinstance(exc, ConveyorError):
+                raise
             raise SchemaError(f"{self._where()}: finishing load_mode={plan.load_mode}: {str(exc).splitlines()[0]}",
                               hint=f"the {self.config.driver} driver may not support it; use append") from None
         finally:

@@ -548,15 +548,19 @@ class MySqlSink(StagedSink):
         note(f"{self.table}: {merged[0].describe()} (read back from the target before the merge committed)")
         self._drop(plan.write_target)
 
-    def _in_one_transaction(self, plan: SinkPlan, steps: list[str], first: Callable[[Any], None] | None = None) -> None:
-        """``steps`` in one transaction, after ``first`` (a check inside it: merge's staged keys)."""
+    def _in_one_transaction(self, plan: SinkPlan, steps: list[str], taken: Callable[[int], None] | None = None,
+                            first: Callable[[Any], None] | None = None) -> None:
+        """``steps`` in one transaction, after ``first`` (a check inside it: merge's staged keys); ``taken``
+        hears the INSERT's count of the rows it copied (StagedSink.finalize's truncate)."""
         con = self.config.connect(autocommit=False)
         try:
             if first is not None:
                 first(con)
             with con.cursor() as cur:
                 for step in [*steps, *self._forget(plan)]:
-                    cur.execute(step)
+                    changed = cur.execute(step)
+                    if taken is not None and step.startswith("INSERT INTO"):
+                        taken(int(changed))
             con.commit()
         except Exception as exc:
             with contextlib.suppress(Exception):

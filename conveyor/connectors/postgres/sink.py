@@ -36,7 +36,7 @@ from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, ro
 from conveyor.connectors.postgres.target import Target
 from conveyor.connectors.postgres.types import PgColumn, column_ddl, read_columns
 from conveyor.connectors.postgres.writers import PgLoad, pg_column_type
-from conveyor.connectors.staged import StagedSink, check_mode, swap_steps
+from conveyor.connectors.staged import StagedSink, check_mode, check_taken, swap_steps
 from conveyor.core import (
     INFINITY,
     CursorState,
@@ -54,7 +54,7 @@ from conveyor.core import (
     encode_cursor,
     target_for,
 )
-from conveyor.errors import ConfigError, ConveyorError, SchemaError, VerificationError
+from conveyor.errors import ConfigError, ConveyorError, SchemaError
 from conveyor.log import note, warn
 from conveyor.mapping import map_columns
 
@@ -653,17 +653,9 @@ class PostgresSink:
         for step in steps:
             done = con.execute(step)
             if step is insert:
-                self._check_taken(done.rowcount, staged)
+                check_taken(self._where, done.rowcount, staged)
         if plan.load_mode != "truncate":
             targets.rename_stage_indexes(con, target, plan.write_target)
-
-    def _check_taken(self, taken: int, staged: int) -> None:
-        """The staged rows copied into the target must all be taken (a trigger or rule on the target can
-        drop rows without an error): checked before the swap commits."""
-        if taken != staged:
-            raise VerificationError(f"verification failed for {self._where}: it took {taken:,} of the {staged:,} staged rows "
-                                    "(a trigger or rule on it skipped the others)",
-                                    hint="the target was not changed; see its triggers and rules (or load into a table without them)")
 
     def _forget_markers(self, con: Any, plan: SinkPlan) -> None:
         once: commits.Once = plan.own.once
