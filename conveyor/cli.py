@@ -266,7 +266,7 @@ def _keep_config(cfg: Any, run_dir: Any) -> None:
     since they hold a secret resolved into the config as it is."""
     from omegaconf import OmegaConf
 
-    from conveyor.pipelines.report import mask, mask_override
+    from conveyor.secrets import mask, mask_override
 
     if run_dir is None:
         return

@@ -328,7 +328,7 @@ def refuse_secrets(config: Any, path: str = "") -> None:
     """A secret written into the config itself (a password, a token, a URI with its password) is refused
     by its key: Conveyor takes secrets from the environment or files (``password_env``, ``password_file``,
     ``${oc.env:VAR}``), which no file a run writes ever holds; a value in the config would travel with it."""
-    from conveyor.pipelines.report import is_secret_key
+    from conveyor.secrets import is_secret_key
 
     if isinstance(config, dict):
         for k, v in config.items():

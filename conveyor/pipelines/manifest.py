@@ -42,7 +42,7 @@ SINK_IDENTITY = ("type", "host", "port", "dbname", "schema", "table", "path", "d
 def identity(config: dict[str, Any]) -> dict[str, Any]:
     """The parts of a config that decide which rows each partition holds, and where they go
     (secrets masked: they never reach the file, and a changed password is the same job)."""
-    from conveyor.pipelines.report import mask
+    from conveyor.secrets import mask
 
     out = {k: config.get(k) for k in IDENTITY_KEYS}
     sink = config.get("sink") or {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.pipelines.report import mask
+from conveyor.secrets import mask
 
 
 def test_settings_named_like_keys_are_shown_and_secrets_masked() -> None:
