@@ -152,3 +152,12 @@ def test_the_flight_source_passes_the_connector_contract(conveyor_contract, serv
     bogus = NativePartition(index=0, count=1, token=b"no such ticket", locations=(served,))
     err = conveyor_contract.check_read_error(source, bogus)
     assert "flight" in err.message.lower()
+
+
+def test_a_flight_path_typo_is_one_line_without_the_services_traceback(served: str, cli, tmp_path: Path) -> None:
+    """A Python Flight service's error carries its traceback: the one line ended with 'Traceback (most recent call last):'."""
+    res = cli("run", "runtime=local", "source=flight", f"source.location={served}", "source.path=[ordrs]",
+              "source.token_env=CONVEYOR_FLIGHT_TOKEN", "strategy=native", "sink=parquet", f"sink.path={tmp_path}/o",
+              env={"CONVEYOR_FLIGHT_TOKEN": TOKEN})
+    assert res.code == 4, res.err
+    assert res.error_lines and "ordrs" in res.error_lines[0] and "Traceback" not in res.err and "hint: check the flight path" in res.err

@@ -161,3 +161,20 @@ def test_an_adbc_sqlite_truncate_whose_trigger_ignores_rows_keeps_the_old_rows(t
             load_mode="truncate")
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT id, v FROM t").fetchall() == [(-1, "old")]
+
+
+def test_on_ray_workers_a_target_that_drops_rows_fails_the_partition_before_its_commit(td_src, pg_target, ray_instance) -> None:
+    """The same check in a task on a Ray worker: the partition's transaction rolls back there."""
+    from omegaconf import OmegaConf
+
+    from conveyor.config import build_job
+    from conveyor.pipelines.job import run_job
+
+    _dropping_target(pg_target, "td_ray", existing=2)
+    spec = build_job(OmegaConf.create({"source": _pg_source(td_src), "sink": _pg_sink(pg_target, "td_ray", copy_path="arrow"),
+                                       "strategy": {"type": "ctid", "partitions": 2},
+                                       "runtime": {"type": "ray", "max_retries": 0, "one_task_in_driver": False, "in_driver_max_bytes": 0},
+                                       "load_mode": "append", "degree": 2}))
+    with pytest.raises(VerificationError, match="rows sent to it"):
+        run_job(spec)
+    assert pg_exec(pg_target, "SELECT count(*) FROM td_ray") == [(2,)]

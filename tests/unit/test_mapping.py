@@ -31,3 +31,18 @@ def test_by_position() -> None:
     assert map_columns(["x", "y", "z"], TARGET, "position", "t") == [("x", "id"), ("y", "Name"), ("z", "loaded_at")]
     with pytest.raises(SchemaError, match="the source has 2 columns, the target 3"):
         map_columns(["x", "y"], TARGET, "position", "t")
+
+
+def test_a_cast_hint_names_the_targets_engine_and_quotes_names_an_override_needs_quoted() -> None:
+    """Cast hints wrote allow_cast=[col with space] unquoted (not an override the command line takes) and
+    named PostgreSQL for DuckDB and MySQL sinks."""
+    import pyarrow as pa
+    import pytest
+
+    from conveyor.casts import ColumnType, check_casts
+    from conveyor.errors import SchemaError
+
+    with pytest.raises(SchemaError) as caught:
+        check_casts([("col with space", "col with space"), ("b", "b")], [ColumnType(pa.float64()), ColumnType(pa.float64())],
+                    [ColumnType(pa.int32()), ColumnType(pa.int32())], "duckdb table t", engine="DuckDB")
+    assert "let DuckDB cast it" in caught.value.hint and "sink.allow_cast=['col with space',b]" in caught.value.hint
