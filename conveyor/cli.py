@@ -381,25 +381,16 @@ def _mode_is_the_command_lines(flags: list[str], overrides: list[str]) -> bool:
 @contextlib.contextmanager
 def _hydra_mode_from_command_line(flags: list[str], overrides: list[str]) -> Iterator[None]:
     """Hydra composes the whole config twice for every run: once only to read ``hydra.mode`` (a
-    config may set MULTIRUN), then for the run itself (0.06-0.1 s each on this 2-core machine, of a
-    job that takes ~0.8 s end to end on a 10-row table). Where no config can set it
+    config may set MULTIRUN), then for the run itself. Where no config can set it
     (:func:`_mode_is_the_command_lines`) that first composition can only find it unset: Hydra is told
-    so (its ``Hydra.get_mode`` answers None, as it would), and then runs or sweeps by ``-m`` as
-    always, composing once. Elsewhere, Hydra as it is. Hydra is pinned to 1.3 (pyproject.toml)."""
-    try:
-        from hydra._internal.hydra import Hydra
-    except ImportError:  # another Hydra: compose as it does
+    so (compat.hydra_mode_unset), and then runs or sweeps by ``-m`` as always, composing once."""
+    from conveyor.compat import hydra_mode_unset
+
+    if not _mode_is_the_command_lines(flags, overrides):
         yield
         return
-    if not hasattr(Hydra, "get_mode") or not _mode_is_the_command_lines(flags, overrides):
+    with hydra_mode_unset():
         yield
-        return
-    original = Hydra.get_mode
-    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Hydra.get_mode = original  # type: ignore[method-assign]
 
 
 def _cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
@@ -545,11 +536,9 @@ def _before_exit() -> None:
     """Python's exit steps that matter to the job, in its order: threading's own shutdown (its exit
     callbacks, which tell idle thread-pool workers to stop, then every non-daemon thread joined: a
     library's pool left open would otherwise be waited for for ever), then the atexit handlers."""
-    import atexit
-    import threading
+    from conveyor.compat import interpreter_exit_steps
 
-    threading._shutdown()  # what the interpreter itself calls at exit
-    atexit._run_exitfuncs()  # the exit handlers, run once (os._exit does not run them again)
+    interpreter_exit_steps()  # what the interpreter itself runs at exit (os._exit does not run them again)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe (conveyor plan | head): nothing left to say
             stream.flush()

@@ -122,11 +122,13 @@ def register_defaults() -> None:
     the job that names it reports why. Once per process: the installed plugins do not change under it."""
     from hydra.core.config_store import ConfigStore
 
+    from conveyor.compat import config_store_group
+
     if not OmegaConf.has_resolver("conveyor_groups"):
         OmegaConf.register_new_resolver("conveyor_groups", _groups_help)
     store = ConfigStore.instance()
     store.store(group=DEFAULTS_GROUP, name="job", node=_defaults_of(JobConfig, skip=TOP_LEVEL_PLUGINS))
-    groups = store.repo.get(DEFAULTS_GROUP) if isinstance(getattr(store, "repo", None), dict) else None
+    groups = config_store_group(store, DEFAULTS_GROUP)
     for kind in TOP_LEVEL_PLUGINS:
         names = registry.names(kind)
         if isinstance(groups, dict):  # Hydra 1.3's store: each plugin's node made when a composition asks for it

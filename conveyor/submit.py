@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conveyor.compat import ray_job_put
 from conveyor.errors import ConfigError, ConnectError, TransferError
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -202,7 +203,7 @@ def _send_env(client: Any, address: str, names: list[str], echo: Any) -> dict[st
         return {}
     name = f"_ray_pkg_conveyor_env_{secrets.token_hex(16)}.zip"
     try:
-        response = client._do_request("PUT", f"/api/packages/gcs/{name}", data=json.dumps(values).encode())
+        response = ray_job_put(client, name, json.dumps(values).encode())
     except Exception as exc:  # the job client's transport: a refused or dropped connection
         raise ConnectError(f"ray job server {address}: could not hand over runtime.forward_env: {type(exc).__name__}",
                            hint="is the cluster's dashboard up?") from None
@@ -221,12 +222,12 @@ def receive_env() -> list[str]:
     import logging
 
     import ray
-    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get
+
+    from conveyor.compat import ray_kv_take
 
     if not ray.is_initialized():  # the job's cluster (RAY_ADDRESS), which the Ray runtime joins anyway
         ray.init(logging_level=logging.WARNING, log_to_driver=False)
-    data = _internal_kv_get(uri)
-    _internal_kv_del(uri)
+    data = ray_kv_take(uri)
     if data is None:
         raise ConfigError("runtime.forward_env: the values conveyor submit handed over are gone (read by another driver?)",
                           key="runtime.forward_env", hint="submit the job again")

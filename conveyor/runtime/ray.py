@@ -34,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.compat import RAY_TOKEN_LOGGER, RAY_WORKER_LOGGER
 from conveyor.core import JobOptions, NullProgress, Progress, Task, TaskResult, cancel_requested, request_cancel, reset_cancel, sink_capabilities
 from conveyor.errors import ConfigError, ConnectError, TransferError, first_line
 from conveyor.log import note, say, warn
@@ -262,13 +263,13 @@ def _quiet_token_note(address: str) -> contextlib.AbstractContextManager[None]:
     RAY_AUTH_MODE=disabled still opts out, as Ray documents."""
     if address not in ("local", "auto"):
         return contextlib.nullcontext()
-    return _dropped("ray._private.authentication.authentication_token_setup", "Token authentication is enabled for this Ray cluster")
+    return _dropped(RAY_TOKEN_LOGGER, "Token authentication is enabled for this Ray cluster")
 
 
 def _quiet_thread_note() -> contextlib.AbstractContextManager[None]:
     """Ray's WARNING that ``ray.init`` outside the main thread sets no SIGTERM handler: the instance
     start_early starts in a thread, and SIGTERM is Conveyor's to handle (it cancels the run)."""
-    return _dropped("ray._private.worker", "SIGTERM handler is not set")
+    return _dropped(RAY_WORKER_LOGGER, "SIGTERM handler is not set")
 
 
 @contextlib.contextmanager

@@ -3,15 +3,77 @@ here against the installed library, so that an upgrade that changes it fails thi
 
 from __future__ import annotations
 
+import inspect
+import os
+
 import pytest
 
-pytestmark = pytest.mark.slow
+
+def test_cpythons_exit_steps_are_there() -> None:
+    """In a process of its own: once run, this process could register no more exit handlers."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, threading; atexit.register(print, 'handler ran')\n"
+            "threading.Thread(target=lambda: __import__('time').sleep(0.2)).start()\n"
+            "from conveyor.compat import interpreter_exit_steps; interpreter_exit_steps(); print('after')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["handler", "ran", "after"], out  # run once, before the exit
 
 
+def test_hydras_mode_lookup_is_told_it_is_unset() -> None:
+    from hydra._internal.hydra import Hydra
+
+    from conveyor.compat import hydra_mode_unset
+
+    assert list(inspect.signature(Hydra.get_mode).parameters) == ["self", "config_name", "overrides"]
+    original = Hydra.get_mode
+    with hydra_mode_unset():
+        assert Hydra.get_mode(None, "config", []) is None
+    assert Hydra.get_mode is original
+
+
+def test_hydras_config_store_keeps_groups_in_a_dict() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    from conveyor.compat import config_store_group
+
+    store = ConfigStore.instance()
+    store.store(group="conveyor_compat_probe", name="x", node={"a": 1})
+    group = config_store_group(store, "conveyor_compat_probe")
+    assert isinstance(group, dict) and "x.yaml" in group
+
+
+def test_rays_private_names_are_there() -> None:
+    import importlib
+
+    from ray.experimental import internal_kv
+    from ray.job_submission import JobSubmissionClient
+
+    from conveyor.compat import RAY_TOKEN_LOGGER, RAY_WORKER_LOGGER
+
+    for logger in (RAY_TOKEN_LOGGER, RAY_WORKER_LOGGER):
+        importlib.import_module(logger)  # the loggers are named after these modules
+    params = list(inspect.signature(JobSubmissionClient._do_request).parameters)
+    assert params[:3] == ["self", "method", "endpoint"] and "data" in params
+    assert callable(internal_kv._internal_kv_get) and callable(internal_kv._internal_kv_del)
+    import ray._raylet
+
+    assert hasattr(ray._raylet.CoreWorker, "get_current_task_attempt_number")
+
+
+def test_fsspec_strips_a_protocol() -> None:
+    import fsspec
+
+    from conveyor.compat import fs_path
+
+    assert fs_path(fsspec.filesystem("memory"), "memory://bucket/key.parquet") == "/bucket/key.parquet"
+    assert fs_path(fsspec.filesystem("file"), "file:///tmp/x.parquet") == "/tmp/x.parquet"
+
+
+@pytest.mark.slow
 def test_ray_says_which_execution_of_a_task_this_is(tmp_path) -> None:
     """Ray's core worker's attempt number: 0 on a task's first run, 1 when Ray runs it again after its worker died."""
-    import os
-
     import ray
 
     from conveyor.compat import ray_task_attempt

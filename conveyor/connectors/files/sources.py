@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.arrowutil import rebatch, same_columns
+from conveyor.compat import fs_path
 from conveyor.connectors import fs as fs_util
 from conveyor.core import (
     FileEntry,
@@ -125,7 +126,7 @@ class _FileSource:
 
         _, root = _filesystem(self.config.path, self.config.storage_options)
         root = root.rstrip("/")
-        paths = [fs._strip_protocol(e.path) for e in entries]
+        paths = [fs_path(fs, e.path) for e in entries]
         if not any("=" in p[len(root):] for p in paths):
             return
         try:
