@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 BENCH_SF ?= 1
 BENCH_ARGS ?= --tables orders --degrees 1,2,4 --repeat 3
 
-.PHONY: demo test bench install clean
+.PHONY: demo test quick bench install clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
@@ -38,6 +38,11 @@ test: $(VENV)/.installed-test
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-mariadb.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# the tests that need no server, no Ray and no subprocess of the CLI (unit tests, files, DuckDB, SQLite): under two minutes
+quick: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -m "not slow and not servers" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-bench
 	bash scripts/ensure-postgres.sh

@@ -151,13 +151,20 @@ def pytest_configure(config: pytest.Config) -> None:
 _SLOW_FIXTURES = {"ray_instance", "s3", "installed_plugin", "tpch_orders"}
 
 
+#: the fixtures that start a server or a Ray instance
+_SERVER_FIXTURES = {"pg_servers", "mysql_server", "s3", "ray_instance"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The declared markers, applied by what a test uses: ``postgres`` where it needs the
-    throwaway servers, ``slow`` where it starts Ray, moto, pip, tpchgen or a subprocess CLI, so
-    ``pytest -m "not slow"`` is the quick subset."""
+    throwaway servers, ``servers`` where it needs any server or Ray (``make quick`` leaves those out),
+    ``slow`` where it starts Ray, moto, pip, tpchgen or a subprocess CLI, so ``pytest -m "not slow"``
+    is the quicker subset."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if "pg_servers" in used:
             item.add_marker(pytest.mark.postgres)
+        if used & _SERVER_FIXTURES:
+            item.add_marker(pytest.mark.servers)
         if used & _SLOW_FIXTURES or "cli" in used or "/runtime/test_ray" in str(item.path) or "/integration/" in str(item.path):
             item.add_marker(pytest.mark.slow)
