@@ -44,7 +44,7 @@ def _token_middleware(token: str) -> Any:
 def make_server(source: Any, partitions: list[Any], schema: Any, args: ServeArgs, token: str | None) -> Any:
     import pyarrow.flight as fl
 
-    from conveyor.arrowutil import cast_batches
+    from conveyor.kit.arrowutil import cast_batches
 
     location = f"grpc://{args.host}:{args.port}"
 

@@ -153,7 +153,7 @@ class FlightSink(_Flight):
                         load_mode="append", columns=names, source_columns=names, schema=request.schema)
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
-        from conveyor.arrowutil import cast_batches
+        from conveyor.kit.arrowutil import cast_batches
 
         start, rows, nbytes = time.perf_counter(), 0, 0
         client = self._client()

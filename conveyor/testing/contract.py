@@ -212,7 +212,7 @@ def _concat(batches: list[Any], info: SourceInfo) -> Any:
 
 
 def _sorted(table: Any) -> Any:
-    from conveyor.arrowutil import without_views
+    from conveyor.kit.arrowutil import without_views
 
     table = table.cast(without_views(table.schema))  # Arrow sorts no string_view / binary_view
     sortable = [n for n, t in zip(table.column_names, table.schema.types) if not _nested(t)]

@@ -159,7 +159,7 @@ def test_duckdb_source_missing_table(tmp_path: Path) -> None:
 
 
 def test_merge_into_duckdb_upserts_deletes_and_refuses_repeated_keys(tmp_path: Path) -> None:
-    """load_mode=merge into DuckDB (the same statements as PostgreSQL's: conveyor/connectors/merge.py)."""
+    """load_mode=merge into DuckDB (the same statements as PostgreSQL's: conveyor/kit/merge.py)."""
     src = tmp_path / "src"
     src.mkdir()
     pq.write_table(pa.table({"id": pa.array(range(500, 1501), pa.int32()), "h": [f"new-{i}" for i in range(500, 1501)]}), src / "a.parquet")

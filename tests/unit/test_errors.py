@@ -58,7 +58,7 @@ def test_postgres_errors_split_retriable_from_fatal(message: str, state: str | N
 
 def test_a_local_permission_error_does_not_hint_at_aws() -> None:
     """Tests run as root, where the OS grants everything: the OS's own exception is built here."""
-    from conveyor.connectors.fs import translate
+    from conveyor.kit.fs import translate
 
     local = translate(PermissionError(13, "Permission denied", "/data/x.parquet"), "sink.path '/data'")
     assert "access denied" in local.message and "permissions of that file or folder for user" in local.hint

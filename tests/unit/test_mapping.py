@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor.errors import SchemaError
-from conveyor.mapping import TargetColumn, map_columns
+from conveyor.kit.mapping import TargetColumn, map_columns
 
 TARGET = [TargetColumn("id", nullable=False), TargetColumn("Name"), TargetColumn("loaded_at", nullable=False, has_default=True)]
 
@@ -39,8 +39,8 @@ def test_a_cast_hint_names_the_targets_engine_and_quotes_names_an_override_needs
     import pyarrow as pa
     import pytest
 
-    from conveyor.casts import ColumnType, check_casts
     from conveyor.errors import SchemaError
+    from conveyor.kit.casts import ColumnType, check_casts
 
     with pytest.raises(SchemaError) as caught:
         check_casts([("col with space", "col with space"), ("b", "b")], [ColumnType(pa.float64()), ColumnType(pa.float64())],

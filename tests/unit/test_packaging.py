@@ -22,6 +22,6 @@ def test_duckdb_is_pinned_only_where_the_extension_needs_it_and_every_suggested_
     assert not any(dep.startswith("duckdb==") for dep in project["dependencies"]), "the core pins duckdb"
     bench = project["optional-dependencies"]["bench"]
     assert "duckdb==1.5.5" in bench and "duckdb-extension-postgres==1.5.5" in bench
-    suggested = set(re.findall(r'"(\w+)"', (REPO / "conveyor" / "connectors" / "fs.py").read_text().split("_EXTRA =")[1].split("}")[0]))
+    suggested = set(re.findall(r'"(\w+)"', (REPO / "conveyor" / "kit" / "fs.py").read_text().split("_EXTRA =")[1].split("}")[0]))
     extras = set(project["optional-dependencies"])
     assert {"s3", "gcs", "azure"} <= suggested and suggested & {"s3", "gcs", "azure"} <= extras

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.connectors.sql import pick_tables
 from conveyor.core import SourceTable
 from conveyor.errors import SchemaError
+from conveyor.kit.sql import pick_tables
 
 FOUND = [(SourceTable("tpch", "lineitem", 900), True), (SourceTable("tpch", "orders", 300), True),
          (SourceTable("tpch", "region", 1), True), (SourceTable("tpch", "big_view", 0), False),

@@ -9,8 +9,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.connectors.sql import Dialect
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, PluginError, SchemaError, TransferError, first_line, scrub_value
+from conveyor.kit.sql import Dialect
 
 
 @dataclass
@@ -39,7 +39,7 @@ class AdbcSinkConfig(AdbcConfig):
     table: str = "???"
     db_schema: str | None = None
     #: columns whose values may change type by the database's own conversion; ["*"]: every column.
-    #: By default a type change that could alter a value is refused (conveyor/casts.py); SQLite,
+    #: By default a type change that could alter a value is refused (conveyor/kit/casts.py); SQLite,
     #: whose columns have affinities rather than types, is not judged
     allow_cast: list[str] = field(default_factory=list)
 

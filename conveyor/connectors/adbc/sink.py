@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from conveyor.arrowutil import CountingBatches, length_checked
 from conveyor.connectors.adbc.common import AdbcBase, AdbcSinkConfig, qident
-from conveyor.connectors.staged import StagedSink, check_mode
 from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, WriteStats, check_stored
 from conveyor.errors import ConveyorError, SchemaError
-from conveyor.mapping import TargetColumn, map_columns
+from conveyor.kit.arrowutil import CountingBatches, length_checked
+from conveyor.kit.mapping import TargetColumn, map_columns
+from conveyor.kit.staged import StagedSink, check_mode
 
 
 class AdbcSink(AdbcBase, StagedSink):
@@ -77,7 +77,7 @@ class AdbcSink(AdbcBase, StagedSink):
         """The schema as written: SQLite has no decimal (written as exact text) and no view types."""
         import pyarrow as pa
 
-        from conveyor.arrowutil import without_views
+        from conveyor.kit.arrowutil import without_views
 
         schema = without_views(schema)
         if self.config.driver != "sqlite":
@@ -98,7 +98,7 @@ class AdbcSink(AdbcBase, StagedSink):
         else:
             pairs = map_columns(schema.names, target, self.options.map_method, where)
             if self.config.driver != "sqlite":  # typed columns: the cast policy applies
-                from conveyor.casts import ColumnType, check_casts
+                from conveyor.kit.casts import ColumnType, check_casts
 
                 tschema = self._target_schema
                 check_casts(pairs, [ColumnType.of_field(schema.field(s)) for s, _ in pairs],
@@ -217,7 +217,7 @@ class AdbcSink(AdbcBase, StagedSink):
 def _column_type(field: Any) -> Any:
     """A target column as the cast policy sees it: its Arrow type, and the database's own type name
     where the driver says it (PostgreSQL's driver does, in the field metadata)."""
-    from conveyor.casts import ColumnType
+    from conveyor.kit.casts import ColumnType
 
     meta = {k.decode(): v.decode() for k, v in (field.metadata or {}).items()}
     return ColumnType(field.type, db=meta.get("POSTGRESQL:type", ""), sql=meta.get("POSTGRESQL:type", ""),

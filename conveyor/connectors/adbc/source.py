@@ -7,11 +7,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from conveyor.arrowutil import CountingBatches, rebatch
 from conveyor.connectors.adbc.common import AdbcBase, AdbcDialect, AdbcSourceConfig, qident
-from conveyor.connectors.sql import SqlSource
 from conveyor.core import JobOptions, NativePartition, Partition, SourceInfo
 from conveyor.errors import ConveyorError
+from conveyor.kit.arrowutil import CountingBatches, rebatch
+from conveyor.kit.sql import SqlSource
 
 
 class AdbcSource(AdbcBase, SqlSource):

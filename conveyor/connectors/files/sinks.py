@@ -10,8 +10,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.arrowutil import CountingBatches, cast_batches, without_views
-from conveyor.connectors import fs as fs_util
 from conveyor.connectors.files import cursors
 from conveyor.core import (
     CursorState,
@@ -24,6 +22,8 @@ from conveyor.core import (
     target_for,
 )
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
+from conveyor.kit import fs as fs_util
+from conveyor.kit.arrowutil import CountingBatches, cast_batches, without_views
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.arrowutil import rebatch, same_columns
 from conveyor.compat import fs_path
-from conveyor.connectors import fs as fs_util
 from conveyor.core import (
     FileEntry,
     FileSet,
@@ -20,6 +18,8 @@ from conveyor.core import (
     WholeSource,
 )
 from conveyor.errors import ConfigError, PlanningError, SchemaError, TransferError, first_line
+from conveyor.kit import fs as fs_util
+from conveyor.kit.arrowutil import rebatch, same_columns
 from conveyor.log import warn
 
 _GLOB_CHARS = ("*", "?", "[")

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.connectors import guard
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, qident
-from conveyor.connectors.staged import Stage, stage_label
 from conveyor.core import ReadCount, WriteStats, check_partition_rows
 from conveyor.errors import Cancelled, ConveyorError, TransferError
+from conveyor.kit import guard
+from conveyor.kit.staged import Stage, stage_label
 
 MARKERS = "_conveyor_commits"
 RUNS = "_conveyor_runs"

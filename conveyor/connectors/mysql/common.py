@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from conveyor.connectors import duckext
-from conveyor.connectors.credentials import fill_from_env, read_password
-from conveyor.connectors.sql import Dialect
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
+from conveyor.kit import duckext
+from conveyor.kit.credentials import fill_from_env, read_password
+from conveyor.kit.sql import Dialect
 
 _MY_ENV = {"host": ("MYSQL_HOST", "127.0.0.1"), "port": ("MYSQL_TCP_PORT", "3306"), "user": ("MYSQL_USER", "root"),
            "database": ("MYSQL_DATABASE", "")}

@@ -12,17 +12,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.arrowutil import CountingBatches, length_checked
-from conveyor.connectors import duckext, guard
-from conveyor.connectors import merge as merging
-from conveyor.connectors.merge import MergeOptions
 from conveyor.connectors.mysql import commits
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, _duck_connection, qident
-from conveyor.connectors.staged import StagedSink, check_mode
 from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats, check_stored, target_for
 from conveyor.errors import ConfigError, ConveyorError, SchemaError, TransferError
+from conveyor.kit import duckext, guard
+from conveyor.kit import merge as merging
+from conveyor.kit.arrowutil import CountingBatches, length_checked
+from conveyor.kit.mapping import TargetColumn, map_columns
+from conveyor.kit.merge import MergeOptions
+from conveyor.kit.staged import StagedSink, check_mode
 from conveyor.log import note, warn
-from conveyor.mapping import TargetColumn, map_columns
 
 
 @dataclass
@@ -291,9 +291,9 @@ class MySqlSink(StagedSink):
         return "insert", "mysql: batched INSERTs through DuckDB's mysql extension (the server's local_infile is OFF)"
 
     def _check_types(self, pairs: list[tuple[str, str]], schema: Any, table: str, where: str) -> None:
-        """The cast policy (conveyor/casts.py) against the target's columns as DuckDB sees them."""
+        """The cast policy (conveyor/kit/casts.py) against the target's columns as DuckDB sees them."""
 
-        from conveyor.casts import ColumnType, check_casts
+        from conveyor.kit.casts import ColumnType, check_casts
 
         with _duck_connection(self.config, write=True) as duck:
             try:
@@ -316,7 +316,7 @@ class MySqlSink(StagedSink):
         fractional digits (MySQL rounds or cuts the rest without a word)."""
         import pyarrow as pa
 
-        from conveyor.casts import ColumnType
+        from conveyor.kit.casts import ColumnType
 
         rows = self.config.run("SELECT column_name, data_type, datetime_precision, column_type FROM information_schema.columns "
                                f"WHERE table_schema = DATABASE() AND table_name = {MYSQL_DIALECT.literal(table)} "

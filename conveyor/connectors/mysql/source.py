@@ -21,12 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.arrowutil import rebatch
-from conveyor.connectors import duckext
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, _duck_connection, qident
-from conveyor.connectors.sql import SqlSource
 from conveyor.core import JobOptions, Partition, SourceInfo
 from conveyor.errors import ConveyorError, SchemaError, TransferError
+from conveyor.kit import duckext
+from conveyor.kit.arrowutil import rebatch
+from conveyor.kit.sql import SqlSource
 
 
 @dataclass

@@ -24,11 +24,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.connectors import guard
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, sqlstate, translate
-from conveyor.connectors.staged import Stage, stage_label
 from conveyor.core import ReadCount, WriteStats, cancel_requested, check_partition_rows, check_stored
 from conveyor.errors import Cancelled, ConveyorError, TransferError
+from conveyor.kit import guard
+from conveyor.kit.staged import Stage, stage_label
 
 MARKERS = "_conveyor_commits"
 STAGE_PREFIX = "_conveyor_stage_"

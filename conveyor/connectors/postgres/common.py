@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from conveyor.connectors.credentials import fill_from_env, read_password
-from conveyor.connectors.sql import Dialect
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
+from conveyor.kit.credentials import fill_from_env, read_password
+from conveyor.kit.sql import Dialect
 
 # SQLSTATE classes and codes a retry may cure: connection failures, a restarting server,
 # serialization failures and deadlocks.

@@ -26,8 +26,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from conveyor.connectors import duckext
 from conveyor.connectors.postgres.types import PgColumn, numeric_precision_scale
+from conveyor.kit import duckext
 
 if TYPE_CHECKING:
     from conveyor.connectors.postgres.common import PgConnConfig

@@ -26,17 +26,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.arrowutil import length_checked
-from conveyor.casts import ColumnType, check_casts
-from conveyor.connectors import merge as merging
-from conveyor.connectors.merge import MergeOptions
 from conveyor.connectors.postgres import commits, partitioned, passthrough, routing, writers
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.target import Target
 from conveyor.connectors.postgres.types import PgColumn, column_ddl, read_columns
 from conveyor.connectors.postgres.writers import PgLoad, pg_column_type
-from conveyor.connectors.staged import StagedSink, check_mode, check_taken, swap_steps
 from conveyor.core import (
     INFINITY,
     CursorState,
@@ -55,8 +50,13 @@ from conveyor.core import (
     target_for,
 )
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
+from conveyor.kit import merge as merging
+from conveyor.kit.arrowutil import length_checked
+from conveyor.kit.casts import ColumnType, check_casts
+from conveyor.kit.mapping import map_columns
+from conveyor.kit.merge import MergeOptions
+from conveyor.kit.staged import StagedSink, check_mode, check_taken, swap_steps
 from conveyor.log import note, warn
-from conveyor.mapping import map_columns
 
 COPY_PATHS = ("auto", "arrow", "passthrough")
 WRITERS = ("auto", "pgpq", "adbc")
@@ -130,7 +130,7 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
     commit_markers: bool = True
     #: columns whose values may change type by PostgreSQL's own cast (e.g. timestamp -> timestamptz
     #: in the session's TimeZone, text -> integer); ["*"]: every column. By default a type change that
-    #: could alter a value is refused before anything moves (see conveyor/casts.py for the rules)
+    #: could alter a value is refused before anything moves (see conveyor/kit/casts.py for the rules)
     allow_cast: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -415,7 +415,7 @@ class PostgresSink:
 
     def _check_casts(self, request: PrepareRequest, pairs: list[tuple[str, str]], tcols: list[PgColumn]) -> list[str]:
         """Refuse, before anything moves, a column whose values the target type would change
-        (conveyor/casts.py); the target columns ``sink.allow_cast`` lets PostgreSQL cast anyway."""
+        (conveyor/kit/casts.py); the target columns ``sink.allow_cast`` lets PostgreSQL cast anyway."""
         src_cols = passthrough.source_columns(request.info.native)
 
         def unchanged(s: str, t: PgColumn) -> bool:

@@ -17,12 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.arrowutil import rebatch
-from conveyor.casts import TEXT_OF
 from conveyor.connectors.postgres import changes, duckdecode, passthrough
 from conveyor.connectors.postgres.common import PG_DIALECT, PgConnConfig, adbc_connect, connect, ident, literal, row_hash_sql, translate
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_arrow_type, read_columns
-from conveyor.connectors.sql import SqlSource, pick_tables
 from conveyor.core import (
     INFINITY,
     INFINITY_DAYS,
@@ -39,6 +36,9 @@ from conveyor.core import (
     WholeSource,
 )
 from conveyor.errors import ConfigError, PlanningError, SchemaError, TransferError
+from conveyor.kit.arrowutil import rebatch
+from conveyor.kit.casts import TEXT_OF
+from conveyor.kit.sql import SqlSource, pick_tables
 
 _HEAP_KINDS = {"r": "table", "m": "materialized view", "p": "partitioned table"}
 _KIND_NAMES = {"v": "view", "f": "foreign table", "p": "partitioned table", "m": "materialized view", "r": "table"}

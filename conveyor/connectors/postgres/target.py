@@ -10,7 +10,7 @@ from conveyor.connectors.postgres import commits
 from conveyor.connectors.postgres.common import ident, literal
 from conveyor.connectors.postgres.types import PgColumn, read_columns
 from conveyor.errors import SchemaError
-from conveyor.mapping import TargetColumn
+from conveyor.kit.mapping import TargetColumn
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.arrowutil import CountingBatches
-from conveyor.casts import ColumnType
 from conveyor.connectors.postgres import commits
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, translate
 from conveyor.connectors.postgres.types import PgColumn, adbc_field, text_length_limit
 from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, Partition, ReadCount, SinkPlan, WriteStats
 from conveyor.errors import ConveyorError, SchemaError, TransferError
+from conveyor.kit.arrowutil import CountingBatches
+from conveyor.kit.casts import ColumnType
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ def test_describing_picks_duckdbs_decoder_without_importing_duckdb(typed) -> Non
     """Whether DuckDB's postgres extension can decode is known from its installed copy: describe
     (every PostgreSQL job, a pass-through too, which never reads through DuckDB) does not import
     DuckDB for it (0.03 s of every job's start here). On the main this started from it did."""
-    from conveyor.connectors import duckext
+    from conveyor.kit import duckext
 
     duckext.extension_dir("postgres")  # installed once per machine and DuckDB version, as a first job would
     described = _describe_alone(typed, "d_duck")

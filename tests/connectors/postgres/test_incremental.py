@@ -125,7 +125,7 @@ def test_incremental_is_refused_by_name_where_it_cannot_hold(inc, pg_target, tmp
 
 @pytest.mark.parametrize("kind", ["duckdb", "sqlite"])
 def test_duckdb_and_adbc_sources_load_incrementally_into_postgresql(pg_target, tmp_path, kind: str) -> None:
-    """The window is the SQL sources' own (conveyor/connectors/sql.py): DuckDB and any ADBC driver
+    """The window is the SQL sources' own (conveyor/kit/sql.py): DuckDB and any ADBC driver
     (SQLite here) read only the rows past the cursor, bound as parameters in their dialect."""
     import sqlite3
 

@@ -1,4 +1,4 @@
-"""DuckDB: a source (a table or any SQL query) and a sink (a table in a database file).
+"""DuckDB sink: a table in a database file.
 
 DuckDB does the Arrow work in native code both ways: ``fetch_record_batch`` streams a
 query's result as Arrow batches, and an ``INSERT ... SELECT`` over a registered Arrow
@@ -13,20 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.arrowutil import CountingBatches
-from conveyor.connectors import duckdb_state as state
-from conveyor.connectors import fs as fs_util
-from conveyor.connectors import merge as merging
-from conveyor.connectors.merge import MergeOptions
-from conveyor.connectors.sql import Dialect, SqlSource
-from conveyor.connectors.staged import StagedSink, check_mode, swap_steps
+from conveyor.connectors.duckdb import state
+from conveyor.connectors.duckdb.common import close, connect, new_file, qident, qualified, remove_file
 from conveyor.core import (
     INFINITY,
     CursorState,
@@ -36,173 +29,18 @@ from conveyor.core import (
     PrepareRequest,
     SinkCapabilities,
     SinkPlan,
-    SourceInfo,
     WriteStats,
     check_partition_rows,
     check_stored,
     target_for,
 )
-from conveyor.errors import ConfigError, ConnectError, SchemaError, TransferError, VerificationError
+from conveyor.errors import ConfigError, SchemaError, TransferError, VerificationError
+from conveyor.kit import merge as merging
+from conveyor.kit.arrowutil import CountingBatches
+from conveyor.kit.mapping import TargetColumn, map_columns
+from conveyor.kit.merge import MergeOptions
+from conveyor.kit.staged import StagedSink, check_mode, swap_steps
 from conveyor.log import note
-from conveyor.mapping import TargetColumn, map_columns
-
-
-def qident(name: str) -> str:
-    """A DuckDB identifier, double-quoted with embedded quotes doubled."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def qualified(schema: str, table: str) -> str:
-    return f"{qident(schema)}.{qident(table)}"
-
-
-#: DuckDB's connect and close, one thread at a time in a process: each partition's write opens the
-#: file and closes it after its commit, and a close that shut the file's database down (its last
-#: connection) while another thread opened the same file failed that open ("Unique file handle
-#: conflict: ... already attached"; ~3% of opens with two threads here)
-_OPEN_CLOSE = threading.Lock()
-
-
-def _connect(database: str, read_only: bool = False) -> Any:
-    import duckdb
-
-    try:
-        with _OPEN_CLOSE:
-            return duckdb.connect(database, read_only=read_only)
-    except duckdb.Error as exc:
-        raise ConnectError(f"duckdb database {database!r}: {str(exc).splitlines()[0]}",
-                           hint="check the path and that no other process holds it open for writing") from None
-
-
-def _new_file(database: str) -> bool:
-    """Whether connecting to ``database`` makes its file (an in-memory database has none)."""
-    return database not in ("", ":memory:") and not database.startswith(":memory:") and not os.path.exists(database)
-
-
-def _remove_file(database: str) -> None:
-    """A database file a failed run made, and its write-ahead log, removed."""
-    for path in (database, f"{database}.wal"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
-
-
-def _close(con: Any) -> None:
-    with _OPEN_CLOSE:
-        con.close()
-
-
-@dataclass
-class DuckDBSourceConfig:
-    #: the database file (":memory:" for an empty in-memory database, e.g. to query files)
-    database: str = ":memory:"
-    #: a table to read; or set ``query``
-    table: str | None = None
-    schema: str = "main"
-    #: any SQL query (read_parquet('s3://...'), joins, ...); or set ``table``
-    query: str | None = None
-    #: open the file read-only, so several processes can read it at once
-    read_only: bool = True
-    #: fsspec filesystems registered with DuckDB, by protocol, with their storage options
-    #: (DuckDB cannot download httpfs here; s3 is registered by itself when the query names s3://)
-    filesystems: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: columns left out of the output (e.g. the ``filename`` column a datadriven split uses)
-    drop_columns: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if bool(self.table) == bool(self.query):
-            raise ValueError("set exactly one of table or query")
-
-
-class DuckDBDialect(Dialect):
-    name = "duckdb"
-
-    def quantiles(self, column: str, fractions: str, relation: str) -> str | None:
-        return f"SELECT quantile_disc({column}, [{fractions}]) FROM {relation}"
-
-
-class DuckDBSource(SqlSource):
-    """Rows of a DuckDB table or query, as Arrow batches; serves the keyed strategies."""
-
-    config_class = DuckDBSourceConfig
-    dialect = DuckDBDialect()
-
-    def __init__(self, config: DuckDBSourceConfig, options: JobOptions) -> None:
-        self.config = config
-        self.options = options
-        self._schema: Any = None
-
-    def _base_sql(self) -> str:
-        if self.config.query:
-            return self.config.query
-        return f"SELECT * FROM {qualified(self.config.schema, self.config.table or '')}"
-
-    def _con(self) -> Any:
-        read_only = self.config.read_only and self.config.database != ":memory:"
-        con = _connect(self.config.database, read_only=read_only)
-        filesystems = dict(self.config.filesystems)
-        if "s3://" in (self.config.query or "") and "s3" not in filesystems:
-            filesystems["s3"] = {}
-        for protocol, options in filesystems.items():
-            fs, _ = fs_util.filesystem(f"{protocol}://", options)
-            con.register_filesystem(fs)
-        return con
-
-    def _execute(self, con: Any, sql: str, params: list[Any] | None = None) -> Any:
-        import duckdb
-
-        try:
-            return con.execute(sql, params or [])
-        except duckdb.CatalogException as exc:
-            raise SchemaError(f"duckdb source: {str(exc).splitlines()[0]}", hint="check source.table / source.query") from None
-        except duckdb.IOException as exc:
-            raise ConnectError(f"duckdb source: {str(exc).splitlines()[0]}", hint="check the files, the bucket and the credentials") from None
-        except duckdb.Error as exc:
-            raise SchemaError(f"duckdb source query failed: {str(exc).splitlines()[0]}") from None
-
-    def _select(self, where: str = "") -> str:
-        exclude = ""
-        if self.config.drop_columns:
-            exclude = f" EXCLUDE ({', '.join(qident(c) for c in self.config.drop_columns)})"
-        return f"SELECT *{exclude} FROM ({self._base_sql()}) AS _conveyor_q{where}"
-
-    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        con = self._con()
-        try:
-            return self._execute(con, sql, params).fetchall()
-        finally:
-            _close(con)
-
-    def describe(self) -> SourceInfo:
-        con = self._con()
-        try:
-            self._schema = self._execute(con, f"SELECT * FROM ({self._base_sql()}) AS _conveyor_q LIMIT 0").to_arrow_reader().schema
-            schema = self._execute(con, self._select() + " LIMIT 0").to_arrow_reader().schema
-            rows = None
-            if self.config.table:
-                rows = self._execute(con, f"SELECT count(*) FROM {qualified(self.config.schema, self.config.table)}").fetchone()[0]
-        finally:
-            _close(con)
-        what = f"table {self.config.schema}.{self.config.table}" if self.config.table else "query"
-        return SourceInfo(schema=schema, label=f"duckdb {what} in {self.config.database}", estimated_rows=rows)
-
-    # --- capabilities for the keyed strategies -------------------------------------------------
-
-    def _relation(self) -> str:
-        return f"({self._base_sql()}) AS _q"
-
-    # --- reading -------------------------------------------------------------------------------
-
-    def read(self, part: Partition) -> Iterator[Any]:
-        where, params = self._predicate(part)
-        con = self._con()
-        try:
-            reader = self._execute(con, self._select(where), params).to_arrow_reader(self.options.batch_size)
-            try:
-                yield from reader
-            except Exception as exc:  # raised by DuckDB while it scans (a damaged file, a lost connection)
-                raise TransferError(f"duckdb source {part.key}: {str(exc).splitlines()[0]}", partition=part.key) from None
-        finally:
-            _close(con)
 
 
 @dataclass
@@ -213,7 +51,7 @@ class DuckDBSinkConfig(MergeOptions):
     schema: str = "main"
     #: columns whose values may change type by DuckDB's own cast on insert (double -> integer
     #: rounds, text is parsed, ...); ["*"]: every column. By default a type change that could alter
-    #: a value is refused before anything moves (conveyor/casts.py)
+    #: a value is refused before anything moves (conveyor/kit/casts.py)
     allow_cast: list[str] = field(default_factory=list)
     #: record each partition's commit in <schema>._conveyor_commits, in the partition's own
     #: transaction: a retried or resumed partition that had committed is not written again
@@ -298,19 +136,19 @@ class DuckDBSink(StagedSink):
         """{partition: rows} committed into this target under the load id (None: no markers kept)."""
         if not self.config.commit_markers:
             return None
-        con = _connect(self.config.database)
+        con = connect(self.config.database)
         try:
             return state.committed(con, self.config.schema, self.options.load, self._name)
         finally:
-            _close(con)
+            close(con)
 
     def cursor_state(self, column: str) -> CursorState:
         """The cursor the last finished load committed into this target, and an unfinished run's window."""
-        con = _connect(self.config.database)
+        con = connect(self.config.database)
         try:
             return state.cursor_state(con, self.config.schema, self._name, column)
         finally:
-            _close(con)
+            close(con)
 
     def _stage_name(self) -> str:
         return f"_conveyor_stage_{self.options.run_id}"
@@ -329,8 +167,8 @@ class DuckDBSink(StagedSink):
 
         mode = self.options.load_mode
         where = f"duckdb table {self.config.schema}.{self.config.table}"
-        made = _new_file(self.config.database)
-        con = _connect(self.config.database)
+        made = new_file(self.config.database)
+        con = connect(self.config.database)
         try:
             con.execute(f"CREATE SCHEMA IF NOT EXISTS {qident(self.config.schema)}")
             target_cols = self._columns(con)
@@ -364,11 +202,11 @@ class DuckDBSink(StagedSink):
                                       "stopped half way from one that loaded nothing", key="sink.commit_markers")
                 state.record_pending(con, self.config.schema, self._name, request.window, self.options.load, mode)
         except BaseException:
-            _close(con)
+            close(con)
             if made:  # a run that fails before its rows leaves no empty database file behind
-                _remove_file(self.config.database)
+                remove_file(self.config.database)
             raise
-        _close(con)
+        close(con)
         return SinkPlan(
             own=DuckPlan(merge, request.window, made),
             rows_before=before,
@@ -396,11 +234,10 @@ class DuckDBSink(StagedSink):
         return f"INSERT INTO {table} ({cols}) SELECT {select} FROM {relation}"
 
     def _probe(self, con: Any, table: str, pairs: list[tuple[str, str]], where: str, source: Any) -> None:
-        """Refuse a column whose values the target's type would change (conveyor/casts.py), then
+        """Refuse a column whose values the target's type would change (conveyor/kit/casts.py), then
         bind the insert against an empty batch, so other mismatches fail before rows move too."""
         import duckdb
-
-        from conveyor.casts import ColumnType, check_casts
+        from conveyor.kit.casts import ColumnType, check_casts
 
         target = _target_schema(con, table)
         check_casts(pairs, [ColumnType.of_field(source.field(s)) for s, _ in pairs],
@@ -415,13 +252,14 @@ class DuckDBSink(StagedSink):
             con.execute("ROLLBACK")
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
-        import duckdb
         import pyarrow as pa
+
+        import duckdb
 
         start = time.perf_counter()
         counted = CountingBatches(batches, plan.schema)
         reader = pa.RecordBatchReader.from_batches(plan.schema, counted)
-        con = _connect(self.config.database)
+        con = connect(self.config.database)
         markers = self.config.commit_markers
         try:
             con.register("__conveyor_batches", reader)
@@ -447,15 +285,15 @@ class DuckDBSink(StagedSink):
                     raise
                 raise TransferError(f"duckdb {plan.target}: {str(exc).splitlines()[0]}", partition=part.key) from None
         finally:
-            _close(con)
+            close(con)
         return WriteStats(part.key, stored, counted.bytes, time.perf_counter() - start)
 
     def count_rows(self, plan: SinkPlan) -> int:
-        con = _connect(self.config.database)
+        con = connect(self.config.database)
         try:
             return int(con.execute(f"SELECT count(*) FROM {qualified(self.config.schema, plan.write_target)}").fetchone()[0])
         finally:
-            _close(con)
+            close(con)
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         own: DuckPlan = plan.own
@@ -495,18 +333,18 @@ class DuckDBSink(StagedSink):
         super().abort(plan)  # a staging table dropped
         own: DuckPlan = plan.own
         if own.made_file and (plan.write_target != self.config.table or self.committed(plan) == {}):
-            _remove_file(self.config.database)  # this run made the file, and nothing of it stays
+            remove_file(self.config.database)  # this run made the file, and nothing of it stays
             return
         if plan.write_target == self.config.table:
             return
-        con = _connect(self.config.database)
+        con = connect(self.config.database)
         try:  # nothing of a staged load stayed: its markers and its window go
             if self.config.commit_markers:
                 state.forget(con, self.config.schema, self.options.load, self._name)
             if own.window is not None:
                 state.clear_pending(con, self.config.schema, self._name, own.window.column, self.options.load)
         finally:
-            _close(con)
+            close(con)
 
     # StagedSink's finalize / abort, in DuckDB's spelling
 
@@ -521,7 +359,7 @@ class DuckDBSink(StagedSink):
         """``steps`` in the transaction that makes the load visible, with the cursor's move (and a staged
         load's markers forgotten); a callable ``steps`` is asked for them inside the transaction."""
         own: DuckPlan = plan.own
-        con = _connect(self.config.database)
+        con = connect(self.config.database)
         try:
             con.execute("BEGIN")
             if first is not None:  # a check inside the transaction, before the steps (merge: the staged keys)
@@ -537,14 +375,14 @@ class DuckDBSink(StagedSink):
             con.execute("ROLLBACK")
             raise
         finally:
-            _close(con)
+            close(con)
 
     def _drop(self, table: str) -> None:
-        con = _connect(self.config.database)
+        con = connect(self.config.database)
         try:
             con.execute(f"DROP TABLE IF EXISTS {qualified(self.config.schema, table)}")
         finally:
-            _close(con)
+            close(con)
 
 
 def _target_schema(con: Any, table: str) -> Any:
