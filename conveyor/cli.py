@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", choices=["connector"], help="what to create")
     p.add_argument("name", help="the connector's name (a Python identifier)")
     p.add_argument("--dir", default=".", help="where to create conveyor-NAME/ (default: the current directory)")
+    p.add_argument("--sink", action="store_true", help="a sink too, beside the source")
     return parser
 
 
@@ -599,7 +600,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if ns.command == "new":
         from conveyor.scaffold import new_connector
 
-        print(new_connector(ns.name, ns.dir))
+        print(new_connector(ns.name, ns.dir, sink=ns.sink))
         return 0
     _quiet_libraries()
     if ns.command == "serve":

@@ -1,9 +1,12 @@
-"""``conveyor new connector NAME``: a connector package that installs, runs and tests from the start.
+"""``conveyor new connector NAME [--sink]``: a connector package that installs, runs and tests from the start.
 
-It writes ``conveyor-NAME/`` with a pyproject declaring the plugin's entry points (the source, and
-the config package Conveyor adds to Hydra's search path), a config dataclass and the YAML that
-extends it, a source that already keeps the contract (it yields a small key range: replace its
-body with your reads), and the contract tests wired in through Conveyor's pytest kit.
+It writes ``conveyor-NAME/`` with a pyproject declaring the plugin's entry points (the source, with
+``--sink`` a sink too, and the config package Conveyor adds to Hydra's search path) and its test
+dependencies, a config dataclass and the YAML that extends it for each, a source that already keeps
+the contract (it yields a small key range: replace its body with your reads), with ``--sink`` a sink
+that keeps it too (each partition an Arrow IPC file, written under a temporary name, its rows read
+back from the file before it is renamed into place: replace it with your system's writes), and the
+contract tests wired in through Conveyor's pytest kit.
 """
 
 from __future__ import annotations
@@ -22,14 +25,18 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "conveyor-{dash}"
 version = "0.1.0"
-description = "A Conveyor source: {name}"
+description = "A Conveyor connector: {name}"
 requires-python = ">=3.10"
 dependencies = ["conveyor>={version}", "pyarrow"]
+
+[project.optional-dependencies]
+# what its tests need: `pip install -e '.[test]'`, then `python -m pytest`
+test = ["pytest>=8"]
 
 # the plugin, by name: `conveyor run source={name} ...`
 [project.entry-points."conveyor.sources"]
 {name} = "conveyor_{name}.source:{cls}Source"
-
+{sink_entry}
 # its Hydra configs: Conveyor adds the package to the search path (no --config-dir)
 [project.entry-points."conveyor.configs"]
 {name} = "conveyor_{name}.configs"
@@ -38,7 +45,7 @@ dependencies = ["conveyor>={version}", "pyarrow"]
 packages = ["conveyor_{name}", "conveyor_{name}.configs"]
 
 [tool.setuptools.package-data]
-"conveyor_{name}.configs" = ["source/*.yaml"]
+"conveyor_{name}.configs" = ["source/*.yaml", "sink/*.yaml"]
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
@@ -117,13 +124,103 @@ def test_a_sink_takes_the_{name}_rows_exactly_once(conveyor_contract, tmp_path) 
     assert written == 10_000
 '''
 
+_SINK = '''\
+"""The {name} sink. Each partition is written all or nothing (here: an Arrow IPC file under a temporary
+name, renamed when whole), and its rows are read back from what was stored before it is made final
+(conveyor.core.check_stored): replace the bodies with your system's writes, in one transaction a
+partition, and keep that check on what your system says it stored."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats, check_stored
+from conveyor.errors import SchemaError
+
+
+@dataclass
+class {cls}SinkConfig:
+    #: the folder that receives one file per partition
+    path: str = "???"
+
+
+class {cls}Sink:
+    config_class = {cls}SinkConfig
+    capabilities = SinkCapabilities(transactional=True, load_modes=("append", "create"))
+
+    def __init__(self, config: {cls}SinkConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan:
+        """On the driver, once: check the target and decide how the tasks write."""
+        if self.options.load_mode == "create" and os.path.isdir(self.config.path) and os.listdir(self.config.path):
+            raise SchemaError(f"{name} sink: {{self.config.path}} is not empty", hint="use load_mode=append")
+        os.makedirs(self.config.path, exist_ok=True)
+        names = tuple(request.column_names)
+        return SinkPlan(target=self.config.path, write_target=self.config.path, load_mode=self.options.load_mode,
+                        columns=names, source_columns=names, schema=request.schema)
+
+    def write(self, plan: SinkPlan, part: Partition, batches: Iterable[pa.RecordBatch]) -> WriteStats:
+        """In a task: one partition, all or nothing. A write again of the same partition replaces its file."""
+        start, sent, nbytes = time.perf_counter(), 0, 0
+        final = os.path.join(plan.write_target, f"{{self.options.load}}-{{part.index:05d}}.arrow")
+        temporary = f"{{final}}.tmp-{{self.options.run_id}}"
+        try:
+            with pa.OSFile(temporary, "wb") as out, pa.ipc.new_file(out, plan.schema) as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+                    sent, nbytes = sent + batch.num_rows, nbytes + batch.nbytes
+            with pa.memory_map(temporary) as stored:  # what the file holds, not what was sent
+                check_stored(plan.target, part.key, sent, pa.ipc.open_file(stored).read_all().num_rows)
+            os.replace(temporary, final)
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+        return WriteStats(part.key, sent, nbytes, time.perf_counter() - start)
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        """On the driver, once every partition is written: make the load visible (here each file already is)."""
+
+    def abort(self, plan: SinkPlan) -> None:
+        """On the driver, after a failure: leave the target as it was (here: nothing half-written stays)."""
+
+    def count_rows(self, plan: SinkPlan) -> int:
+        """What the target holds (verify=count after the load)."""
+        files = [f for f in os.listdir(plan.write_target) if f.endswith(".arrow")]
+        return sum(pa.ipc.open_file(pa.memory_map(os.path.join(plan.write_target, f))).read_all().num_rows for f in files)
+'''
+
+_SINK_YAML = '''\
+# The {name} sink. Its keys and defaults are {cls}SinkConfig's (conveyor_{name}/sink.py).
+defaults:
+  - /conveyor_defaults/sink/{name}@_here_
+  - _self_
+'''
+
+_SINK_TEST = '''\
+
+
+def test_the_{name}_sink_keeps_the_contract(conveyor_contract, tmp_path) -> None:
+    from conveyor_{name}.sink import {cls}Sink, {cls}SinkConfig
+
+    source = {cls}Source({cls}SourceConfig(rows=10_000), conveyor_contract.options)
+    written = conveyor_contract.check_sink(lambda options: {cls}Sink({cls}SinkConfig(path=str(tmp_path / "out")), options), source)
+    assert written == 10_000
+'''
+
 _README = '''\
 # conveyor-{dash}
 
 A [Conveyor](https://github.com/conveyor) source. Install it next to Conveyor and run it by name:
 
 ```bash
-pip install -e .
+pip install -e '.[test]'
 conveyor run source={name} source.rows=5000 strategy=none sink=parquet sink.path=out load_mode=create runtime=local
 python -m pytest        # the contract tests (Conveyor's kit)
 ```
@@ -134,23 +231,26 @@ body of `read` with your system's reads. A sink is the same: a class with `confi
 '''
 
 
-def new_connector(name: str, where: str = ".") -> str:
-    """Write ``<where>/conveyor-<name>/`` and return what to do next."""
+def new_connector(name: str, where: str = ".", sink: bool = False) -> str:
+    """Write ``<where>/conveyor-<name>/`` (with ``sink``: a sink too) and return what to do next."""
     if not name.isidentifier() or keyword.iskeyword(name) or name != name.lower():
         raise ConfigError(f"connector name {name!r} must be a lowercase Python identifier", key="name", hint="e.g. conveyor new connector mysource")
     root = Path(where) / f"conveyor-{name.replace('_', '-')}"
     if root.exists():
         raise ConfigError(f"{root} already exists", key="--dir", hint="choose another name or --dir")
-    fields = {"name": name, "dash": name.replace("_", "-"), "cls": "".join(p.title() for p in name.split("_")),
-              "version": __version__}
+    cls = "".join(p.title() for p in name.split("_"))
+    sink_entry = f'\n[project.entry-points."conveyor.sinks"]\n{name} = "conveyor_{name}.sink:{cls}Sink"\n' if sink else ""
+    fields = {"name": name, "dash": name.replace("_", "-"), "cls": cls, "version": __version__, "sink_entry": sink_entry}
     files = {
-        "pyproject.toml": _PYPROJECT, "README.md": _README, f"conveyor_{name}/__init__.py": '"""A Conveyor source: {name}."""\n',
+        "pyproject.toml": _PYPROJECT, "README.md": _README, f"conveyor_{name}/__init__.py": '"""A Conveyor connector: {name}."""\n',
         f"conveyor_{name}/source.py": _SOURCE, f"conveyor_{name}/configs/__init__.py": "",
-        f"conveyor_{name}/configs/source/{name}.yaml": _YAML, "tests/test_contract.py": _TEST,
+        f"conveyor_{name}/configs/source/{name}.yaml": _YAML, "tests/test_contract.py": _TEST + (_SINK_TEST if sink else ""),
     }
+    if sink:
+        files.update({f"conveyor_{name}/sink.py": _SINK, f"conveyor_{name}/configs/sink/{name}.yaml": _SINK_YAML})
     for rel, text in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text.format(**fields))
-    return (f"created {root}\nnext: cd {root} && pip install -e . && python -m pytest\n"
+    return (f"created {root}\nnext: cd {root} && pip install -e '.[test]' && python -m pytest\n"
             f"then: conveyor run source={name} strategy=none sink=parquet sink.path=out load_mode=create runtime=local")

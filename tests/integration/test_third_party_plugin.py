@@ -56,8 +56,9 @@ def test_the_plugins_own_contract_tests_pass(installed_plugin: Path) -> None:
 
 
 def test_conveyor_new_connector_makes_a_package_that_installs_tests_and_runs(cli, tmp_path: Path) -> None:
-    """The template: entry points, config YAML extending the dataclass, contract tests; installed, it runs by name."""
-    made = cli("new", "connector", "scaffolded", "--dir", str(tmp_path))
+    """The template: entry points, config YAML extending the dataclass, contract tests; installed, it runs by name.
+    With --sink, a sink too (on the main this started from there was none), run by name as the job's sink."""
+    made = cli("new", "connector", "scaffolded", "--dir", str(tmp_path), "--sink")
     assert made.code == 0, made.err
     package = tmp_path / "conveyor-scaffolded"
     pip = [sys.executable, "-m", "pip"]
@@ -67,11 +68,15 @@ def test_conveyor_new_connector_makes_a_package_that_installs_tests_and_runs(cli
     try:
         tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=package,
                                capture_output=True, text=True, timeout=300)
-        assert tests.returncode == 0 and "2 passed" in tests.stdout, tests.stdout[-3000:]
+        assert tests.returncode == 0 and "3 passed" in tests.stdout, tests.stdout[-3000:]
         res = cli("run", "source=scaffolded", "source.rows=70000", "strategy=none", "sink=parquet", f"sink.path={tmp_path}/out",
                   "load_mode=create", "runtime=local", "batch_size=30000")
         assert res.code == 0, res.err
         assert sorted(pq.read_table(tmp_path / "out").column("id").to_pylist()) == list(range(70000))
+        res = cli("run", "source=scaffolded", "source.rows=5000", "strategy=none", "sink=scaffolded", f"sink.path={tmp_path}/own",
+                  "load_mode=create", "runtime=local")
+        assert res.code == 0 and "verify=count: ok" in res.out, res.err
+        assert "optional-dependencies" in (package / "pyproject.toml").read_text()  # its tests' own dependencies
         again = cli("new", "connector", "scaffolded", "--dir", str(tmp_path))
         assert again.code == 2 and "already exists" in again.err
     finally:
