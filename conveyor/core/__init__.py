@@ -11,6 +11,8 @@ interface and its capabilities), ``sinks`` (the sink interface, its plan and cap
 ``runs`` (strategy, runtime, tasks, progress). Import from ``conveyor.core``: the split is ours.
 """
 
+from conveyor.core.counting import *  # noqa: F403
+from conveyor.core.counting import __all__ as _counting
 from conveyor.core.options import *  # noqa: F403
 from conveyor.core.options import __all__ as _options
 from conveyor.core.partitions import *  # noqa: F403
@@ -22,4 +24,4 @@ from conveyor.core.sinks import __all__ as _sinks
 from conveyor.core.sources import *  # noqa: F403
 from conveyor.core.sources import __all__ as _sources
 
-__all__ = [*_options, *_partitions, *_sources, *_sinks, *_runs]
+__all__ = [*_counting, *_options, *_partitions, *_sources, *_sinks, *_runs]

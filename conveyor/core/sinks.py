@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from conveyor.core.counting import Counting, Expected
 from conveyor.core.partitions import Partition
 from conveyor.core.sources import ArrowSchemaField, CursorWindow, ForeignKey, NativeStream, SourceInfo, column_names
 
@@ -47,21 +48,17 @@ class SinkPlan:
     #: casts, ...): read only by the sink that made them
     own: Any = None
     #: the sink's partition commits are final (no staging swapped in later that a failed check could
-    #: still hold back): it compares each partition's rows with ``expected_rows`` inside the
-    #: partition's own transaction, and the job counts the source before the tasks run to fill it
+    #: still hold back): it compares each partition's rows with the source's (``expecting``) inside
+    #: the partition's own transaction
     checks_before_commit: bool = False
-    #: {partition key: rows the source holds for it}, counted in the job's snapshot (set by the job)
-    expected_rows: Mapping[str, int | ReadCount] | None = None
-    #: set by the job instead of ``expected_rows`` on a native path whose source counts what it
-    #: streams (``NativeExport.counts``) when the job verifies: the sink checks each partition's
-    #: rows against the stream's count (``NativeStream.rows``) inside the partition's transaction,
-    #: and reports it (``WriteStats.source_rows``); the source is not counted apart
-    counts_from_stream: bool = False
-    #: set by the job instead of ``expected_rows`` where the source's reads count what they send
-    #: (``SupportsReadCounts``) and the sink checks before its commits: each task gives the sink a
-    #: :class:`ReadCount` for its partition in ``expected_rows``, and the source is not counted before
-    #: the tasks
-    counts_from_read: bool = False
+    #: how the source's side of each partition is counted (set by the job, once)
+    counting: Counting = Counting.AFTER
+    #: {partition key: rows the source holds for it}, counted in the job's snapshot before the tasks
+    #: (``Counting.BEFORE``; set by the job)
+    expected_rows: Mapping[str, int] | None = None
+    #: the source's count of the partition a task writes, for the sink's check before its commit (set
+    #: by the task, from ``counting``; None: not checked there): ``check_partition_rows(..., plan.expecting, ...)``
+    expecting: Expected | None = None
 
 
 @dataclass(frozen=True)
@@ -185,58 +182,6 @@ class SupportsForeignKeys(Protocol):
     def add_foreign_keys(self, plan: SinkPlan, keys: Sequence[tuple[ForeignKey, Any]]) -> list[str]: ...
 
 
-class ReadCount:
-    """One partition's source count, taken by its read (``SentBatches.sent``: the rows the source's
-    server said its scan returned), for a sink that checks the partition before its commit
-    (``SinkPlan.counts_from_read``). Where that count is the rows written, it stands; where it is
-    not, or missing, the partition is counted at the source in the job's snapshot and that count
-    decides: a plan the source did not foresee costs a count, never a false verdict, and rows a
-    decoder lost are still caught. ``value``: the count that decided, once resolved."""
-
-    def __init__(self, reading: Any, source: Any, part: Partition) -> None:
-        self.reading, self.source, self.part = reading, source, part
-        self.value: int | None = None
-
-    def resolve(self, rows: int) -> int | None:
-        sent = getattr(self.reading, "sent", None)
-        if sent is not None and sent == rows:
-            self.value = sent
-        else:
-            counted = self.source.count_rows([self.part])
-            self.value = None if counted is None else counted[0]
-        return self.value
-
-
-def check_partition_rows(target: str, partition: str, expected: int | ReadCount | None, rows: int) -> None:
-    """A sink whose partition commits are final (``SinkPlan.checks_before_commit``) calls this inside
-    the partition's transaction, before COMMIT: rows written must be the rows the source counted
-    (``expected``; None: not counted; a :class:`ReadCount`: the read's count, resolved here), else
-    nothing of the partition stays."""
-    if isinstance(expected, ReadCount):
-        expected = expected.resolve(rows)
-    if expected is not None and rows != expected:
-        from conveyor.errors import VerificationError
-
-        raise VerificationError(f"verification failed for {target}: partition {partition}: source {expected:,} rows, "
-                                f"written {rows:,}: rolled back", hint="the target was not changed by this partition; see the report")
-
-
-def check_stored(target: str, partition: str, sent: int | None, stored: int | None) -> None:
-    """Every sink calls this inside a partition's transaction, before COMMIT: the rows the target says
-    it stored (its COPY or INSERT count, or a count in the transaction) must be the rows it was sent.
-    A target can drop rows without an error (a BEFORE INSERT trigger returning NULL, a rule, a conflict
-    clause): then nothing of the partition stays. None: not known (not checked)."""
-    if sent is None or stored is None or stored == sent:
-        return
-    from conveyor.errors import VerificationError
-
-    raise VerificationError(
-        f"verification failed for {target}: partition {partition}: the target stored {stored:,} of the {sent:,} rows sent to it "
-        f"(a trigger, rule or conflict clause on it dropped {sent - stored:,} without an error): rolled back",
-        hint="the target was not changed by this partition; see the target's triggers and rules "
-             "(or load into a table without them); verify=none loads without this check")
-
-
 def target_for(template: str, schema: str, table: str, what: str) -> str:
     """A table's target from a sink setting: ``{table}`` / ``{schema}`` replaced; a setting without
     them names one target, which several tables cannot share."""
@@ -323,7 +268,6 @@ class SupportsCursorState(Protocol):
 
 
 __all__ = [
-    "ReadCount",
     "CursorState",
     "SupportsCursorState",
     "SinkPlan",
@@ -338,8 +282,6 @@ __all__ = [
     "SupportsManyTargets",
     "SupportsForeignKeys",
     "target_for",
-    "check_partition_rows",
-    "check_stored",
     "SupportsCleanup",
     "SupportsTargetCount",
     "SupportsTargetChecksum",

@@ -136,6 +136,11 @@ class SourceInfo:
     primary_key: tuple[str, ...] = ()
     #: the source table's foreign keys (a job over several tables may make them between its targets)
     foreign_keys: tuple[ForeignKey, ...] = ()
+    #: the kinds of partition (``Partition.kind``) whose reads report the rows the source's server sent for
+    #: them (:class:`SentBatches`: ``sent``), over the whole table (not within an incremental window):
+    #: a sink that checks each partition before its commit checks against that count, and the job does not
+    #: count the source apart (``Counting.READ``)
+    reads_count: tuple[str, ...] = ()
 
     @property
     def column_names(self) -> list[str]:
@@ -359,16 +364,6 @@ class SupportsChangeCheck(Protocol):
 
 
 @runtime_checkable
-class SupportsReadCounts(Protocol):
-    """A source whose ``read`` of a partition reports the rows its database sent for it
-    (:class:`SentBatches`: ``sent``), where ``counts_while_reading`` says so: a sink that checks each
-    partition before its commit checks against that count, and the job does not count the source
-    before the tasks (``SinkPlan.counts_from_read``)."""
-
-    def counts_while_reading(self, part: Partition) -> bool: ...
-
-
-@runtime_checkable
 class SupportsChecksums(Protocol):
     """A source that sums a 64-bit hash of every row per partition (``verify=checksum``)."""
 
@@ -455,7 +450,6 @@ class SupportsWindow(Protocol):
 
 __all__ = [
     "SupportsChangeCheck",
-    "SupportsReadCounts",
     "ForeignKey",
     "SourceTable",
     "SupportsManyTables",

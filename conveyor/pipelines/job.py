@@ -19,6 +19,7 @@ from typing import Any
 from conveyor.config import JobSpec
 from conveyor.core import (
     ChecksBeforeRun,
+    Counting,
     CursorWindow,
     ExplainsPath,
     NullProgress,
@@ -36,7 +37,6 @@ from conveyor.core import (
     SupportsManyTables,
     SupportsNativeWrite,
     SupportsPartitionCounts,
-    SupportsReadCounts,
     SupportsSpecialValues,
     SupportsTargetLayout,
     SupportsWarmUp,
@@ -368,9 +368,9 @@ class Load:
         self.before = [TaskResult(p.key, p.index, rows=done[p.key], already_committed=True) for p in plan.partitions if p.key in done]
         for result in self.before:
             self.progress.finished(result)
-        self.sink_plan = _expected_rows(spec, sink_plan, self.todo, self.source, plan.info)
+        self.sink_plan = _counted(spec, sink_plan, self.todo, self.source, plan.info, plan.window)
         self.report.sink_plan = self.sink_plan
-        self.counted = self.sink_plan.expected_rows is not None
+        self.counted = self.sink_plan.counting == Counting.BEFORE
         return [Task(self.source, spec.sink, self.sink_plan, part) for part in self.todo]
 
     def conclude(self, results: list[TaskResult]) -> None:
@@ -383,8 +383,7 @@ class Load:
         spec, report = self.plan.spec, self.report
         assert self.sink_plan is not None
         ran = [r for r in report.results if r.partition not in report.committed_before]
-        report.verification = verify(spec.options.verify, self.todo, ran, self.source, spec.sink, self.sink_plan,
-                                     self.sink_plan.expected_rows)
+        report.verification = verify(spec.options.verify, self.todo, ran, self.source, spec.sink, self.sink_plan)
         raise_if_failed(report.verification, report.target)
 
     def finalize(self) -> None:
@@ -413,25 +412,24 @@ class Phases:
         self.last = now
 
 
-def _expected_rows(spec: JobSpec, sink_plan: SinkPlan, todo: list[Partition], source: Any, info: SourceInfo) -> SinkPlan:
-    """A sink whose partition commits are final checks each partition's rows in its own transaction:
-    the source's counts, in the job's snapshot, are taken before the tasks run (and serve the
-    verification after them, not counted twice). On a native path whose source counts what it
-    streams (the pass-through: its COPY's count), the sink checks against that instead, and the
-    source is not scanned to count it; so it does where every partition's read reports its
-    server's scan count (``SupportsReadCounts``: a PostgreSQL table on the Arrow path)."""
+def _counted(spec: JobSpec, sink_plan: SinkPlan, todo: list[Partition], source: Any, info: SourceInfo, window: Any) -> SinkPlan:
+    """How each partition's source rows are counted (``SinkPlan.counting``), decided once: where the
+    sink checks each partition before its commit, the count it checks against comes from the native
+    stream (the pass-through's COPY count), or from each read (the rows its server's scan returned:
+    ``SourceInfo.reads_count``), or is taken at the source before the tasks (and serves the
+    verification after them, not counted twice); elsewhere the source is counted after the tasks."""
     if spec.options.verify == "none":
-        return sink_plan
+        return dataclasses.replace(sink_plan, counting=Counting.NONE)
     if sink_plan.native and info.native is not None and info.native.counts and info.native.format == sink_plan.native:
-        return dataclasses.replace(sink_plan, counts_from_stream=True)
+        return dataclasses.replace(sink_plan, counting=Counting.STREAM)
     if not sink_plan.checks_before_commit or not isinstance(source, SupportsPartitionCounts):
-        return sink_plan
-    if not sink_plan.native and isinstance(source, SupportsReadCounts) and todo and all(source.counts_while_reading(p) for p in todo):
-        return dataclasses.replace(sink_plan, counts_from_read=True)  # each read's own count (run_task's ReadCount)
+        return dataclasses.replace(sink_plan, counting=Counting.AFTER)
+    if not sink_plan.native and window is None and todo and all(p.kind in info.reads_count for p in todo):
+        return dataclasses.replace(sink_plan, counting=Counting.READ)
     counts = source.count_rows(todo)
     if counts is None:
-        return sink_plan
-    return dataclasses.replace(sink_plan, expected_rows={p.key: n for p, n in zip(todo, counts)})
+        return dataclasses.replace(sink_plan, counting=Counting.AFTER)
+    return dataclasses.replace(sink_plan, counting=Counting.BEFORE, expected_rows={p.key: n for p, n in zip(todo, counts)})
 
 
 def stop_clock(report: JobReport, start: float) -> None:

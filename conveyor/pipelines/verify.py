@@ -8,7 +8,7 @@ partition's transaction: no second scan of the source. Where a partition's read 
 server's scan returned (a PostgreSQL table on the Arrow path, :class:`conveyor.core.SentBatches`),
 that count stands for the source's where it equals the rows written, and the partition is counted at
 the source where it does not: after the tasks for a sink checked after them, inside the partition's
-transaction for one that checks before its commits (:class:`conveyor.core.ReadCount`). ``verify=checksum``: in addition, an order-independent content
+transaction for one that checks before its commits (:class:`conveyor.core.Expected`). ``verify=checksum``: in addition, an order-independent content
 checksum computed by both databases (PostgreSQL on both sides: rows compared as PostgreSQL prints
 them). It runs before ``finalize``, so a mismatch in truncate / create / replace leaves the old
 target in place.
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.core import SupportsChecksums, SupportsPartitionCounts, SupportsTargetChecksum, SupportsTargetCount
+from conveyor.core import Counting, SupportsChecksums, SupportsPartitionCounts, SupportsTargetChecksum, SupportsTargetCount
 from conveyor.errors import ConfigError, VerificationError
 
 VERIFY_MODES = ("count", "checksum", "none")
@@ -59,21 +59,20 @@ def check_mode(mode: str, source: Any, sink: Any) -> None:
                           hint="use verify=count (the default) for this pair")
 
 
-def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source: Any, sink: Any, plan: Any,
-           counted: Mapping[str, int] | None = None) -> Verification:
-    """``counted``: the source's counts taken before the tasks ran (a sink that checked them in each
-    partition's transaction), used instead of counting the source again. ``plan.counts_from_stream``:
-    the source's counts are those its streams reported (``TaskResult.source_rows``)."""
+def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source: Any, sink: Any, plan: Any) -> Verification:
+    """The job's verification after its tasks, before the load is made visible: the source's counts
+    as ``plan.counting`` took them (before the tasks, from the streams, from the reads, or now), the
+    target's, and with ``mode=checksum`` the content."""
     out = Verification(mode, written_rows=sum(r.rows for r in results))
     if mode == "none":
         out.notes.append("not verified (verify=none)")
         return out
     by_key = {r.partition: r.rows for r in results}
-    from_stream = plan.counts_from_stream  # set by the job only where it did not count the source before the load
-    if counted is not None:
-        counts: Sequence[int] | None = [counted[p.key] for p in partitions]
+    counting = plan.counting
+    if counting == Counting.BEFORE and plan.expected_rows is not None:
+        counts: Sequence[int] | None = [plan.expected_rows[p.key] for p in partitions]
         out.notes.append("source counted before the load")
-    elif from_stream:
+    elif counting == Counting.STREAM:
         counts, _ = _sent(partitions, results, source)
         out.notes.append("source rows as the source counted them while sending (its COPY's count), per partition in the job's snapshot")
     elif any(r.source_rows is not None for r in results):
@@ -90,7 +89,7 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         out.mismatched += [f"{p.key}: source {n:,} rows, written {by_key.get(p.key, 0):,}"
                            for p, n in zip(partitions, counts) if n != by_key.get(p.key, 0)]
     expected = out.source_rows if out.source_rows is not None else out.written_rows
-    if counted is not None or ((from_stream or plan.counts_from_read) and plan.checks_before_commit):
+    if counting in (Counting.BEFORE, Counting.STREAM, Counting.READ) and plan.checks_before_commit:
         # the target's COPY count met the source's in each partition's transaction: no table scan
         out.notes.append("the target's rows per partition (its COPY count) checked against the source's before each commit")
     elif plan.rows_before is None:  # an append whose target was not counted before it: its count tells nothing

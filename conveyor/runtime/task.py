@@ -16,12 +16,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from conveyor.core import (
+    Counting,
+    Expected,
     Partition,
     Progress,
-    ReadCount,
     SinkPlan,
     SupportsNativeExport,
     SupportsNativeWrite,
+    SupportsPartitionCounts,
     Task,
     TaskResult,
     WriteStats,
@@ -158,14 +160,12 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
             else:
                 # the read is closed by read_ahead (its reader thread, or its yield from) when the sink stops early
                 reading = task.source.read(task.partition)
-                plan, counted = task.plan, None
-                if plan.counts_from_read:  # the sink checks before its commit against the read's own count
-                    counted = ReadCount(reading, task.source, task.partition)
-                    plan = dataclasses.replace(plan, expected_rows={key: counted})
+                expecting = expected_for(task, reading)
+                plan = dataclasses.replace(task.plan, expecting=expecting)
                 stats = task.sink.write(plan, task.partition, _reported(read_ahead(reading, prefetch, prefetch_bytes), key, progress))
-                if stats.source_rows is None and not stats.already_committed:  # what the source's server said it sent
-                    sent = counted.value if counted is not None and counted.value is not None else getattr(reading, "sent", None)
-                    stats = dataclasses.replace(stats, source_rows=sent)
+                if stats.source_rows is None and not stats.already_committed:  # what the source said it sent
+                    said = expecting.said if expecting is not None else None
+                    stats = dataclasses.replace(stats, source_rows=said if said is not None else getattr(reading, "sent", None))
         except Exception as exc:  # every failure becomes a TaskResult
             err = _as_conveyor_error(exc, key)
             retriable = isinstance(err, TransferError) and err.retriable and not cancel_requested()
@@ -200,6 +200,25 @@ def _where() -> str:
     return f"{socket.gethostname()} pid {os.getpid()}"
 
 
+def expected_for(task: Task, reading: Any = None, stream: Any = None) -> Expected | None:
+    """What the source says the task's partition holds, as the plan's ``counting`` has it counted, for the
+    sink's check before its commit (None: the sink does not check it there)."""
+    plan, part = task.plan, task.partition
+    if plan.counting == Counting.BEFORE and plan.expected_rows is not None and part.key in plan.expected_rows:
+        return Expected.before(plan.expected_rows[part.key])
+    if plan.counting == Counting.STREAM and stream is not None:
+        return Expected.from_stream(stream)
+    if plan.counting == Counting.READ and reading is not None:
+        source = task.source
+
+        def recount() -> int | None:
+            counted = source.count_rows([part]) if isinstance(source, SupportsPartitionCounts) else None
+            return None if counted is None else counted[0]
+
+        return Expected.from_read(reading, recount)
+    return None
+
+
 def pass_through(source: Any, sink: Any, plan: SinkPlan, part: Partition, progress: Progress | None = None) -> WriteStats:
     """The native path both ends agreed on in prepare: the source's stream straight into the sink (its
     bytes reported to ``progress`` as the sink reads them)."""
@@ -207,6 +226,7 @@ def pass_through(source: Any, sink: Any, plan: SinkPlan, part: Partition, progre
         raise PluginError(f"the sink agreed on the native format {plan.native} with a source or sink that does not "
                           "implement it (SupportsNativeExport / SupportsNativeWrite)")
     with source.export_native(part, plan.source_columns) as stream:
+        plan = dataclasses.replace(plan, expecting=expected_for(Task(source, sink, plan, part), stream=stream))
         return sink.write_native(plan, part, stream if progress is None else _Reported(stream, part.key, progress))
 
 

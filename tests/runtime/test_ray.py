@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conveyor.config import build_job
-from conveyor.core import JobOptions, ModuloBucket
+from conveyor.core import Counting, JobOptions, ModuloBucket
 from conveyor.errors import ConfigError
 from conveyor.pipelines.job import execute, run_job
 from conveyor.runtime.ray import RayRuntime, RayRuntimeConfig
@@ -32,9 +32,9 @@ def test_pg_to_pg_on_ray(ray_instance, pg_source, pg_target, copy_path: str) -> 
     assert len(report.results) == 5 and report.rows == 50000
     assert checksum(pg_target, "ray_dst") == checksum(pg_source, "ray_src")
     if copy_path == "auto":  # the pass-through: each partition's source COPY count came back from its worker
-        assert report.sink_plan.native == "pgcopy-binary" and report.sink_plan.counts_from_stream
+        assert report.sink_plan.native == "pgcopy-binary" and report.sink_plan.counting == Counting.STREAM
     else:  # the Arrow path: each partition checked before its commit against its read's scan count, on its worker
-        assert not report.sink_plan.native and report.sink_plan.counts_from_read
+        assert not report.sink_plan.native and report.sink_plan.counting == Counting.READ
     assert all(r.source_rows == r.rows for r in report.results) and report.verification.source_rows == 50000
 
 
@@ -47,7 +47,7 @@ def test_a_scan_count_that_is_not_the_partitions_rows_is_counted_on_the_worker_b
     report = run_job(ray_spec({"type": "postgres", "port": pg_source.port, "table": "ray_seq", "options": {"options": "-c enable_tidscan=off"}},
                               {"type": "postgres", "port": pg_target.port, "table": "ray_seq_t", "copy_path": "arrow"},
                               {"type": "ctid", "partitions": 3}))
-    assert report.sink_plan.counts_from_read and report.verification.ok and report.verification.source_rows == 30000
+    assert report.sink_plan.counting == Counting.READ and report.verification.ok and report.verification.source_rows == 30000
     assert [r.source_rows for r in report.results] == [r.rows for r in report.results] and all(r.rows < 30000 for r in report.results)
     assert checksum(pg_target, "ray_seq_t") == checksum(pg_source, "ray_seq")
 

@@ -273,7 +273,7 @@ class DuckDBSink(StagedSink):
                 stored = int(con.execute(self._insert_sql(into, plan.columns, plan.source_columns, "__conveyor_batches")).fetchone()[0])
                 if self.options.verify != "none":  # the INSERT's own count: what DuckDB stored
                     check_stored(plan.target, part.key, counted.rows, stored)
-                check_partition_rows(plan.target, part.key, (plan.expected_rows or {}).get(part.key), stored)
+                check_partition_rows(plan.target, part.key, plan.expecting, stored)
                 if markers:
                     state.mark(con, self.config.schema, self.options.load, self._name, part.key, stored)
                 con.execute("COMMIT")

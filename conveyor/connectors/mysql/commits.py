@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, qident
-from conveyor.core import ReadCount, WriteStats, check_partition_rows
+from conveyor.core import Expected, WriteStats, check_partition_rows
 from conveyor.errors import Cancelled, ConveyorError, TransferError
 from conveyor.kit import guard
 from conveyor.kit.staged import Stage, stage_label
@@ -169,7 +169,7 @@ class Attempt:
     (None: not known; then ``seen()`` counts this partition's marker inside the transaction);
     ``fetch(sql)`` runs a query (on any connection) and returns its first row."""
 
-    def __init__(self, conf: MySqlConnConfig, once: Once, key: str, expected: int | ReadCount | None) -> None:
+    def __init__(self, conf: MySqlConnConfig, once: Once, key: str, expected: Expected | None) -> None:
         self.conf, self.once, self.key, self.expected = conf, once, key, expected
         self.start = time.perf_counter()
 

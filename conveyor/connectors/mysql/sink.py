@@ -327,7 +327,7 @@ class MySqlSink(StagedSink):
                 for name, typ, digits, sql in rows}
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
-        attempt = commits.Attempt(self.config, plan.own.once, part.key, (plan.expected_rows or {}).get(part.key))
+        attempt = commits.Attempt(self.config, plan.own.once, part.key, plan.expecting)
         done = attempt.committed_before()
         if done is not None:  # committed by an earlier attempt or run under this load id: nothing to write
             return done

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, sqlstate, translate
-from conveyor.core import ReadCount, WriteStats, cancel_requested, check_partition_rows, check_stored
+from conveyor.core import Expected, WriteStats, cancel_requested, check_partition_rows, check_stored
 from conveyor.errors import Cancelled, ConveyorError, TransferError
 from conveyor.kit import guard
 from conveyor.kit.staged import Stage, stage_label
@@ -253,7 +253,7 @@ class Attempt:
     before, sealed (guard check + marker) just before commit, a failure rolled back and turned
     into the error to raise. Every PostgreSQL writer (ADBC, pgpq, pass-through) runs through it."""
 
-    def __init__(self, once: Once, key: str, expected: int | ReadCount | None = None) -> None:
+    def __init__(self, once: Once, key: str, expected: Expected | None = None) -> None:
         self.once, self.key, self.expected = once, key, expected
         self.start = time.perf_counter()
 

@@ -285,16 +285,6 @@ def _last_bytes(f: Any, size: int = 1 << 16) -> bytes:
     return f.read()
 
 
-def sent_rows(stream: NativeStream, key: str) -> int:
-    """The rows the source said it sent, read to its end: a check before the commit needs them."""
-    rows = getattr(stream, "rows", None)
-    if rows is None:
-        raise TransferError(f"partition {key}: the source's COPY did not say how many rows it sent, so they cannot be "
-                            "checked before the commit: rolled back", partition=key,
-                            hint="use verify=none to load without the check, or sink.copy_path=arrow")
-    return rows
-
-
 def relay(con: Any, table: str, columns: Sequence[str], stream: NativeStream, key: str, freeze: bool = False) -> tuple[int, int]:
     """Forward ``stream`` into ``COPY table FROM STDIN`` on ``con`` (in its transaction): (rows, bytes).
     ``freeze``: the table was truncated in this transaction, so its rows are written frozen."""

@@ -508,19 +508,16 @@ class PostgresSink:
 
     def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats:
         """The pass-through: the source's binary COPY stream, relayed into the target in one transaction.
-        With ``plan.counts_from_stream`` the target's COPY count must be the rows the source's COPY
-        said it sent, checked before the commit."""
+        The target's COPY count must be the rows the source's COPY said it sent (where it says),
+        checked before the commit."""
         plan = self._into(plan, part)
         once: commits.Once = plan.own.once
-        attempt = commits.Attempt(once, part.key, writers.expected_rows(plan, part))
+        attempt = commits.Attempt(once, part.key, plan.expecting)
         con = connect(self.config, partition=part.key)
 
         def relayed() -> tuple[int, int, int | None]:
             stored, nbytes = passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key, once.freeze)
-            sent = None
-            if plan.counts_from_stream:
-                attempt.expected = sent = passthrough.sent_rows(stream, part.key)
-            return stored, nbytes, sent
+            return stored, nbytes, getattr(stream, "rows", None)  # what the source's COPY said it sent, where it says
 
         try:
             stats = attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(), relayed)

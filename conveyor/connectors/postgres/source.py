@@ -182,7 +182,8 @@ class PostgresSource(SqlSource):
         self._schema = DeferredSchema(self._arrow_schema, [c.name for c in self.columns])
         self.decoder, reader = self._pick_decoder()
         return SourceInfo(schema=self._schema, label=label, estimated_rows=estimate, estimated_bytes=size,
-                          native=passthrough.offer(self.columns), reader=reader, primary_key=keys[0], foreign_keys=keys[1])
+                          native=passthrough.offer(self.columns), reader=reader, primary_key=keys[0], foreign_keys=keys[1],
+                          reads_count=self._counted_kinds())
 
     @property
     def schema(self) -> Any:
@@ -604,9 +605,13 @@ class PostgresSource(SqlSource):
                 raise _unfit_decimal(col, numeric_arrow_type(col), "NaN", part.key) from None
             raise translate(exc, self.config, f"reading {part.key}", part.key) from None
 
-    def counts_while_reading(self, part: Partition) -> bool:
-        """Whether :meth:`read` of ``part`` reports its server's scan count (``SentBatches.sent``)."""
-        return self._scan_counts(part)
+    def _counted_kinds(self) -> tuple[str, ...]:
+        """The partitions whose reads report their server's scan count (SourceInfo.reads_count): a table's
+        whole heap (a sequential scan), and a page range where the server has TID range scans (14+); on a
+        server that counts scans, when the job verifies counts."""
+        if self.options.verify == "none" or not self.scan_stats or self.relkind not in ("r", "m"):
+            return ()
+        return (WholeSource.kind, PageRange.kind) if self.server_version >= 140000 else (WholeSource.kind,)
 
     def _scan_counts(self, part: Partition) -> bool:
         """Whether the rows the server's scan returns for ``part`` are the rows its query sends, so
@@ -614,9 +619,7 @@ class PostgresSource(SqlSource):
         a table's whole heap (a sequential scan) or a page range (a TID range scan, PostgreSQL 14+),
         no incremental window (a filter above the scan: it returns rows the query drops), on a server
         that counts scans (describe asks). Only when the job verifies counts."""
-        if self.options.verify == "none" or not self.scan_stats or self.relkind not in ("r", "m") or self.window is not None:
-            return False
-        return isinstance(part, WholeSource) or (isinstance(part, PageRange) and self.server_version >= 140000)
+        return self.window is None and part.kind in self._counted_kinds()
 
     def nan_refusing_sql(self, part: Partition, numerics: list[PgColumn]) -> str:
         """The partition's query for DuckDB's decoder, which reads a numeric NaN as 0: the server refuses

@@ -16,7 +16,7 @@ from typing import Any
 from conveyor.connectors.postgres import commits
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, translate
 from conveyor.connectors.postgres.types import PgColumn, adbc_field, text_length_limit
-from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, Partition, ReadCount, SinkPlan, WriteStats
+from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, Partition, SinkPlan, WriteStats
 from conveyor.errors import ConveyorError, SchemaError, TransferError
 from conveyor.kit.arrowutil import CountingBatches
 from conveyor.kit.casts import ColumnType
@@ -176,7 +176,7 @@ def write_adbc(config: PgConnConfig, run_id: str, plan: SinkPlan, part: Partitio
     import pyarrow as pa
 
     load: PgLoad = plan.own
-    attempt = commits.Attempt(load.once, part.key, expected_rows(plan, part))
+    attempt = commits.Attempt(load.once, part.key, plan.expecting)
     pairs = list(zip(plan.source_columns, plan.columns))
     out_schema = _ingest_schema(plan.schema, pairs, load.casts)
     # errors raised while reading or casting are kept: the driver would only wrap them
@@ -218,7 +218,7 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
     from pgpq import ArrowToPostgresBinaryEncoder
 
     load: PgLoad = plan.own
-    attempt = commits.Attempt(load.once, part.key, expected_rows(plan, part))
+    attempt = commits.Attempt(load.once, part.key, plan.expecting)
     pairs = list(zip(plan.source_columns, plan.columns))
     types = load.pgpq_types or ()
     out_schema = pa.schema([pa.field(t, ty) for (_, t), ty in zip(pairs, types)])
@@ -320,11 +320,6 @@ def _routed_copy(con: Any, load: PgLoad, cols: str, batches: Iterable[Any], wire
 #: server's own account of what an ADBC ingest stored (pg_stat_get_xact_tuples_inserted)
 _INSERTED_SQL = ("SELECT coalesce(sum(pg_stat_get_xact_tuples_inserted(r)), 0), current_setting('track_counts') FROM "
                  "(SELECT relid FROM pg_partition_tree({table}::regclass) WHERE isleaf UNION SELECT {table}::regclass) AS t(r)")
-
-
-def expected_rows(plan: SinkPlan, part: Partition) -> int | ReadCount | None:
-    """The source's count of a partition, to check in its transaction (None: not checked there)."""
-    return None if plan.expected_rows is None else plan.expected_rows.get(part.key)
 
 
 def _table(load: PgLoad, plan: SinkPlan) -> str:

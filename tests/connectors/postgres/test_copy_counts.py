@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 from omegaconf import OmegaConf
 
+from conveyor.core import Counting
 from conveyor.errors import TransferError, VerificationError
 from tests.helpers import PG_PASSWORD, Relayed, checksum, job, pg_exec
 
@@ -68,7 +69,7 @@ def test_verify_count_on_the_pass_through_reads_the_source_once(cc_src, pg_targe
     assert len([s for s in logged if s.startswith("COPY (SELECT")]) == len(report.results) == (3 if strategy == "ctid" else 1)
     assert not [s for s in logged if "count(" in s], logged  # the source is not counted apart
     v = report.verification
-    assert report.sink_plan.native == "pgcopy-binary" and report.sink_plan.counts_from_stream
+    assert report.sink_plan.native == "pgcopy-binary" and report.sink_plan.counting == Counting.STREAM
     assert v.ok and v.source_rows == ROWS and sum(r.source_rows for r in report.results) == ROWS
     assert any("its COPY's count" in n for n in v.notes)
     if mode == "append":
@@ -439,7 +440,7 @@ def test_a_sink_checking_before_its_commit_takes_the_reads_scan_count_not_a_coun
     since = (cc_src.root / "log").stat().st_size
     report = job(_source(cc_src, table="cc_src"), sink, strategy, params, load_mode=mode, degree=2, batch_size=5000)
     logged = [s for s in _logged(cc_src, since) if "cc_src" in s]
-    assert not report.sink_plan.native and report.sink_plan.checks_before_commit and report.sink_plan.counts_from_read
+    assert not report.sink_plan.native and report.sink_plan.checks_before_commit and report.sink_plan.counting == Counting.READ
     assert not [s for s in logged if "count(" in s], logged  # the source is not counted apart
     assert "count source" not in report.phases, report.phases
     v = report.verification
@@ -456,7 +457,7 @@ def test_a_scan_count_that_is_not_the_partitions_rows_is_counted_before_the_comm
     sink = _target(pg_target, "cc_seq2_t")
     report = job({"type": "postgres", "port": pg_source.port, "table": "cc_seq2", "options": {"options": "-c enable_tidscan=off"}},
                  {**sink, "copy_path": "arrow"}, "ctid", {"partitions": 3}, load_mode="append")
-    assert report.sink_plan.counts_from_read and report.verification.ok and report.verification.source_rows == ROWS
+    assert report.sink_plan.counting == Counting.READ and report.verification.ok and report.verification.source_rows == ROWS
     assert [r.source_rows for r in report.results] == [r.rows for r in report.results] and all(r.rows < ROWS for r in report.results)
     assert pg_exec(pg_target, "SELECT count(*) FROM cc_seq2_t") == [(ROWS + 1,)]
 
