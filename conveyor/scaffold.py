@@ -139,7 +139,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats, check_stored
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkBase, SinkCapabilities, SinkPlan, TargetInfo, WriteStats, check_stored
 from conveyor.errors import SchemaError
 
 
@@ -149,13 +149,18 @@ class {cls}SinkConfig:
     path: str = "???"
 
 
-class {cls}Sink:
+class {cls}Sink(SinkBase):
     config_class = {cls}SinkConfig
     capabilities = SinkCapabilities(transactional=True, load_modes=("append", "create"))
 
     def __init__(self, config: {cls}SinkConfig, options: JobOptions) -> None:
         self.config = config
         self.options = options
+
+    def describe_target(self, request: PrepareRequest) -> TargetInfo:
+        """While planning, read-only: what the target is and takes (here: files; a database says whether each
+        partition's commit is final, its range partitions, a native format it imports as it is)."""
+        return TargetInfo(label=f"{name} files in {{self.config.path}}", path="arrow: one Arrow IPC file per partition, renamed when whole")
 
     def prepare(self, request: PrepareRequest) -> SinkPlan:
         """On the driver, once: check the target and decide how the tasks write."""

@@ -14,7 +14,19 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.core import JobOptions, NativePartition, Partition, PrepareRequest, SinkCapabilities, SinkPlan, SourceInfo, WholeSource, WriteStats
+from conveyor.core import (
+    JobOptions,
+    NativePartition,
+    Partition,
+    PrepareRequest,
+    SinkBase,
+    SinkCapabilities,
+    SinkPlan,
+    SourceInfo,
+    TargetInfo,
+    WholeSource,
+    WriteStats,
+)
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, PlanningError, SchemaError, TransferError, first_line
 
 
@@ -130,7 +142,7 @@ class FlightSource(_Flight):
             client.close()
 
 
-class FlightSink(_Flight):
+class FlightSink(SinkBase, _Flight):
     """do_put of each partition's batches; what the service does with them is the service's.
 
     A do_put stream is not a transaction: a failed partition may have delivered part of its rows,
@@ -143,6 +155,10 @@ class FlightSink(_Flight):
     def __init__(self, config: FlightConfig, options: JobOptions) -> None:
         self.config = config
         self.options = options
+
+    def describe_target(self, request: PrepareRequest) -> TargetInfo:
+        return TargetInfo(label=f"flight {self.config.location} {'/'.join(self.config.path)}",
+                          path="arrow: one do_put stream per partition (not a transaction: never retried)")
 
     def prepare(self, request: PrepareRequest) -> SinkPlan:
         if self.options.load_mode != "append":

@@ -33,8 +33,11 @@ class SinkPlan:
     schema: Any = None
     #: the native format both connectors agreed on (``NativeExport.format``, e.g. "pgcopy-binary"):
     #: the task streams ``source.export_native`` into ``sink.write_native``; None: Arrow batches
+    #: (set by the job from its :class:`Agreement`)
     native: str | None = None
-    #: why this path was taken, for ``conveyor plan`` and the report
+    #: the data path the job agreed on (``Agreement.path``: what ``conveyor plan`` printed), and with
+    #: the sink's own details of how it writes (its encoder, its bulk path) after it
+    path: str = ""
     path_reason: str = ""
     #: special values this sink writes exactly (``INFINITY``): the job asks the source to pass
     #: them on instead of refusing them (``SupportsSpecialValues``)
@@ -62,6 +65,60 @@ class SinkPlan:
 
 
 @dataclass(frozen=True)
+class TargetInfo:
+    """What a sink's target is and can take for this load: the mirror of :class:`SourceInfo`, read once
+    while planning by ``Sink.describe_target`` (read-only). Facts, not decisions: the job agrees on the
+    path from them and the source's (:class:`Agreement`) and hands that to ``prepare``."""
+
+    #: where rows land, for messages and the report
+    label: str = ""
+    #: the target's range partitions a plan may align with (None: not partitioned by range on one
+    #: column, or the load goes through a staging table, where alignment buys nothing)
+    layout: TargetLayout | None = None
+    #: the rows a partition's transaction should hold at least (a columnar table's stripe), and why
+    min_partition_rows: int = 0
+    min_partition_why: str = ""
+    #: the native format (``NativeExport.format``) it takes from this source as it is (None: Arrow batches)
+    native: str | None = None
+    #: each partition's commit is final (an append, a load in one transaction): it checks each
+    #: partition's rows against the source's before it commits
+    checks_before_commit: bool = False
+    #: the load is one transaction into the target itself (a truncate of one partition, in place)
+    in_place: bool = False
+    #: the data path, as ``conveyor plan`` prints it and the run takes it
+    path: str = ""
+    #: the target as a plan of ONE partition would load it, where that differs (a truncate in place)
+    one_partition: TargetInfo | None = None
+    #: a plan of this many partitions cannot be loaded so: why ({partitions} is their number), the
+    #: config key that asked for it, and a hint (the job refuses the plan with them)
+    refused: str = ""
+    refused_key: str = ""
+    refused_hint: str = ""
+
+    def for_partitions(self, count: int) -> TargetInfo:
+        """The target as a plan of ``count`` partitions loads it."""
+        return self.one_partition if count == 1 and self.one_partition is not None else self
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What the two ends agreed on for a load, decided once by the job from :class:`SourceInfo`,
+    :class:`TargetInfo` and its options (``conveyor.pipelines.agree``), and handed to ``prepare``: so
+    ``conveyor plan`` and ``conveyor run`` take one path by construction."""
+
+    #: the native format both speak, streamed as it is (None: Arrow batches)
+    native: str | None = None
+    #: the load is one transaction into the target itself
+    in_place: bool = False
+    #: each partition's commit is final and checked against the source's count before it
+    checks_before_commit: bool = False
+    #: how the source's side of each partition is counted
+    counting: Counting = Counting.AFTER
+    #: the data path, as ``conveyor plan`` prints it
+    path: str = ""
+
+
+@dataclass(frozen=True)
 class PrepareRequest:
     """What a sink's ``prepare`` gets: the source's schema and description (``info.native``: what
     a database source offers beyond Arrow). Never the source itself."""
@@ -76,6 +133,8 @@ class PrepareRequest:
     #: an incremental load's window: the sink records it as pending in prepare and makes its upper
     #: end the committed cursor when the load is made visible
     window: CursorWindow | None = None
+    #: what the job agreed on with the two ends (prepare follows it; None in ``describe_target``)
+    agreement: Agreement | None = None
 
     @property
     def column_names(self) -> list[str]:
@@ -93,24 +152,6 @@ class TargetLayout:
     bounds: tuple[Any, ...]
     #: the target partitions, for plans and messages
     partitions: int = 0
-
-
-@runtime_checkable
-class SupportsTargetLayout(Protocol):
-    """A sink that can say how its target is partitioned (None: not by range on one column, or
-    the load goes through a staging table, where alignment buys nothing)."""
-
-    def target_layout(self, request: PrepareRequest) -> TargetLayout | None: ...
-
-
-@runtime_checkable
-class WantsPartitionRows(Protocol):
-    """A sink whose target stores each partition's transaction best in whole units of some rows
-    (a columnar table's stripe: one transaction's rows or ``stripe_row_limit``, whichever is less):
-    the rows a partition should hold at least (0: no wish). Strategies that choose the partition
-    count keep to it unless ``strategy.partitions`` is set."""
-
-    def partition_rows(self, request: PrepareRequest) -> tuple[int, str]: ...
 
 
 @dataclass(frozen=True)
@@ -222,19 +263,15 @@ class SupportsNativeWrite(Protocol):
     def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats: ...
 
 
-@runtime_checkable
-class ExplainsPath(Protocol):
-    """A sink that tells ``conveyor plan`` which path a run would take, changing nothing."""
-
-    def explain_path(self, request: PrepareRequest) -> str: ...
-
-
 class Sink(Protocol):
-    """Writes Arrow record batches with a lifecycle: prepare, write per partition, finalize or abort.
+    """Writes Arrow record batches with a lifecycle: describe the target (planning), prepare, write
+    per partition, finalize or abort. :class:`SinkBase` gives the defaults a sink may keep.
 
     Optional: ``SupportsNativeWrite``, ``SupportsTargetCount``, ``SupportsTargetChecksum``,
-    ``SupportsCommitMarkers``, ``SupportsCleanup``, ``ExplainsPath``.
+    ``SupportsCommitMarkers``, ``SupportsCleanup``.
     """
+
+    def describe_target(self, request: PrepareRequest) -> TargetInfo: ...
 
     def prepare(self, request: PrepareRequest) -> SinkPlan: ...
 
@@ -246,6 +283,18 @@ class Sink(Protocol):
 
     #: what the sink guarantees; see :class:`SinkCapabilities`
     capabilities: ClassVar[SinkCapabilities]
+
+
+class SinkBase:
+    """Defaults for what the job reads off a sink: its capabilities (transactional, the usual load
+    modes) and a target description that says only where rows land (no layout, no native format, no
+    check before each commit). A sink whose commits are final, or that takes a native stream, says so
+    in its own ``describe_target``."""
+
+    capabilities: ClassVar[SinkCapabilities] = SinkCapabilities()
+
+    def describe_target(self, request: PrepareRequest) -> TargetInfo:
+        return TargetInfo(label=type(self).__name__)
 
 
 @dataclass(frozen=True)
@@ -272,9 +321,10 @@ __all__ = [
     "SupportsCursorState",
     "SinkPlan",
     "PrepareRequest",
+    "TargetInfo",
+    "Agreement",
+    "SinkBase",
     "TargetLayout",
-    "SupportsTargetLayout",
-    "WantsPartitionRows",
     "WriteStats",
     "SinkCapabilities",
     "sink_capabilities",
@@ -286,6 +336,5 @@ __all__ = [
     "SupportsTargetCount",
     "SupportsTargetChecksum",
     "SupportsNativeWrite",
-    "ExplainsPath",
     "Sink",
 ]

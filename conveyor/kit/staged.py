@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from conveyor.core import SinkPlan, WriteStats
+from conveyor.core import SinkBase, SinkPlan, WriteStats
 from conveyor.errors import SchemaError, VerificationError
 
 
@@ -25,6 +25,15 @@ def check_mode(mode: str, exists: bool, where: str, on: str = "") -> None:
                           hint="create it first, or use load_mode=create or replace")
     if mode == "create" and exists:
         raise SchemaError(f"{where} already exists", hint="use load_mode=replace, truncate or append")
+
+
+def staged_path(mode: str, how: str) -> str:
+    """The data path of a table sink whose non-append loads go through a staging table, for the plan:
+    ``how`` the rows go in (the sink's own words)."""
+    if mode == "append":
+        return f"{how}, one transaction per partition"
+    last = "merged into the target" if mode == "merge" else "made the target's"
+    return f"{how} into a staging table, {last} in one transaction at the end"
 
 
 def check_taken(where: str, taken: int, staged: int) -> None:
@@ -50,7 +59,7 @@ def swap_steps(mode: str, target: str, stage: str, new_name: str, columns: Seque
     return [*drop, f"ALTER TABLE {stage} RENAME TO {new_name}"]
 
 
-class StagedSink:
+class StagedSink(SinkBase):
     """finalize / abort for a sink whose non-append loads go through a staging table.
 
     A subclass sets ``self.table`` (the target's bare name) and implements :meth:`_qualified`,

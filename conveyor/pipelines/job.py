@@ -18,10 +18,10 @@ from typing import Any
 
 from conveyor.config import JobSpec
 from conveyor.core import (
+    Agreement,
     ChecksBeforeRun,
     Counting,
     CursorWindow,
-    ExplainsPath,
     NullProgress,
     Partition,
     PlanRequest,
@@ -38,12 +38,11 @@ from conveyor.core import (
     SupportsNativeWrite,
     SupportsPartitionCounts,
     SupportsSpecialValues,
-    SupportsTargetLayout,
     SupportsWarmUp,
     SupportsWindow,
+    TargetInfo,
     Task,
     TaskResult,
-    WantsPartitionRows,
     WriteStats,
     cancel_requested,
     open_session,
@@ -52,6 +51,7 @@ from conveyor.core import (
 )
 from conveyor.errors import Cancelled, ConfigError, ConveyorError, PlanningError
 from conveyor.log import note, say, warn
+from conveyor.pipelines.agree import agree
 from conveyor.pipelines.resume import check_unchanged
 from conveyor.pipelines.verify import Verification, check_mode, raise_if_failed, verify
 from conveyor.runtime.task import first_failure
@@ -81,6 +81,8 @@ class JobPlan:
     #: a job over several tables (``source.tables``): each table's own plan (its source, target and
     #: partitions); ``partitions`` is then all of theirs, largest table first
     tables: tuple[JobPlan, ...] = ()
+    #: what the two ends agreed on for this load (``conveyor.pipelines.agree``): prepare follows it
+    agreement: Agreement = field(default_factory=Agreement)
 
 
 @dataclass
@@ -155,7 +157,7 @@ def opened(spec: JobSpec, described: Callable[[SourceInfo], None] | None = None)
         window = _window(spec, source)
         if window is not None:
             source = source.windowed(window)
-        yield dataclasses.replace(plan_one(spec, info, source), window=window), source
+        yield plan_one(spec, info, source, window), source
 
 
 def _warm_up(spec: JobSpec) -> None:
@@ -212,25 +214,23 @@ def check(spec: JobSpec) -> None:
     check_mode(spec.options.verify, spec.source, spec.sink)
 
 
-def plan_one(spec: JobSpec, info: SourceInfo, source: Any) -> JobPlan:
+def plan_one(spec: JobSpec, info: SourceInfo, source: Any, window: CursorWindow | None = None) -> JobPlan:
+    """One table's plan: the target described (once, read-only), the source split along what it wants
+    (its range partitions, its smallest partition), and what the two ends agree on for those partitions."""
     degree = resolve_degree(spec.runtime, spec.options.degree)
-    layout = None
-    if isinstance(spec.sink, SupportsTargetLayout):  # the target's range partitions, for a plan aligned with them
-        layout = spec.sink.target_layout(PrepareRequest(schema=info.schema_as_given, info=info))
-    rows_wanted = (0, "")
-    if isinstance(spec.sink, WantsPartitionRows):  # a columnar target's stripe
-        rows_wanted = spec.sink.partition_rows(PrepareRequest(schema=info.schema_as_given, info=info))
-    planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree, target=layout, min_partition_rows=rows_wanted))
+    target = (spec.sink.describe_target(PrepareRequest(schema=info.schema_as_given, info=info, window=window))
+              if spec.sink is not None else TargetInfo())  # conveyor serve plans a source alone
+    planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree, target=target.layout,
+                                             min_partition_rows=(target.min_partition_rows, target.min_partition_why)))
     partitions = list(planned.partitions)
     if not partitions:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
-    path = ""
-    if isinstance(spec.sink, ExplainsPath):
-        path = spec.sink.explain_path(PrepareRequest(schema=info.schema_as_given, info=info, partitions=len(partitions)))
+    agreement = agree(info, target, spec.options, partitions, source, window)
     chosen = ", ".join(f"{kind}={spec.names[kind]}" for kind in ("runtime", "sink") if kind in spec.names)  # serve has neither
     note(f"plan: {info.label}: {len(partitions)} partition(s), strategy={spec.names['strategy']}, degree={degree}, "
          f"{chosen}, load_mode={spec.options.load_mode}" + (f"; {planned.note}" if planned.note else ""))
-    return JobPlan(spec=spec, info=info, partitions=partitions, degree=degree, note=planned.note, path=path)
+    return JobPlan(spec=spec, info=info, partitions=partitions, degree=degree, note=planned.note, path=agreement.path,
+                   window=window, agreement=agreement)
 
 
 @contextmanager
@@ -340,8 +340,13 @@ class Load:
 
     def prepare(self) -> None:
         spec, plan = self.plan.spec, self.plan
-        sink_plan = spec.sink.prepare(PrepareRequest(schema=plan.info.schema_as_given, info=plan.info, partitions=len(plan.partitions),
-                                                     window=plan.window))
+        agreed = plan.agreement
+        made = spec.sink.prepare(PrepareRequest(schema=plan.info.schema_as_given, info=plan.info, partitions=len(plan.partitions),
+                                                window=plan.window, agreement=agreed))
+        # what was agreed, on the plan the tasks get (the sink's own details of how it writes after the path)
+        sink_plan = dataclasses.replace(made, native=agreed.native, checks_before_commit=agreed.checks_before_commit,
+                                        counting=agreed.counting, path=agreed.path,
+                                        path_reason="; ".join(x for x in (agreed.path, made.path_reason) if x))
         self.report.target, self.report.sink_plan, self.sink_plan = sink_plan.target, sink_plan, sink_plan
         if sink_plan.path_reason:
             note(f"path: {sink_plan.path_reason}")
@@ -368,7 +373,7 @@ class Load:
         self.before = [TaskResult(p.key, p.index, rows=done[p.key], already_committed=True) for p in plan.partitions if p.key in done]
         for result in self.before:
             self.progress.finished(result)
-        self.sink_plan = _counted(spec, sink_plan, self.todo, self.source, plan.info, plan.window)
+        self.sink_plan = _counted(sink_plan, self.todo, self.source)
         self.report.sink_plan = self.sink_plan
         self.counted = self.sink_plan.counting == Counting.BEFORE
         return [Task(self.source, spec.sink, self.sink_plan, part) for part in self.todo]
@@ -412,24 +417,15 @@ class Phases:
         self.last = now
 
 
-def _counted(spec: JobSpec, sink_plan: SinkPlan, todo: list[Partition], source: Any, info: SourceInfo, window: Any) -> SinkPlan:
-    """How each partition's source rows are counted (``SinkPlan.counting``), decided once: where the
-    sink checks each partition before its commit, the count it checks against comes from the native
-    stream (the pass-through's COPY count), or from each read (the rows its server's scan returned:
-    ``SourceInfo.reads_count``), or is taken at the source before the tasks (and serves the
-    verification after them, not counted twice); elsewhere the source is counted after the tasks."""
-    if spec.options.verify == "none":
-        return dataclasses.replace(sink_plan, counting=Counting.NONE)
-    if sink_plan.native and info.native is not None and info.native.counts and info.native.format == sink_plan.native:
-        return dataclasses.replace(sink_plan, counting=Counting.STREAM)
-    if not sink_plan.checks_before_commit or not isinstance(source, SupportsPartitionCounts):
-        return dataclasses.replace(sink_plan, counting=Counting.AFTER)
-    if not sink_plan.native and window is None and todo and all(p.kind in info.reads_count for p in todo):
-        return dataclasses.replace(sink_plan, counting=Counting.READ)
-    counts = source.count_rows(todo)
+def _counted(sink_plan: SinkPlan, todo: list[Partition], source: Any) -> SinkPlan:
+    """Where the agreement counts the source before the tasks: its partitions counted, in the job's
+    snapshot (a source that cannot, after all, is counted after the tasks)."""
+    if sink_plan.counting != Counting.BEFORE:
+        return sink_plan
+    counts = source.count_rows(todo) if isinstance(source, SupportsPartitionCounts) else None
     if counts is None:
         return dataclasses.replace(sink_plan, counting=Counting.AFTER)
-    return dataclasses.replace(sink_plan, counting=Counting.BEFORE, expected_rows={p.key: n for p, n in zip(todo, counts)})
+    return dataclasses.replace(sink_plan, expected_rows={p.key: n for p, n in zip(todo, counts)})
 
 
 def stop_clock(report: JobReport, start: float) -> None:

@@ -375,6 +375,7 @@ def test_ctrl_c_during_plan_is_one_line(ex_src, tmp_path: Path) -> None:
     fixed sleep."""
     proc = subprocess.Popen([str(BIN / "conveyor"), "plan", "pipeline=pg_to_pg", f"source.port={ex_src.port}",
                              "source.table=null", "source.query='SELECT g AS id FROM generate_series(1, 100000000) g'", "sink.table=x",
+                             "load_mode=create",  # a plan describes the target too: x is not there
                              "strategy=ntile", "strategy.distribute_key=id", "strategy.partitions=4"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             # as from a terminal: a test run started in the background (nohup, `&`) hands its
@@ -498,7 +499,7 @@ def test_datadriven_query_values_are_packed_into_value_sets(ex_src, pg_target) -
 
 def test_plan_of_many_partitions_is_summarised_and_quick(ex_src, cli) -> None:
     start = time.monotonic()
-    res = cli("plan", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", "sink.table=x",
+    res = cli("plan", "pipeline=pg_to_pg", f"source.port={ex_src.port}", "source.table=ex_src", "sink.table=x", "load_mode=create",
               "strategy=datadriven", "strategy.distribute_key=id", "strategy.partitions=500")
     assert res.code == 0, res.err
     assert time.monotonic() - start < 60

@@ -152,7 +152,7 @@ def test_a_failed_table_is_resumed_across_tables_exactly(mt, pg_target, cli, tmp
 def test_plan_shows_every_table_and_bad_patterns_are_one_clear_error(mt, pg_target, cli) -> None:
     _fresh_schema(pg_target, "mt_plan")
     res = cli("plan", "pipeline=pg_to_pg", f"source.port={mt.port}", "source.tables=[mt.*]",
-              f"sink.port={pg_target.port}", "sink.schema=mt_plan", "strategy=auto")
+              f"sink.port={pg_target.port}", "sink.schema=mt_plan", "strategy=auto", "load_mode=create")
     assert res.code == 0, res.err
     assert "5 tables" in res.out and "mt.lineitem/" in res.out and "mt.region/" in res.out
     with pytest.raises(SchemaError, match=r"mt\.nope is not a table"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pytest
 
-from conveyor.core import FileEntry, FileSet, JobOptions, NullProgress, PlanRequest, SinkPlan, SourceInfo, Task, WholeSource, WriteStats
+from conveyor.core import FileEntry, FileSet, JobOptions, NullProgress, PlanRequest, SinkBase, SinkPlan, SourceInfo, Task, WholeSource, WriteStats
 from conveyor.errors import PlanningError, TransferError
 from conveyor.runtime.local import LocalRuntime, LocalRuntimeConfig
 from conveyor.strategies.basic import FilesStrategy, FilesStrategyConfig, NoneStrategy, NoneStrategyConfig
@@ -72,7 +72,7 @@ class RangeSource:
             raise TransferError("connection dropped", retriable=self.retriable)
 
 
-class CollectingSink:
+class CollectingSink(SinkBase):
     """Holds written rows in a class-level dict keyed by run, since tasks run on unpickled copies."""
 
     store: dict[str, list[int]] = {}

@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from conveyor.connectors.adbc.common import AdbcBase, AdbcSinkConfig, qident
-from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, WriteStats, check_stored
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, TargetInfo, WriteStats, check_stored
 from conveyor.errors import ConveyorError, SchemaError
 from conveyor.kit.arrowutil import CountingBatches, length_checked
 from conveyor.kit.mapping import TargetColumn, map_columns
-from conveyor.kit.staged import StagedSink, check_mode
+from conveyor.kit.staged import StagedSink, check_mode, staged_path
 
 
 class AdbcSink(AdbcBase, StagedSink):
@@ -72,6 +72,12 @@ class AdbcSink(AdbcBase, StagedSink):
         finally:
             cur.close()
             conn.close()
+
+    def describe_target(self, request: PrepareRequest) -> TargetInfo:
+        """Each partition is one ingest, in its own transaction, counted in it (append: final there)."""
+        mode = self.options.load_mode
+        return TargetInfo(label=f"{self._where()} table {self.config.table}",
+                          path=staged_path(mode, f"arrow: adbc_ingest through the {self.config.driver} driver"))
 
     def _writable(self, schema: Any) -> Any:
         """The schema as written: SQLite has no decimal (written as exact text) and no view types."""

@@ -29,6 +29,7 @@ from conveyor.core import (
     PrepareRequest,
     SinkCapabilities,
     SinkPlan,
+    TargetInfo,
     WriteStats,
     check_partition_rows,
     check_stored,
@@ -39,7 +40,7 @@ from conveyor.kit import merge as merging
 from conveyor.kit.arrowutil import CountingBatches
 from conveyor.kit.mapping import TargetColumn, map_columns
 from conveyor.kit.merge import MergeOptions
-from conveyor.kit.staged import StagedSink, check_mode, swap_steps
+from conveyor.kit.staged import StagedSink, check_mode, staged_path, swap_steps
 from conveyor.log import note
 
 
@@ -161,6 +162,12 @@ class DuckDBSink(StagedSink):
         ).fetchall()
         return [TargetColumn(*r) for r in rows] or None
 
+    def describe_target(self, request: PrepareRequest) -> TargetInfo:
+        """An append's partitions commit final (each checked before its commit); the rest is staged."""
+        mode = self.options.load_mode
+        return TargetInfo(label=f"duckdb table {self._name} in {self.config.database}", checks_before_commit=mode == "append",
+                          path=staged_path(mode, "arrow: DuckDB inserts each partition's batches"))
+
     def prepare(self, request: PrepareRequest) -> SinkPlan:
         schema = request.schema
         import pyarrow as pa
@@ -217,7 +224,6 @@ class DuckDBSink(StagedSink):
             source_columns=tuple(s for s, _ in pairs),
             schema=schema,
             keeps=(INFINITY,),  # DuckDB's own date and timestamp infinity
-            checks_before_commit=mode == "append",  # each partition's rows against the source's count, before its COMMIT
         )
 
     def _create_from_arrow(self, con: Any, stage: str, where: str) -> None:

@@ -16,7 +16,9 @@ from conveyor.core import (
     JobOptions,
     Partition,
     PrepareRequest,
+    SinkBase,
     SinkPlan,
+    TargetInfo,
     WriteStats,
     check_stored,
     target_for,
@@ -71,9 +73,18 @@ class CsvSinkConfig(FileSinkConfig):
     null: str = ""
 
 
-class _FileSink:
+class _FileSink(SinkBase):
     config_class: type = FileSinkConfig
     extension = ""
+
+    def describe_target(self, request: PrepareRequest) -> TargetInfo:
+        """One file per partition, written under a temporary name and renamed when whole; a load other than an
+        append writes into a staging folder whose files take the old ones' place at the end."""
+        kind = self.extension.lstrip(".")
+        how = f"arrow: one {kind} file per partition, renamed into place when whole"
+        if self.options.load_mode != "append":
+            how += f"; into a staging folder whose files replace the folder's {kind} files at the end"
+        return TargetInfo(label=f"{kind} files in {self.config.path}", path=how)
 
     def __init__(self, config: FileSinkConfig, options: JobOptions) -> None:
         self.config = config

@@ -14,14 +14,14 @@ from typing import Any
 
 from conveyor.connectors.mysql import commits
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, _duck_connection, qident
-from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, WriteStats, check_stored, target_for
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, TargetInfo, WriteStats, check_stored, target_for
 from conveyor.errors import ConfigError, ConveyorError, SchemaError, TransferError
 from conveyor.kit import duckext, guard
 from conveyor.kit import merge as merging
 from conveyor.kit.arrowutil import CountingBatches, length_checked
 from conveyor.kit.mapping import TargetColumn, map_columns
 from conveyor.kit.merge import MergeOptions
-from conveyor.kit.staged import StagedSink, check_mode
+from conveyor.kit.staged import StagedSink, check_mode, staged_path
 from conveyor.log import note, warn
 
 
@@ -179,6 +179,12 @@ class MySqlSink(StagedSink):
                                f"{MYSQL_DIALECT.literal(self.config.table)} ORDER BY ordinal_position", doing="reading the target")
         return [TargetColumn(r[0], r[1], bool(r[2]), bool(r[3])) for r in rows] or None
 
+    def describe_target(self, request: PrepareRequest) -> TargetInfo:
+        """An append's partitions commit final (each checked before its commit); the rest is staged. How rows go
+        in (LOAD DATA or INSERTs) is the server's setting, read here."""
+        mode = self.options.load_mode
+        return TargetInfo(label=self._where(), checks_before_commit=mode == "append", path=staged_path(mode, self._bulk()[1]))
+
     def prepare(self, request: PrepareRequest) -> SinkPlan:
         try:
             if self.config.commit_markers:  # before the type check below, whose DuckDB then knows the tables
@@ -220,7 +226,7 @@ class MySqlSink(StagedSink):
             self._check_types(pairs, schema, write_target, where)
             lengths = self._text_lengths(pairs, write_target)
             before = self._count(self.config.table) if mode == "append" and self.options.verify != "none" else 0
-            bulk, reason = self._bulk()
+            bulk = self._bulk()[0]
         except BaseException:
             if write_target != self.config.table:
                 self._drop(write_target)
@@ -228,8 +234,7 @@ class MySqlSink(StagedSink):
         once = commits.Once(self._marked_as(), self.options.load, self.config.commit_markers, self.options.run_id)
         return SinkPlan(rows_before=before, target=f"{self.config.where()}.{self.config.table}", write_target=write_target,
                         load_mode=mode, columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
-                        own=MyPlan(bulk, once, merge if mode == "merge" else None, lengths), path_reason=reason,
-                        checks_before_commit=mode == "append")
+                        own=MyPlan(bulk, once, merge if mode == "merge" else None, lengths))
 
     def _text_lengths(self, pairs: list[tuple[str, str]], table: str) -> tuple[tuple[str, str, int, str], ...]:
         """MyPlan.lengths: the varchar(n) / char(n) columns of ``table`` the rows go into (not those

@@ -61,11 +61,11 @@ def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pair
                where: str, tcols: list[PgColumn], forced: Sequence[str]) -> tuple[tuple[Any, ...], str, str, tuple[Any, ...] | None]:
     """(casts, writer, why not pgpq, pgpq types) for loading ``schema`` into ``table`` (qualified)."""
     casts = _cast_plan(config, run_id, schema, pairs, table, where, tcols, forced)
-    chosen, why, types = _choose_writer(writer, schema, pairs, casts, tcols, where)
+    chosen, why, types = choose_writer(writer, schema, pairs, casts, tcols, where)
     return casts, chosen, why, types
 
 
-def _choose_writer(writer: str, schema: Any, pairs: list[tuple[str, str]], casts: tuple[Any, ...],
+def choose_writer(writer: str, schema: Any, pairs: list[tuple[str, str]], casts: tuple[Any, ...],
                    tcols: list[PgColumn], where: str) -> tuple[str, str, tuple[Any, ...] | None]:
     """pgpq where it can encode every column for its target type, else ADBC; why not pgpq;
     and, for pgpq, the Arrow type each column is encoded as."""
@@ -103,7 +103,7 @@ def _cast_plan(config: PgConnConfig, run_id: str, schema: Any, pairs: list[tuple
     and checks on a temp table what PostgreSQL must cast."""
     types = [c.type_sql for c in tcols]
     known = [adbc_field(c) for c in tcols]
-    casts = _casts(schema, pairs, known, forced) if all(f is not None for f in known) else None
+    casts = arrow_casts(schema, pairs, known, forced) if all(f is not None for f in known) else None
     if casts is not None and all(c is not None for c in casts):
         return casts
     conn = adbc_connect(config, scope=run_id)
@@ -112,7 +112,7 @@ def _cast_plan(config: PgConnConfig, run_id: str, schema: Any, pairs: list[tuple
         if casts is None:  # a column only the driver can type
             cols = ", ".join(ident(t) for _, t in pairs)
             cur.execute(f"SELECT {cols} FROM {table} LIMIT 0")
-            casts = _casts(schema, pairs, list(cur.fetch_arrow_table().schema), forced)
+            casts = arrow_casts(schema, pairs, list(cur.fetch_arrow_table().schema), forced)
         if any(c is None for c in casts):
             _probe(cur, schema, pairs, casts, types, table, where)
         return casts
@@ -126,7 +126,7 @@ def _cast_plan(config: PgConnConfig, run_id: str, schema: Any, pairs: list[tuple
         conn.close()
 
 
-def _casts(schema: Any, pairs: list[tuple[str, str]], targets: list[Any], forced: Sequence[str]) -> tuple[Any, ...]:
+def arrow_casts(schema: Any, pairs: list[tuple[str, str]], targets: list[Any], forced: Sequence[str]) -> tuple[Any, ...]:
     return tuple(None if t in forced else _arrow_cast_target(schema.field(s).type, target)
                  for (s, t), target in zip(pairs, targets))
 

@@ -14,6 +14,8 @@ from tests.helpers import PG_PASSWORD, pg_exec
 def tables(pg_source, pg_target):
     pg_exec(pg_source, "DROP TABLE IF EXISTS bad_src CASCADE", "CREATE TABLE bad_src (id int, name text, blob bytea)",
             "INSERT INTO bad_src VALUES (1, 'a', '\\x01'), (2, 'b', '\\x02')", "CREATE VIEW bad_view AS SELECT * FROM bad_src")
+    # bad_alike takes bad_src's rows as they are: the strategy's refusals are not preceded by the target's
+    pg_exec(pg_target, "DROP TABLE IF EXISTS bad_alike", "CREATE TABLE bad_alike (id int, name text, blob bytea)")
     pg_exec(pg_target, "DROP TABLE IF EXISTS bad_dst CASCADE", "CREATE TABLE bad_dst (id int, name text, blob int)",
             "INSERT INTO bad_dst VALUES (42, 'keep', 0)", "CREATE VIEW bad_dst_view AS SELECT * FROM bad_dst",
             "DROP ROLE IF EXISTS reader", f"CREATE ROLE reader LOGIN PASSWORD '{PG_PASSWORD}'",
@@ -31,10 +33,10 @@ CASES = [
     ("unreachable port", ["source.port={free}"], 3, ["cannot connect", "hint: is the server running and reachable at 127.0.0.1:"]),
     ("missing table", ["source.table=nope"], 4, ["error: postgres source: table public.nope does not exist"]),
     ("missing target", ["sink.table=nope"], 4, ["error: postgres table public.nope does not exist", "load_mode=create"]),
-    ("ctid on a view", ["source.table=bad_view", "strategy=ctid"], 2, ["public.bad_view is a view, which has no ctid", "hint: use strategy=rangeid or ntile"]),
-    ("missing key", ["strategy=rangeid", "strategy.distribute_key=nope"], 4, ["distribute_key 'nope' is not a column", "columns are: id, name, blob"]),
-    ("text key for rangeid", ["strategy=rangeid", "strategy.distribute_key=name"], 2, ["distribute_key 'name' is not numeric", "strategy=ntile"]),
-    ("no key", ["strategy=random"], 2, ["strategy.distribute_key: strategy=random needs a distribute key"]),
+    ("ctid on a view", ["source.table=bad_view", "strategy=ctid", "sink.table=bad_alike"], 2, ["public.bad_view is a view, which has no ctid", "hint: use strategy=rangeid or ntile"]),
+    ("missing key", ["strategy=rangeid", "strategy.distribute_key=nope", "sink.table=bad_alike"], 4, ["distribute_key 'nope' is not a column", "columns are: id, name, blob"]),
+    ("text key for rangeid", ["strategy=rangeid", "strategy.distribute_key=name", "sink.table=bad_alike"], 2, ["distribute_key 'name' is not numeric", "strategy=ntile"]),
+    ("no key", ["strategy=random", "sink.table=bad_alike"], 2, ["strategy.distribute_key: strategy=random needs a distribute key"]),
     ("incompatible type", ["sink.copy_path=arrow"], 4, ["column blob (bytea -> integer): the values would change meaning",
                                                          "sink.allow_cast=[blob]"]),
     ("date into integer", ["source.table=null", "source.query='SELECT id, name, make_date(1996, 1, 2) AS blob FROM bad_src'"], 4,
