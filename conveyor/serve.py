@@ -77,7 +77,7 @@ def make_server(source: Any, partitions: list[Any], schema: Any, args: ServeArgs
 
 def serve(args: ServeArgs, echo: Any = print) -> int:
     from conveyor.config import build_job
-    from conveyor.pipelines.job import opened
+    from conveyor.pipelines.plan import opened
     from conveyor.submit import compose
 
     token = None

@@ -1,15 +1,15 @@
-"""The flow of one job, on the driver.
+"""The flow of one job, on the driver: a job is N >= 1 table loads, run in one loop.
 
-describe the source -> plan partitions -> prepare the sink -> execute the tasks on the
-runtime -> finalize (or abort) the sink -> report. Nothing connects before the config has
-been validated (``conveyor.config.build_job``), and a failed run aborts the sink, which
-leaves the target as it was for truncate / create / replace and with whole partitions
-only for append.
+plan (``conveyor.pipelines.plan``: describe the source and the target, split, agree) -> prepare every
+load's sink -> run all their tasks in one pool on the runtime -> verify every load -> finalize each
+(or abort every one not finalized) -> report. Nothing connects before the config has been validated
+(``conveyor.config.build_job``), and a failed run aborts its loads, which leaves each target as it
+was for truncate / create / replace and with whole partitions only for append. A job over several
+tables has a load per table (``source.tables``), one snapshot and one pool for all of them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,71 +18,23 @@ from typing import Any
 
 from conveyor.config import JobSpec
 from conveyor.core import (
-    Agreement,
-    ChecksBeforeRun,
-    Counting,
-    CursorWindow,
     NullProgress,
-    Partition,
-    PlanRequest,
-    PrepareRequest,
     Progress,
     ReportsStartup,
-    RunsTasksHere,
     SinkPlan,
     SourceInfo,
     StartsEarly,
-    SupportsCommitMarkers,
-    SupportsCursorState,
-    SupportsManyTables,
-    SupportsNativeWrite,
-    SupportsPartitionCounts,
-    SupportsSpecialValues,
-    SupportsWarmUp,
-    SupportsWindow,
-    TargetInfo,
-    Task,
+    SupportsForeignKeys,
     TaskResult,
-    WriteStats,
     cancel_requested,
     open_session,
-    resolve_degree,
-    sink_capabilities,
 )
-from conveyor.errors import Cancelled, ConfigError, ConveyorError, PlanningError
-from conveyor.log import note, say, warn
-from conveyor.pipelines.agree import agree
-from conveyor.pipelines.resume import check_unchanged
-from conveyor.pipelines.verify import Verification, check_mode, raise_if_failed, verify
+from conveyor.errors import Cancelled, ConveyorError
+from conveyor.log import note
+from conveyor.pipelines.load import Load
+from conveyor.pipelines.plan import RESUME_HINT, JobPlan, opened
+from conveyor.pipelines.verify import Verification
 from conveyor.runtime.task import first_failure
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    spec: JobSpec
-    info: SourceInfo
-    partitions: list[Partition]
-    #: tasks at once: the configured degree resolved once against the runtime (the strategy, the
-    #: runtime and the report all get this number)
-    degree: int = 1
-    #: what the strategy chose and why (strategy=auto explains its choice)
-    note: str = ""
-    #: the data path the sink expects to take (e.g. a native pass-through), when it says
-    path: str = ""
-    #: resuming: the run directory resumed, and what its manifest says was committed ({key: rows});
-    #: a sink that keeps commit markers answers for itself instead
-    resumed_from: str = ""
-    previously_done: dict[str, int] = field(default_factory=dict)
-    #: resuming: what the source saw in the run resumed (SupportsChangeCheck.change_mark), to tell whether
-    #: the partitions it finished are unchanged
-    resumed_mark: Any = None
-    #: incremental.cursor: the rows this run reads (past the cursor the target last committed)
-    window: CursorWindow | None = None
-    #: a job over several tables (``source.tables``): each table's own plan (its source, target and
-    #: partitions); ``partitions`` is then all of theirs, largest table first
-    tables: tuple[JobPlan, ...] = ()
-    #: what the two ends agreed on for this load (``conveyor.pipelines.agree``): prepare follows it
-    agreement: Agreement = field(default_factory=Agreement)
 
 
 @dataclass
@@ -130,107 +82,11 @@ class JobReport:
         return self.error is None
 
 
-@contextmanager
-def opened(spec: JobSpec, described: Callable[[SourceInfo], None] | None = None) -> Iterator[tuple[JobPlan, Any]]:
-    """Describe the source, open its session (one snapshot for the job) and plan inside it.
-
-    Yields the plan and the source the tasks get; planning queries (key values, quantiles) see
-    the same snapshot as every partition and the verification, so a row written meanwhile is
-    either in all of them or in none. ``described`` hears what the source is (its size) as soon as
-    that is known: :func:`runtime_started`'s, so that the runtime gets ready while the job plans.
-    """
-    check(spec)
-    if isinstance(spec.source, SupportsManyTables) and spec.source.many():
-        from conveyor.pipelines.tables import plan_tables
-
-        with open_session(spec.source) as session:  # one snapshot: every table's partitions read it
-            plan = plan_tables(spec, session)
-            if described is not None:  # the tables' size is known once each is described
-                described(plan.info)
-            yield plan, session
-        return
-    info = spec.source.describe()
-    if described is not None:
-        described(info)
-        _warm_up(spec)
-    with open_session(spec.source) as source:
-        window = _window(spec, source)
-        if window is not None:
-            source = source.windowed(window)
-        yield plan_one(spec, info, source, window), source
-
-
-def _warm_up(spec: JobSpec) -> None:
-    """Let the source get ready for its reads (SupportsWarmUp) while the job plans and prepares, where
-    they will be Arrow reads in this process: a sink that takes no native stream, a runtime that runs
-    the tasks here."""
-    if (isinstance(spec.source, SupportsWarmUp) and not isinstance(spec.sink, SupportsNativeWrite)
-            and isinstance(spec.runtime, RunsTasksHere) and spec.runtime.runs_tasks_here()):
-        spec.source.warm_up()
-
-
-def _window(spec: JobSpec, source: Any) -> CursorWindow | None:
-    """An incremental load's window: past the cursor value the target last committed, up to the
-    source's maximum in the job's snapshot; a resumed run takes the window its first run recorded."""
-    column = spec.options.cursor
-    if not column:
-        return None
-    if not isinstance(source, SupportsWindow):
-        raise ConfigError(f"incremental.cursor: source {spec.names['source']} cannot read a window of its rows", key="incremental.cursor",
-                          hint="SQL sources can (PostgreSQL, DuckDB, ADBC); or load every row (leave incremental.cursor unset)")
-    if not isinstance(spec.sink, SupportsCursorState):
-        raise ConfigError(f"incremental.cursor: sink {spec.names['sink']} keeps no cursor where its loads commit", key="incremental.cursor",
-                          hint="PostgreSQL and DuckDB sinks can (the cursor in <schema>._conveyor_cursors), and Parquet and CSV "
-                               "sinks (beside their files, in _conveyor_cursors.json)")
-    state = spec.sink.cursor_state(column)
-    if state.pending is not None:
-        if spec.options.load_id and state.pending_load == spec.options.load_id:
-            note(f"incremental: resuming the window {state.pending.describe()}")
-            return state.pending
-        if state.pending_mode == "append" and state.pending_committed:
-            raise PlanningError(f"incremental.cursor: the run with load id {state.pending_load} stopped after committing "
-                                f"{state.pending_committed} partition(s) of its window ({state.pending.describe()}); a new window "
-                                "would load those rows again",
-                                hint=f"finish that run first: run it again with {RESUME_HINT} (its run directory); it loads the rest "
-                                     "of its window and moves the cursor")
-        note(f"incremental: the window of run {state.pending_load} committed nothing: a new window replaces it")
-    return CursorWindow(column, state.value, source.cursor_max(column))
-
-
 def plan_job(spec: JobSpec) -> JobPlan:
     """Describe the source and plan its partitions (in the source's snapshot); moves nothing (a Ray
     cluster joined to count its CPUs is left again)."""
     with runtime_started(spec), opened(spec) as (plan, _):
         return plan
-
-
-def check(spec: JobSpec) -> None:
-    modes = sink_capabilities(spec.sink).load_modes
-    if spec.options.load_mode not in modes:
-        raise ConfigError(f"load_mode={spec.options.load_mode}: sink {spec.names['sink']} does not do it", key="load_mode",
-                          hint=f"its load modes: {', '.join(modes)}")
-    if isinstance(spec.runtime, ChecksBeforeRun):
-        spec.runtime.check(spec.source, spec.sink)
-    check_mode(spec.options.verify, spec.source, spec.sink)
-
-
-def plan_one(spec: JobSpec, info: SourceInfo, source: Any, window: CursorWindow | None = None) -> JobPlan:
-    """One table's plan: the target described (once, read-only), the source split along what it wants
-    (its range partitions, its smallest partition), and what the two ends agree on for those partitions."""
-    degree = resolve_degree(spec.runtime, spec.options.degree)
-    target = (spec.sink.describe_target(PrepareRequest(schema=info.schema_as_given, info=info, window=window))
-              if spec.sink is not None else TargetInfo())  # conveyor serve plans a source alone
-    planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree, target=target.layout,
-                                             min_partition_rows=(target.min_partition_rows, target.min_partition_why)))
-    partitions = list(planned.partitions)
-    if not partitions:
-        raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
-    agreement = agree(info, target, spec.options, partitions, source, window)
-    chosen = ", ".join(f"{kind}={spec.names[kind]}" for kind in ("runtime", "sink") if kind in spec.names)  # serve has neither
-    note(f"plan: {info.label}: {len(partitions)} partition(s), strategy={spec.names['strategy']}, degree={degree}, "
-         f"{chosen}, load_mode={spec.options.load_mode}" + (f"; {planned.note}" if planned.note else ""))
-    return JobPlan(spec=spec, info=info, partitions=partitions, degree=degree, note=planned.note, path=agreement.path,
-                   window=window, agreement=agreement)
 
 
 @contextmanager
@@ -278,33 +134,51 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
 
 
 def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> JobReport:
+    """Every load of the job through one loop (see the module's docstring): a job of one table is its own
+    load and its report the job's; a job over several has a load, and a report, per table."""
     report = JobReport(plan=plan)
     report.phases["plan"] = round(time.perf_counter() - start, 4)  # describing and planning, since the job's start
-    if plan.tables:
-        from conveyor.pipelines.tables import execute_tables
-
-        return execute_tables(plan, report, progress, start)
     clock = Phases(report.phases)
-    load = Load(plan, source, progress, report)
+    loads = ([Load(sub, sub.spec.source, progress, JobReport(plan=sub)) for sub in plan.tables] if plan.tables
+             else [Load(plan, source, progress, report)])
+    many = bool(plan.tables)
+    if many:
+        report.tables = [load.report for load in loads]
+    finalized = 0
     try:
-        load.prepare()
-    except Exception as exc:  # nothing was prepared: nothing to abort
-        report.error, report.seconds = exc, time.perf_counter() - start
-        return report
-    clock.lap("prepare")
-    try:
-        tasks = load.tasks()
-        if load.counted:
+        for load in loads:  # every target checked (and staged) before a row moves
+            load.prepare()
+        if many:
+            report.target = _targets(report)
+        clock.lap("prepare")
+        tasks = [task for load in loads for task in load.tasks()]
+        report.committed_before = {k for load in loads for k in load.report.committed_before}
+        if any(load.counted for load in loads):
             clock.lap("count source")
-        load.conclude(plan.spec.runtime.run(tasks, plan.degree, progress))
+        results = {r.partition: r for r in plan.spec.runtime.run(tasks, plan.degree, progress)}
+        for load in loads:
+            load.conclude([results[p.key] for p in load.todo if p.key in results])
+        if many:
+            report.results = [r for load in loads for r in load.report.results]
         clock.lap("tasks")
         stopped(report)
-        load.verify()
+        for load in loads:  # every table checked before any is made visible
+            load.verify()
+        if many:
+            report.verification = combined([load.report for load in loads])
         clock.lap("verify")
-        load.finalize()
+        for load in loads:
+            load.finalize()
+            finalized += 1
+        _foreign_keys(loads)
         clock.lap("finalize")
     except BaseException as exc:
-        load.abort()
+        for load in loads[finalized:]:
+            load.abort()
+        if many and finalized and isinstance(exc, Exception):
+            note(f"tables made visible before the failure: {', '.join(load.report.target for load in loads[:finalized])}")
+        if many:
+            report.verification = report.verification or combined([load.report for load in loads if load.report.verification])
         stop_clock(report, start)
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not a failed run but a leaving process
             raise
@@ -327,84 +201,6 @@ def stopped(report: JobReport) -> None:
         raise _with_committed(err, report)
 
 
-class Load:
-    """One target's load within a run: its sink prepared, its tasks, their results reconciled with
-    the target, verified, then finalized (or aborted). A job over several tables has one per table."""
-
-    def __init__(self, plan: JobPlan, source: Any, progress: Progress, report: JobReport) -> None:
-        self.plan, self.source, self.progress, self.report = plan, source, progress, report
-        self.sink_plan: SinkPlan | None = None
-        self.todo: list[Partition] = []
-        self.before: list[TaskResult] = []
-        self.counted = False
-
-    def prepare(self) -> None:
-        spec, plan = self.plan.spec, self.plan
-        agreed = plan.agreement
-        made = spec.sink.prepare(PrepareRequest(schema=plan.info.schema_as_given, info=plan.info, partitions=len(plan.partitions),
-                                                window=plan.window, agreement=agreed))
-        # what was agreed, on the plan the tasks get (the sink's own details of how it writes after the path)
-        sink_plan = dataclasses.replace(made, native=agreed.native, checks_before_commit=agreed.checks_before_commit,
-                                        counting=agreed.counting, path=agreed.path,
-                                        path_reason="; ".join(x for x in (agreed.path, made.path_reason) if x))
-        self.report.target, self.report.sink_plan, self.sink_plan = sink_plan.target, sink_plan, sink_plan
-        if sink_plan.path_reason:
-            note(f"path: {sink_plan.path_reason}")
-        if plan.info.reader and not sink_plan.native:
-            note(f"source: {plan.info.reader}")
-        if sink_plan.keeps and isinstance(self.source, SupportsSpecialValues):
-            self.source = self.source.keeping(sink_plan.keeps)  # e.g. infinity passed on, not refused
-
-    def tasks(self) -> list[Task]:
-        """The tasks of the partitions not committed before (by the run this one resumes)."""
-        spec, plan = self.plan.spec, self.plan
-        assert self.sink_plan is not None
-        done, whose = _already_done(plan, spec.sink, self.sink_plan)
-        self.report.committed_before = set(done)
-        if plan.resumed_from:
-            of = f" of {plan.info.label}" if _in_many(plan) else ""
-            say(f"resume: {len(done)} of {len(plan.partitions)} partitions{of} finished in {plan.resumed_from} (per {whose}); "
-                f"running the other {len(plan.partitions) - len(done)}")
-        if plan.resumed_from:
-            check_unchanged(plan, self.source, done, plan.resumed_mark)
-        self.todo = [p for p in plan.partitions if p.key not in done]
-        # the partitions this run writes (a resumed file append counts only their files)
-        sink_plan = dataclasses.replace(self.sink_plan, to_write=tuple(p.index for p in self.todo))
-        self.before = [TaskResult(p.key, p.index, rows=done[p.key], already_committed=True) for p in plan.partitions if p.key in done]
-        for result in self.before:
-            self.progress.finished(result)
-        self.sink_plan = _counted(sink_plan, self.todo, self.source)
-        self.report.sink_plan = self.sink_plan
-        self.counted = self.sink_plan.counting == Counting.BEFORE
-        return [Task(self.source, spec.sink, self.sink_plan, part) for part in self.todo]
-
-    def conclude(self, results: list[TaskResult]) -> None:
-        """The tasks' results, as the target has them (commit markers), logged."""
-        assert self.sink_plan is not None
-        self.report.results = _reconciled(sorted(self.before + results, key=lambda r: r.index), self.plan.spec.sink, self.sink_plan)
-        _log_results(self.report.results)
-
-    def verify(self) -> None:
-        spec, report = self.plan.spec, self.report
-        assert self.sink_plan is not None
-        ran = [r for r in report.results if r.partition not in report.committed_before]
-        report.verification = verify(spec.options.verify, self.todo, ran, self.source, spec.sink, self.sink_plan)
-        raise_if_failed(report.verification, report.target)
-
-    def finalize(self) -> None:
-        assert self.sink_plan is not None
-        self.plan.spec.sink.finalize(self.sink_plan, [WriteStats(r.partition, r.rows, r.bytes, r.seconds) for r in self.report.results])
-
-    def abort(self) -> None:
-        if self.sink_plan is not None:
-            _abort(self.plan.spec.sink, self.sink_plan)
-
-
-def _in_many(plan: JobPlan) -> bool:
-    """A table's plan within a job over several tables (its partitions name their table)."""
-    return bool(plan.partitions) and bool(plan.partitions[0].table)
-
-
 class Phases:
     """Laps of the driver's clock, each written into ``phases`` under its name."""
 
@@ -417,17 +213,6 @@ class Phases:
         self.last = now
 
 
-def _counted(sink_plan: SinkPlan, todo: list[Partition], source: Any) -> SinkPlan:
-    """Where the agreement counts the source before the tasks: its partitions counted, in the job's
-    snapshot (a source that cannot, after all, is counted after the tasks)."""
-    if sink_plan.counting != Counting.BEFORE:
-        return sink_plan
-    counts = source.count_rows(todo) if isinstance(source, SupportsPartitionCounts) else None
-    if counts is None:
-        return dataclasses.replace(sink_plan, counting=Counting.AFTER)
-    return dataclasses.replace(sink_plan, expected_rows={p.key: n for p, n in zip(todo, counts)})
-
-
 def stop_clock(report: JobReport, start: float) -> None:
     """The run's seconds, and of them the runtime's start-up (reported apart, not in rows/s)."""
     report.seconds = time.perf_counter() - start
@@ -437,55 +222,38 @@ def stop_clock(report: JobReport, start: float) -> None:
     report.runtime_note = getattr(runtime, "report_note", "") or ""
 
 
-def _reconciled(results: list[TaskResult], sink: Any, sink_plan: SinkPlan) -> list[TaskResult]:
-    """The results as the target has them. A task stopped after its commit (its worker killed when
-    another partition failed, or on Ctrl-C, between COMMIT and returning) reports no rows, yet its
-    rows are in the target: where the sink keeps commit markers (written in the partition's own
-    transaction), they decide, so the run's message, report and manifest say what really stayed."""
-    if all(r.ok for r in results) or not isinstance(sink, SupportsCommitMarkers):
-        return results
-    try:
-        marked = sink.committed(sink_plan)
-    except Exception as exc:  # the partition's own error matters more; say the count may be short
-        warn(f"could not read the target's commit markers to confirm what the stopped partitions left: {exc}")
-        return results
-    if not marked:
-        return results
-    return [dataclasses.replace(r, rows=marked[r.partition], error=None, cancelled=False, traceback=None,
-                                notes=(*r.notes, "its worker was stopped after the commit: the target's commit marker has it"))
-            if not r.ok and r.partition in marked else r for r in results]
+def _foreign_keys(loads: list[Load]) -> None:
+    """The sources' foreign keys between the tables of the job, made between their targets (where the
+    sink makes them: PostgreSQL with sink.foreign_keys=true), once every table is loaded."""
+    by_source = {load.plan.partitions[0].table: load for load in loads if load.plan.partitions}
+    for load in loads:
+        sink = load.plan.spec.sink
+        keys = [(fk, by_source[fk.referenced].plan.spec.sink) for fk in load.plan.info.foreign_keys if fk.referenced in by_source]
+        if keys and isinstance(sink, SupportsForeignKeys) and load.sink_plan is not None:
+            for made in sink.add_foreign_keys(load.sink_plan, keys):
+                note(f"foreign key: {made}")
 
 
-def _log_results(results: list[TaskResult]) -> None:
-    """Each partition's outcome, with the task's own notes (where it ran, what it retried) and a
-    failed one's traceback: the run's log has them whichever process ran the task."""
-    for r in results:
-        if r.already_committed:
-            outcome = f"committed before ({r.rows:,} rows)"
-        elif r.ok:
-            outcome = f"{r.rows:,} rows in {r.seconds:.2f} s"
-        else:
-            outcome = ("cancelled: " if r.cancelled else "failed: ") + str(r.error)
-        note(f"partition {r.partition}: {outcome}, attempts {r.attempts}" + "".join(f"; {n}" for n in r.notes))
-        if r.traceback:
-            note(f"partition {r.partition}: the task's traceback:\n{r.traceback.rstrip()}")
+def _targets(report: JobReport) -> str:
+    names = [t.target for t in report.tables]
+    return f"{len(names)} tables: " + (", ".join(names) if len(names) <= 3 else f"{names[0]}, ... {names[-1]}")
 
 
-def _already_done(plan: JobPlan, sink: Any, sink_plan: SinkPlan) -> tuple[dict[str, int], str]:
-    """Partitions committed before this run, and whose word that is: the target's own commit markers
-    where the sink keeps them (they commit with the rows, so they are right whatever died when),
-    else the manifest's."""
-    if not plan.resumed_from:
-        return {}, ""
-    if isinstance(sink, SupportsCommitMarkers):
-        marked = sink.committed(sink_plan)
-        if marked is not None:
-            keys = {p.key for p in plan.partitions}
-            return {k: n for k, n in marked.items() if k in keys}, "the target's commit markers"
-    return dict(plan.previously_done), "its manifest"
-
-
-RESUME_HINT = "resume=<run dir>"
+def combined(reports: list[JobReport]) -> Verification | None:
+    """One verification of every table's: ok when each is; mismatches name their table."""
+    checked = [r for r in reports if r.verification is not None]
+    if not checked:
+        return None
+    verifications = [r.verification for r in checked if r.verification is not None]
+    out = Verification(verifications[0].mode)
+    sources = [v.source_rows for v in verifications]
+    out.source_rows = None if None in sources else sum(s or 0 for s in sources)
+    for r, v in zip(checked, verifications):
+        out.written_rows += v.written_rows
+        out.mismatched += [f"{r.target}: {m}" for m in v.mismatched]
+        out.notes += [n for n in v.notes if n not in out.notes]
+    out.notes.append(f"{len(checked)} tables verified")
+    return out
 
 
 def committed_note(report: JobReport) -> str:
@@ -522,10 +290,3 @@ def _with_committed(err: ConveyorError, report: JobReport) -> ConveyorError:
         err.hint = f"{err.hint}; then {_resume_hint(report)}" if err.hint else _resume_hint(report)
         err.committed_noted = True
     return err
-
-
-def _abort(sink: Any, plan: Any) -> None:
-    try:
-        sink.abort(plan)
-    except Exception:  # the original error matters more; abort is best effort
-        pass

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.errors import ConfigError, ConveyorError
-from conveyor.pipelines.job import JobPlan, JobReport
+from conveyor.pipelines.job import JobReport
+from conveyor.pipelines.plan import JobPlan
 from conveyor.secrets import mask
 
 

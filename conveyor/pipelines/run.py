@@ -9,7 +9,6 @@ parses arguments, calls these and prints; it decides nothing about the run.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -21,8 +20,9 @@ from typing import Any
 from conveyor.core import NullProgress, Progress, SupportsSnapshot, reset_cancel
 from conveyor.errors import Cancelled, ConveyorError, JobFailed
 from conveyor.log import note, say
-from conveyor.pipelines.job import RESUME_HINT, JobPlan, JobReport, execute, opened, plan_job, runtime_started
+from conveyor.pipelines.job import JobReport, execute, plan_job, runtime_started
 from conveyor.pipelines.manifest import Manifest, Previous, load_for_resume
+from conveyor.pipelines.plan import RESUME_HINT, JobPlan, opened, resumed
 from conveyor.pipelines.report import report_dict
 from conveyor.pipelines.resume import marks
 
@@ -107,12 +107,7 @@ def _resumed(plan: JobPlan, resume: str, previous: Previous | None) -> JobPlan:
     """The plan of the run being resumed: its partitions (saved predicates) and what it finished."""
     if previous is None:
         return plan
-    if plan.tables:
-        from conveyor.pipelines.tables import resumed
-
-        return resumed(plan, resume, previous.partitions, previous.done, previous.marks)
-    return dataclasses.replace(plan, partitions=previous.partitions, resumed_from=resume,
-                               previously_done=previous.done, note=f"resumed from {resume}", resumed_mark=previous.marks.get(""))
+    return resumed(plan, resume, previous.partitions, previous.done, previous.marks)
 
 
 @contextlib.contextmanager
