@@ -143,10 +143,8 @@ def register_defaults() -> None:
 def _plugin_defaults(kind: str, name: str) -> dict[str, Any] | None:
     """A plugin's defaults node, from its config dataclass (None: it does not load, or has none)."""
     try:
-        schema = getattr(registry.load(kind, name), "config_class", None)
+        schema = registry.load(kind, name).config_class
     except Exception:  # reported when a job names the plugin
-        return None
-    if schema is None or not dataclasses.is_dataclass(schema):
         return None
     return {"type": name, **_defaults_of(schema)}
 
@@ -278,9 +276,7 @@ def _plugin_node(cfg: DictConfig, kind: str) -> tuple[str, Any]:
 def build_plugin(kind: str, cfg: DictConfig, options: JobOptions) -> tuple[str, Any]:
     name, node = _plugin_node(cfg, kind)
     cls = registry.load(kind, name)
-    schema = getattr(cls, "config_class", None)
-    if schema is None:
-        raise ConfigError(f"{kind} {name!r} declares no config_class", key=f"{kind}.type")
+    schema = cls.config_class
     node = _without_siblings_keys(kind, name, node, schema)
     node = _many_tables_defaults(kind, cfg, node, schema)
     conf = to_dataclass(node, schema, kind)
@@ -314,7 +310,7 @@ def _without_siblings_keys(kind: str, name: str, node: Any, schema: type) -> Any
         if other_name == name:
             continue
         try:
-            other = getattr(registry.load(kind, other_name), "config_class", None)
+            other = registry.load(kind, other_name).config_class
         except Exception:  # a sibling that does not load knows nothing here
             continue
         if other is not None and dataclasses.is_dataclass(other):

@@ -9,6 +9,7 @@ a config can name a plugin, never an arbitrary import path.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -114,7 +115,7 @@ def load(kind: str, name: str) -> type:
             hint="uninstall one of the packages that provide it",
         )
     try:
-        return eps[0].load()
+        cls = eps[0].load()
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
         extra = _EXTRA_FOR_MODULE.get(missing)
@@ -123,6 +124,10 @@ def load(kind: str, name: str) -> type:
             f"{kind} {name!r} needs the Python package {missing!r}, which is not installed",
             hint=hint,
         ) from exc
+    if not dataclasses.is_dataclass(getattr(cls, "config_class", None)):  # what every plugin declares (core's protocols)
+        raise PluginError(f"{kind} {name!r} ({eps[0].value}) declares no config_class dataclass",
+                          hint="a plugin class names its config dataclass: config_class = MyConfig")
+    return cls
 
 
 def lazy_exports(package: str, **modules: tuple[str, ...]) -> Any:

@@ -195,7 +195,7 @@ class {cls}Sink(SinkBase):
     def abort(self, plan: SinkPlan) -> None:
         """On the driver, after a failure: leave the target as it was (here: nothing half-written stays)."""
 
-    def count_rows(self, plan: SinkPlan) -> int:
+    def target_rows(self, plan: SinkPlan) -> int:
         """What the target holds (verify=count after the load)."""
         files = [f for f in os.listdir(plan.write_target) if f.endswith(".arrow")]
         return sum(pa.ipc.open_file(pa.memory_map(os.path.join(plan.write_target, f))).read_all().num_rows for f in files)

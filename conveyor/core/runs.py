@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from conveyor.core.options import JobOptions
 from conveyor.core.partitions import Partition
@@ -49,15 +49,20 @@ class PartitionPlan:
 class Strategy(Protocol):
     """Splits a source into partitions. Never writes SQL: connectors render partitions."""
 
+    #: the plugin's config dataclass (its YAML node is merged into it, unknown keys refused)
+    config_class: ClassVar[type]
+
     def plan(self, request: PlanRequest) -> PartitionPlan: ...
 
 
 class Progress(Protocol):
     """Receives what tasks do, per batch (never per row).
 
-    A display may also have ``live_rows_after`` (seconds): how far into the run it first shows the
-    rows of partitions still running (a log line every 10 s: 10). A runtime that must start
-    something to gather those counts (Ray: an actor, a worker process of its own) waits that long."""
+    ``live_rows_after`` (seconds): how far into the run it first shows the rows of partitions still
+    running (a log line every 10 s: 10; a live display: 0). A runtime that must start something to
+    gather those counts (Ray: an actor, a worker process of its own) waits that long."""
+
+    live_rows_after: float
 
     def started(self, key: str) -> None: ...
 
@@ -67,6 +72,8 @@ class Progress(Protocol):
 
 
 class NullProgress:
+    live_rows_after: float = 0.0
+
     def started(self, key: str) -> None:
         pass
 
@@ -159,7 +166,13 @@ class RunsTasksHere(Protocol):
 
 class Runtime(Protocol):
     """Runs tasks, ``degree`` at once, and returns one result per task in any order; a failed
-    partition cancels the ones not started (their results say ``cancelled``)."""
+    partition cancels the ones not started (their results say ``cancelled``). ``report_note``: where
+    the tasks ran, when the runtime chose other than its usual (for the report; "" otherwise)."""
+
+    #: the plugin's config dataclass (its YAML node is merged into it, unknown keys refused)
+    config_class: ClassVar[type]
+
+    report_note: str
 
     def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]: ...
 

@@ -207,10 +207,10 @@ class SupportsCommitMarkers(Protocol):
 @runtime_checkable
 class SupportsManyTargets(Protocol):
     """A sink that can load each table of a job over several tables into a target of its own:
-    ``for_table(schema, table, options)`` is this sink aimed at the target for that source table
+    ``for_target(schema, table, options)`` is this sink aimed at the target for that source table
     (its table or path setting taken as a template: ``{table}`` and ``{schema}`` are replaced)."""
 
-    def for_table(self, schema: str, table: str, options: Any) -> Any: ...
+    def for_target(self, schema: str, table: str, options: Any) -> Any: ...
 
 
 @runtime_checkable
@@ -245,7 +245,7 @@ class SupportsCleanup(Protocol):
 class SupportsTargetCount(Protocol):
     """A sink that counts the rows its target holds after the load (``verify=count``)."""
 
-    def count_rows(self, plan: SinkPlan) -> int | None: ...
+    def target_rows(self, plan: SinkPlan) -> int | None: ...
 
 
 @runtime_checkable
@@ -270,6 +270,9 @@ class Sink(Protocol):
     Optional: ``SupportsNativeWrite``, ``SupportsTargetCount``, ``SupportsTargetChecksum``,
     ``SupportsCommitMarkers``, ``SupportsCleanup``.
     """
+
+    #: the plugin's config dataclass (its YAML node is merged into it, unknown keys refused)
+    config_class: ClassVar[type]
 
     def describe_target(self, request: PrepareRequest) -> TargetInfo: ...
 

@@ -7,7 +7,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from conveyor.core.partitions import NativePartition, Partition
 
@@ -228,6 +228,9 @@ class SupportsPrimaryKey(Protocol):
 
 class Source(Protocol):
     """Reads Arrow record batches. Built from its config dataclass and the job options."""
+
+    #: the plugin's config dataclass (its YAML node is merged into it, unknown keys refused)
+    config_class: ClassVar[type]
 
     def describe(self) -> SourceInfo: ...
 

@@ -219,7 +219,7 @@ def stop_clock(report: JobReport, start: float) -> None:
     runtime = report.plan.spec.runtime
     if isinstance(runtime, ReportsStartup):
         report.startup_seconds = min(runtime.startup_seconds(), report.seconds)
-    report.runtime_note = getattr(runtime, "report_note", "") or ""
+    report.runtime_note = runtime.report_note
 
 
 def _foreign_keys(loads: list[Load]) -> None:

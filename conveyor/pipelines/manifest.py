@@ -82,7 +82,7 @@ class Manifest:
     @property
     def live_rows_after(self) -> float:
         """The wrapped display's (Progress): when it first shows running partitions' rows."""
-        return float(getattr(self.inner, "live_rows_after", 0.0))
+        return self.inner.live_rows_after
 
     def start(self, run_id: str, load_id: str, partitions: list[Any], snapshot: str | None, done_before: dict[str, int],
               marks: dict[str, Any] | None = None) -> None:

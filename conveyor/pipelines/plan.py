@@ -187,7 +187,7 @@ def plan_tables(spec: JobSpec, session: Any) -> JobPlan:
     targets: dict[str, str] = {}
     for i, table in enumerate(tables):
         options = dataclasses.replace(spec.options, run_id=f"{spec.options.run_id}t{i}", load_id=spec.options.load)
-        sub = dataclasses.replace(spec, source=session.for_table(table, options), sink=spec.sink.for_table(table.schema, table.name, options),
+        sub = dataclasses.replace(spec, source=session.for_table(table, options), sink=spec.sink.for_target(table.schema, table.name, options),
                                   options=options)
         check(sub)
         plan = plan_one(sub, sub.source.describe(), sub.source)

@@ -97,13 +97,13 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
     elif not isinstance(sink, SupportsTargetCount):
         out.notes.append("the sink cannot count what it holds")
     elif plan.load_mode == "merge":
-        out.staged_rows = sink.count_rows(plan)
+        out.staged_rows = sink.target_rows(plan)
         if out.staged_rows != expected:
             out.mismatched.append(f"staged for the merge: {out.staged_rows:,} rows, source {expected:,}")
         out.notes.append("the merge reads back, before it commits, that the target holds every staged key"
                          + (" with the staged values" if mode == "checksum" else ""))
     else:
-        out.target_rows = sink.count_rows(plan) - plan.rows_before
+        out.target_rows = sink.target_rows(plan) - plan.rows_before
         if out.target_rows != expected:
             out.mismatched.append(f"target: {out.target_rows:,} new rows, source {expected:,}")
     if mode == "checksum":

@@ -44,6 +44,8 @@ def roundtrip(task: Task) -> Task:
 
 class LocalRuntime:
     config_class = LocalRuntimeConfig
+    #: the tasks run in this process's threads, as always
+    report_note = ""
 
     def __init__(self, config: LocalRuntimeConfig, options: JobOptions) -> None:
         self.config = config

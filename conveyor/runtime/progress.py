@@ -58,6 +58,9 @@ class _Tally:
 class RichProgress:
     """An overall bar (rows, MB, MB/s, ETA) and the partitions done and running."""
 
+    #: it shows running partitions' rows at once
+    live_rows_after = 0.0
+
     def __init__(self, console: Any, total_rows: int | None, partitions: int, total_bytes: int | None = None) -> None:
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 

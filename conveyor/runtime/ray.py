@@ -297,6 +297,8 @@ class _RemoteProgress:
     """A task's counts, sent to the run's collector actor; until the driver has made it (looked up
     by name at most once a second), they add up here and go together once it is found."""
 
+    live_rows_after = 0.0
+
     def __init__(self, name: str) -> None:
         self.name = name
         self.actor: Any = None
@@ -355,6 +357,7 @@ class _Settled:
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
+        self.live_rows_after = progress.live_rows_after
         self.seen: dict[str, list[int]] = {}
         self.closed: set[str] = set()
 
@@ -731,7 +734,7 @@ class RayRuntime:
         # tasks find it by its name), and polled without blocking the scheduling loop.
         name = f"conveyor-progress-{uuid.uuid4().hex}" if not isinstance(progress, NullProgress) else None
         # not before the display shows running partitions' rows (off a terminal: its first log line)
-        actor_after = max(self.config.progress_actor_after, float(getattr(progress, "live_rows_after", 0.0)))
+        actor_after = max(self.config.progress_actor_after, progress.live_rows_after)
         collector = None
         began = time.monotonic()
         missing = [k for k in self.config.forward_env if k not in os.environ]

@@ -20,6 +20,7 @@ from conveyor.core import (
     Expected,
     Partition,
     Progress,
+    SentBatches,
     SinkPlan,
     SupportsNativeExport,
     SupportsNativeWrite,
@@ -165,7 +166,8 @@ def run_task(task: Task, progress: Progress, max_retries: int = 0, backoff: floa
                 stats = task.sink.write(plan, task.partition, _reported(read_ahead(reading, prefetch, prefetch_bytes), key, progress))
                 if stats.source_rows is None and not stats.already_committed:  # what the source said it sent
                     said = expecting.said if expecting is not None else None
-                    stats = dataclasses.replace(stats, source_rows=said if said is not None else getattr(reading, "sent", None))
+                    sent = reading.sent if isinstance(reading, SentBatches) else None
+                    stats = dataclasses.replace(stats, source_rows=said if said is not None else sent)
         except Exception as exc:  # every failure becomes a TaskResult
             err = _as_conveyor_error(exc, key)
             retriable = isinstance(err, TransferError) and err.retriable and not cancel_requested()

@@ -132,7 +132,7 @@ class Contract:
         with open_session(source) as shipped:
             plan = sink.prepare(PrepareRequest(schema=info.schema, info=info))
             plan = _roundtrip(plan, "the sink plan")
-            before = sink.count_rows(plan) if isinstance(sink, SupportsTargetCount) else None
+            before = sink.target_rows(plan) if isinstance(sink, SupportsTargetCount) else None
             expected = _rows_of(shipped, part)
             _expect(expected > 1, "check_sink needs a source of at least two rows")
             native = plan.native is not None and isinstance(sink, SupportsNativeWrite)
@@ -154,7 +154,7 @@ class Contract:
             sink.finalize(plan, [stats])
             if before is None:
                 return expected
-            after = sink.count_rows(plan)
+            after = sink.target_rows(plan)
             _expect(after - before == expected, f"the target gained {after - before} rows, the source has {expected} "
                     "(a failed attempt left rows, or a retry duplicated them)")
             return after - before

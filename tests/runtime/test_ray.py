@@ -53,6 +53,8 @@ def test_a_scan_count_that_is_not_the_partitions_rows_is_counted_on_the_worker_b
 
 
 class Recorder:
+    live_rows_after = 0.0
+
     def __init__(self) -> None:
         self.rows: dict[str, int] = {}
         self.done: list[str] = []

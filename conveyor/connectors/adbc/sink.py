@@ -177,7 +177,7 @@ class AdbcSink(AdbcBase, StagedSink):
             raise
         return WriteStats(part.key, counted.rows if stored is None else stored, counted.bytes, time.perf_counter() - start)
 
-    def count_rows(self, plan: SinkPlan) -> int:
+    def target_rows(self, plan: SinkPlan) -> int:
         return self.count_rows_of(plan.write_target)
 
     def count_rows_of(self, table: str) -> int:

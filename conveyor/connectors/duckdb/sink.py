@@ -121,7 +121,7 @@ class DuckDBSink(StagedSink):
         self.options = options
         self.table = config.table
 
-    def for_table(self, schema: str, table: str, options: JobOptions) -> DuckDBSink:
+    def for_target(self, schema: str, table: str, options: JobOptions) -> DuckDBSink:
         """This sink aimed at the target for one table of a job over several (``sink.table`` a template)."""
         return DuckDBSink(dataclasses.replace(self.config, table=target_for(self.config.table, schema, table, "sink.table")), options)
 
@@ -294,7 +294,7 @@ class DuckDBSink(StagedSink):
             close(con)
         return WriteStats(part.key, stored, counted.bytes, time.perf_counter() - start)
 
-    def count_rows(self, plan: SinkPlan) -> int:
+    def target_rows(self, plan: SinkPlan) -> int:
         con = connect(self.config.database)
         try:
             return int(con.execute(f"SELECT count(*) FROM {qualified(self.config.schema, plan.write_target)}").fetchone()[0])

@@ -90,7 +90,7 @@ class _FileSink(SinkBase):
         self.config = config
         self.options = options
 
-    def for_table(self, schema: str, table: str, options: JobOptions) -> _FileSink:
+    def for_target(self, schema: str, table: str, options: JobOptions) -> _FileSink:
         """This sink writing one table of a job over several into a folder of its own: ``sink.path``
         with ``{table}`` (and ``{schema}``) replaced, or the table's name as a folder under it."""
         path = self.config.path
@@ -365,7 +365,7 @@ class ParquetSink(_FileSink):
 
         return ds.ParquetFileFormat()
 
-    def count_rows(self, plan: SinkPlan) -> int:
+    def target_rows(self, plan: SinkPlan) -> int:
         """Rows in the files this load wrote (their footers)."""
         fs, _ = self._fs()
         return self._stored(fs, self._written(plan, self._existing(fs, plan.write_target)))

@@ -160,7 +160,7 @@ class MySqlSink(StagedSink):
         self.options = options
         self.table = config.table
 
-    def for_table(self, schema: str, table: str, options: JobOptions) -> MySqlSink:
+    def for_target(self, schema: str, table: str, options: JobOptions) -> MySqlSink:
         """This sink aimed at the target for one table of a job over several (``sink.table`` a template)."""
         return MySqlSink(dataclasses.replace(self.config, table=target_for(self.config.table, schema, table, "sink.table")), options)
 
@@ -492,7 +492,7 @@ class MySqlSink(StagedSink):
     def _count(self, table: str) -> int:
         return int(self.config.run(f"SELECT count(*) FROM {self._qualified(table)}", doing="counting")[0][0])
 
-    def count_rows(self, plan: SinkPlan) -> int:
+    def target_rows(self, plan: SinkPlan) -> int:
         return self._count(plan.write_target)
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:

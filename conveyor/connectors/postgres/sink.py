@@ -147,7 +147,7 @@ class PostgresSink(SinkBase):
         self.config = config
         self.options = options
 
-    def for_table(self, schema: str, table: str, options: JobOptions) -> PostgresSink:
+    def for_target(self, schema: str, table: str, options: JobOptions) -> PostgresSink:
         """This sink aimed at the target for one table of a job over several (``sink.table`` a template)."""
         return PostgresSink(dataclasses.replace(self.config, table=target_for(self.config.table, schema, table, "sink.table")), options)
 
@@ -322,7 +322,7 @@ class PostgresSink(SinkBase):
         finally:
             con.close()
 
-    def count_rows(self, plan: SinkPlan) -> int:
+    def target_rows(self, plan: SinkPlan) -> int:
         return int(self._one(f"SELECT count(*) FROM {self._qualified(plan.write_target)}")[0])
 
     def checksum(self, plan: SinkPlan) -> str:
