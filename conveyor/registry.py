@@ -127,7 +127,30 @@ def load(kind: str, name: str) -> type:
     if not dataclasses.is_dataclass(getattr(cls, "config_class", None)):  # what every plugin declares (core's protocols)
         raise PluginError(f"{kind} {name!r} ({eps[0].value}) declares no config_class dataclass",
                           hint="a plugin class names its config dataclass: config_class = MyConfig")
+    missing = missing_members(kind, cls)
+    if missing:
+        base = _BASES.get(kind)
+        raise PluginError(f"{kind} {name!r} ({eps[0].value}) lacks {', '.join(missing)} of the {kind} contract",
+                          hint=f"subclass conveyor.core.{base}: it gives every hook its default" if base else
+                          f"implement {', '.join(missing)}")
     return cls
+
+
+#: the base class that gives a plugin kind's hooks their defaults
+_BASES = {"source": "SourceBase", "sink": "SinkBase", "runtime": "RuntimeBase"}
+
+
+def missing_members(kind: str, cls: type) -> list[str]:
+    """The members of ``kind``'s Protocol (``conveyor.core``) that the plugin class lacks: what the job
+    would otherwise find missing half way through a run."""
+    from conveyor import core
+
+    protocol = {"source": core.Source, "sink": core.Sink, "strategy": core.Strategy, "runtime": core.Runtime}.get(kind)
+    if protocol is None:
+        return []
+    names = [n for n in vars(protocol) if not n.startswith("_") and callable(vars(protocol)[n])]
+    names += [n for n in getattr(protocol, "__annotations__", {}) if not n.startswith("_") and n != "config_class"]
+    return [n for n in dict.fromkeys(names) if not hasattr(cls, n)]
 
 
 def lazy_exports(package: str, **modules: tuple[str, ...]) -> Any:

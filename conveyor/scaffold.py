@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from conveyor.core import JobOptions, Partition, SourceInfo, WholeSource
+from conveyor.core import JobOptions, Partition, SourceBase, SourceInfo, WholeSource
 from conveyor.errors import PlanningError
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -76,7 +76,7 @@ class {cls}SourceConfig:
     rows: int = 1000
 
 
-class {cls}Source:
+class {cls}Source(SourceBase):
     config_class = {cls}SourceConfig
 
     def __init__(self, config: {cls}SourceConfig, options: JobOptions) -> None:

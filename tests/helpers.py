@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from conveyor.config import build_job
+from conveyor.core import SourceBase
 from conveyor.pipelines.job import JobReport, run_job
 
 
@@ -147,7 +148,7 @@ def wait_quiet(busy: Callable[[], int], seconds: float = 90) -> None:
     assert quiet >= 10, "conveyor sessions still busy"
 
 
-class Relayed:
+class Relayed(SourceBase):
     """A source of another class than PostgresSource that offers PostgreSQL's binary COPY stream
     (it hands on the built-in one's): the sink sees only the offer in SourceInfo.native."""
 

@@ -22,6 +22,7 @@ from conveyor.core import (
     SinkBase,
     SinkCapabilities,
     SinkPlan,
+    SourceBase,
     SourceInfo,
     TargetInfo,
     WholeSource,
@@ -88,7 +89,7 @@ class _Flight:
         return fl.FlightDescriptor.for_path(*self.config.path)
 
 
-class FlightSource(_Flight):
+class FlightSource(SourceBase, _Flight):
     config_class = FlightConfig
 
     def __init__(self, config: FlightConfig, options: JobOptions) -> None:

@@ -3,9 +3,10 @@ the ``TaskResult`` it reports, ``Progress``, and the degree resolved once."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from conveyor.core.options import JobOptions
 from conveyor.core.partitions import Partition
@@ -15,13 +16,6 @@ from conveyor.core.sources import SourceInfo
 if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
 
     from conveyor.errors import ConveyorError
-
-
-@runtime_checkable
-class ChecksBeforeRun(Protocol):
-    """A runtime that refuses, before anything moves, a pair it cannot run (e.g. a single-process sink)."""
-
-    def check(self, source: Any, sink: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -119,62 +113,68 @@ class TaskResult:
         return self.error is None
 
 
-@runtime_checkable
-class KnowsCpus(Protocol):
-    """A runtime whose tasks run on other CPUs than the driver's (a Ray cluster): how many."""
-
-    def cpus(self) -> int: ...
-
-
 def resolve_degree(runtime: Any, degree: int) -> int:
     """The degree a job runs at, resolved once: N > 0 as given; N < 0 the runtime's CPUs / |N|
     (the cluster's for a runtime that knows them, else this machine's)."""
     if degree > 0:
         return degree
-    return JobOptions.resolve_degree(degree, runtime.cpus() if isinstance(runtime, KnowsCpus) else None)
-
-
-@runtime_checkable
-class ReportsStartup(Protocol):
-    """A runtime that spends time getting ready before any task runs (Ray starting or joining an
-    instance): the seconds it spent in this job, reported apart from the transfer's."""
-
-    def startup_seconds(self) -> float: ...
-
-
-@runtime_checkable
-class StartsEarly(Protocol):
-    """A runtime that can get ready while the driver plans and prepares (Ray starting a private
-    instance takes seconds): ``start_early`` begins in the background once the source is described
-    (``estimated_bytes``: its size, None when unknown; a small job may not need the instance at all),
-    ``run`` waits for it, and ``release`` stops what was started and never used (a job that failed
-    before its tasks)."""
-
-    def start_early(self, degree: int, estimated_bytes: int | None = None) -> None: ...
-
-    def release(self) -> None: ...
-
-
-@runtime_checkable
-class RunsTasksHere(Protocol):
-    """A runtime that can say, once the source is described (after ``start_early`` where it has one),
-    that the job's tasks will run in this process: a source may then get ready for them meanwhile
-    (``SupportsWarmUp``). False where it cannot tell yet (a Ray cluster to join decides later)."""
-
-    def runs_tasks_here(self) -> bool: ...
+    return JobOptions.resolve_degree(degree, runtime.cpus() if runtime is not None else None)
 
 
 class Runtime(Protocol):
     """Runs tasks, ``degree`` at once, and returns one result per task in any order; a failed
-    partition cancels the ones not started (their results say ``cancelled``). ``report_note``: where
-    the tasks ran, when the runtime chose other than its usual (for the report; "" otherwise)."""
+    partition cancels the ones not started (their results say ``cancelled``). Its other members are
+    hooks the job calls on every runtime, whose defaults :class:`RuntimeBase` gives."""
 
     #: the plugin's config dataclass (its YAML node is merged into it, unknown keys refused)
     config_class: ClassVar[type]
-
+    #: where the tasks ran, when the runtime chose other than its usual (for the report; "" otherwise)
     report_note: str
 
     def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]: ...
+
+    def check(self, source: Any, sink: Any) -> None: ...
+
+    def cpus(self) -> int: ...
+
+    def start_early(self, degree: int, estimated_bytes: int | None = None) -> None: ...
+
+    def runs_tasks_here(self) -> bool: ...
+
+    def startup_seconds(self) -> float: ...
+
+    def release(self) -> None: ...
+
+
+class RuntimeBase:
+    """The defaults of a runtime's hooks: tasks run in this process, on this machine's CPUs, with
+    nothing to start before them and nothing to refuse."""
+
+    report_note: str = ""
+
+    def check(self, source: Any, sink: Any) -> None:
+        """Refuse, before anything moves, a pair this runtime cannot run (e.g. a sink every partition
+        of which must be written from the driver's process, on workers elsewhere)."""
+
+    def cpus(self) -> int:
+        """The CPUs the tasks run on (a negative degree is a fraction of them)."""
+        return os.cpu_count() or 1
+
+    def start_early(self, degree: int, estimated_bytes: int | None = None) -> None:
+        """Get ready in the background while the driver plans and prepares (once the source is described:
+        ``estimated_bytes`` its size, None when unknown); ``run`` waits for it."""
+
+    def runs_tasks_here(self) -> bool:
+        """Whether the job's tasks will run in this process, as far as is known after ``start_early``: a
+        source may then get ready for them meanwhile (``Source.warm_up``)."""
+        return True
+
+    def startup_seconds(self) -> float:
+        """Seconds this job spent getting the runtime ready (reported apart from the transfer's)."""
+        return 0.0
+
+    def release(self) -> None:
+        """Stop what ``start_early`` started and ``run`` did not use (a job that failed before its tasks)."""
 
 
 __all__ = [
@@ -185,11 +185,7 @@ __all__ = [
     "NullProgress",
     "Task",
     "TaskResult",
-    "KnowsCpus",
-    "ReportsStartup",
     "resolve_degree",
-    "ChecksBeforeRun",
-    "StartsEarly",
-    "RunsTasksHere",
     "Runtime",
+    "RuntimeBase",
 ]

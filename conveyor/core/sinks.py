@@ -40,7 +40,7 @@ class SinkPlan:
     path: str = ""
     path_reason: str = ""
     #: special values this sink writes exactly (``INFINITY``): the job asks the source to pass
-    #: them on instead of refusing them (``SupportsSpecialValues``)
+    #: them on instead of refusing them (``Source.keeping``)
     keeps: tuple[str, ...] = ()
     #: rows the target held before an append (``verify=count`` compares what was added); None: not
     #: counted (a sink that checks each partition's rows before its commit need not scan its target)
@@ -80,6 +80,8 @@ class TargetInfo:
     min_partition_why: str = ""
     #: the native format (``NativeExport.format``) it takes from this source as it is (None: Arrow batches)
     native: str | None = None
+    #: it computes ``Source.checksums``' sum over what the target stored (``Sink.checksum``): ``verify=checksum``
+    checksums: bool = False
     #: each partition's commit is final (an append, a load in one transaction): it checks each
     #: partition's rows against the source's before it commits
     checks_before_commit: bool = False
@@ -183,6 +185,9 @@ class SinkCapabilities:
     single_process: bool = False
     #: the load modes it implements; the job refuses any other before anything connects
     load_modes: tuple[str, ...] = ("truncate", "append", "create", "replace")
+    #: the sources' wire formats (``NativeExport.format``) its ``write_native`` can import, into a target
+    #: that takes them (``TargetInfo.native`` says whether this one does)
+    native_formats: tuple[str, ...] = ()
 
 
 def sink_capabilities(sink: Any) -> SinkCapabilities:
@@ -213,16 +218,6 @@ class SupportsManyTargets(Protocol):
     def for_target(self, schema: str, table: str, options: Any) -> Any: ...
 
 
-@runtime_checkable
-class SupportsForeignKeys(Protocol):
-    """A sink that can make a source's foreign keys between the targets of one job over several
-    tables, once every table is loaded: ``keys`` pairs each foreign key of this target's source
-    table with the sink of the table it references. Returns what it made (empty: nothing, e.g.
-    switched off by config)."""
-
-    def add_foreign_keys(self, plan: SinkPlan, keys: Sequence[tuple[ForeignKey, Any]]) -> list[str]: ...
-
-
 def target_for(template: str, schema: str, table: str, what: str) -> str:
     """A table's target from a sink setting: ``{table}`` / ``{schema}`` replaced; a setting without
     them names one target, which several tables cannot share."""
@@ -248,27 +243,14 @@ class SupportsTargetCount(Protocol):
     def target_rows(self, plan: SinkPlan) -> int | None: ...
 
 
-@runtime_checkable
-class SupportsTargetChecksum(Protocol):
-    """A sink that computes the same checksum as ``SupportsChecksums`` over what it wrote."""
-
-    def checksum(self, plan: SinkPlan) -> str: ...
-
-
-@runtime_checkable
-class SupportsNativeWrite(Protocol):
-    """A sink that imports a wire format it agreed on in ``prepare`` (``plan.native``): the task
-    streams the source's export into ``write_native`` instead of Arrow batches."""
-
-    def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats: ...
-
-
 class Sink(Protocol):
     """Writes Arrow record batches with a lifecycle: describe the target (planning), prepare, write
-    per partition, finalize or abort. :class:`SinkBase` gives the defaults a sink may keep.
+    per partition, finalize or abort. Its other members are hooks whose defaults :class:`SinkBase`
+    gives: ``write_native`` (where its ``TargetInfo.native`` takes the source's wire format),
+    ``checksum`` (where ``TargetInfo.checksums``), ``add_foreign_keys`` (a job over several tables).
 
-    Optional: ``SupportsNativeWrite``, ``SupportsTargetCount``, ``SupportsTargetChecksum``,
-    ``SupportsCommitMarkers``, ``SupportsCleanup``.
+    Optional capabilities (more than one sink has them): ``SupportsTargetCount``,
+    ``SupportsCommitMarkers``, ``SupportsCleanup``, ``SupportsManyTargets``, ``SupportsCursorState``.
     """
 
     #: the plugin's config dataclass (its YAML node is merged into it, unknown keys refused)
@@ -284,6 +266,12 @@ class Sink(Protocol):
 
     def abort(self, plan: SinkPlan) -> None: ...
 
+    def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats: ...
+
+    def checksum(self, plan: SinkPlan) -> str: ...
+
+    def add_foreign_keys(self, plan: SinkPlan, keys: Sequence[tuple[ForeignKey, Any]]) -> list[str]: ...
+
     #: what the sink guarantees; see :class:`SinkCapabilities`
     capabilities: ClassVar[SinkCapabilities]
 
@@ -291,13 +279,33 @@ class Sink(Protocol):
 class SinkBase:
     """Defaults for what the job reads off a sink: its capabilities (transactional, the usual load
     modes) and a target description that says only where rows land (no layout, no native format, no
-    check before each commit). A sink whose commits are final, or that takes a native stream, says so
-    in its own ``describe_target``."""
+    check before each commit, no checksum). A sink whose commits are final, or that takes a native
+    stream, says so in its own ``describe_target``."""
 
     capabilities: ClassVar[SinkCapabilities] = SinkCapabilities()
 
     def describe_target(self, request: PrepareRequest) -> TargetInfo:
         return TargetInfo(label=type(self).__name__)
+
+    def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats:
+        """Import one partition in the wire format agreed on (``plan.native``), streamed from the source's export."""
+        raise _not_offered(self, f"the native format {plan.native}")
+
+    def checksum(self, plan: SinkPlan) -> str:
+        """The same checksum as ``Source.checksums``, over what the target stored."""
+        raise _not_offered(self, "a checksum")
+
+    def add_foreign_keys(self, plan: SinkPlan, keys: Sequence[tuple[ForeignKey, Any]]) -> list[str]:
+        """Make a source's foreign keys between the targets of one job over several tables, once every table
+        is loaded: ``keys`` pairs each foreign key of this target's source table with the sink of the table
+        it references. Returns what it made (the default: nothing)."""
+        return []
+
+
+def _not_offered(plugin: Any, what: str) -> Exception:
+    from conveyor.errors import PluginError
+
+    return PluginError(f"{type(plugin).__name__} was asked for {what}, which its target does not offer")
 
 
 @dataclass(frozen=True)
@@ -333,11 +341,8 @@ __all__ = [
     "sink_capabilities",
     "SupportsCommitMarkers",
     "SupportsManyTargets",
-    "SupportsForeignKeys",
     "target_for",
     "SupportsCleanup",
     "SupportsTargetCount",
-    "SupportsTargetChecksum",
-    "SupportsNativeWrite",
     "Sink",
 ]

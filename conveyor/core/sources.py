@@ -1,5 +1,6 @@
 """The source side: what a source says about itself (``SourceInfo``, ``NativeExport``), the
-``Source`` interface, and the optional capabilities a source offers by having their methods."""
+``Source`` interface with its defaults (``SourceBase``), and the capabilities strategies and the job
+ask of several sources (``SupportsKeys``, ``SupportsPartitionCounts``, ...) by having their methods."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class NativeExport:
     dialect: str
     #: the dialect's own column records (``PgColumn`` for postgres), in the schema's order
     columns: tuple[Any, ...] = ()
-    #: the format ``SupportsNativeExport.export_native`` streams (e.g. "pgcopy-binary"); None: none
+    #: the format ``Source.export_native`` streams (e.g. "pgcopy-binary"); None: none
     format: str | None = None
     #: why there is no format (e.g. "psql is not installed")
     why_not: str = ""
@@ -141,6 +142,9 @@ class SourceInfo:
     #: a sink that checks each partition before its commit checks against that count, and the job does not
     #: count the source apart (``Counting.READ``)
     reads_count: tuple[str, ...] = ()
+    #: the source sums a 64-bit hash of every row per partition in its database (``Source.checksums``), as
+    #: a sink whose target says the same computes it over what it stored (``verify=checksum``)
+    checksums: bool = False
 
     @property
     def column_names(self) -> list[str]:
@@ -227,14 +231,91 @@ class SupportsPrimaryKey(Protocol):
 
 
 class Source(Protocol):
-    """Reads Arrow record batches. Built from its config dataclass and the job options."""
+    """Reads Arrow record batches. Built from its config dataclass and the job options.
+
+    ``describe`` and ``read`` are the source; every other member is a hook the job calls on every
+    source, whose default :class:`SourceBase` gives (a source subclasses it and overrides what it
+    does): its job-long ``session`` (one snapshot; ``snapshot_id`` names it), ``warm_up`` before its
+    reads in this process, ``keeping`` the special values a sink keeps, the tables of a job over
+    several (``many``, ``tables``, ``for_table``), and what its ``SourceInfo`` offers: ``checksums``
+    (``info.checksums``) and ``export_native`` (``info.native.format``)."""
 
     #: the plugin's config dataclass (its YAML node is merged into it, unknown keys refused)
     config_class: ClassVar[type]
+    #: the snapshot every partition of the job reads, once the session is open (kept in the run's
+    #: manifest); None: none
+    snapshot_id: str | None
 
     def describe(self) -> SourceInfo: ...
 
     def read(self, part: Partition) -> Iterator[pa.RecordBatch]: ...
+
+    def session(self) -> contextlib.AbstractContextManager[Any]: ...
+
+    def warm_up(self) -> None: ...
+
+    def keeping(self, kinds: tuple[str, ...]) -> Any: ...
+
+    def many(self) -> bool: ...
+
+    def tables(self) -> list[SourceTable]: ...
+
+    def for_table(self, table: SourceTable, options: Any) -> Any: ...
+
+    def checksums(self, parts: list[Partition], columns: tuple[str, ...]) -> list[tuple[int, int]]: ...
+
+    def export_native(self, part: Partition, columns: tuple[str, ...]) -> contextlib.AbstractContextManager[NativeStream]: ...
+
+
+class SourceBase:
+    """The defaults of a source's hooks: no session of its own (its tasks get the source itself), no
+    snapshot, nothing to warm up, no special values to pass on, one table, neither checksums nor a
+    native format (its ``SourceInfo`` offers none, so the job never asks for them)."""
+
+    snapshot_id: str | None = None
+
+    def session(self) -> contextlib.AbstractContextManager[Any]:
+        """A context manager held for the whole job (e.g. an exported snapshot), yielding the source
+        the tasks get."""
+        return contextlib.nullcontext(self)
+
+    def warm_up(self) -> None:
+        """Begin, in a thread of this process, what the first read of Arrow batches pays for (DuckDB's
+        postgres extension loaded and the server attached), and return at once. The job calls it once
+        the source is described, where the source will be read as Arrow batches in this process, so
+        that it overlaps planning and preparing; what fails there is left for the read to meet."""
+
+    def keeping(self, kinds: tuple[str, ...]) -> Any:
+        """This source passing on the special values (``INFINITY``) a sink keeps, which it refuses by default."""
+        return self
+
+    def many(self) -> bool:
+        """Whether this source is configured with several tables, read in one snapshot (no connection made)."""
+        return False
+
+    def tables(self) -> list[SourceTable]:
+        """The tables its patterns match (asked of the session's source: the tables of its snapshot)."""
+        return []
+
+    def for_table(self, table: SourceTable, options: Any) -> Any:
+        """A source of that one table, from this one's settings (its own ``options``: each table's load has
+        its own run id), reading in this source's snapshot."""
+        raise _not_offered(self, "several tables")
+
+    def checksums(self, parts: list[Partition], columns: tuple[str, ...]) -> list[tuple[int, int]]:
+        """(rows, sum of a 64-bit hash of every row) per partition, where ``describe`` says ``checksums``."""
+        raise _not_offered(self, "checksums")
+
+    def export_native(self, part: Partition, columns: tuple[str, ...]) -> contextlib.AbstractContextManager[NativeStream]:
+        """A partition in the wire format ``describe`` offers (``info.native.format``), reading the job's
+        snapshot with its own credentials: a context manager yielding a :class:`NativeStream`."""
+        raise _not_offered(self, "a native format")
+
+
+def _not_offered(plugin: Any, what: str) -> Exception:
+    from conveyor.errors import PluginError
+
+    return PluginError(f"{type(plugin).__name__} was asked for {what}, which it does not offer")
 
 
 class SentBatches:
@@ -274,39 +355,6 @@ INFINITY_DAYS = 2**31 - 1
 INFINITY_TICKS = 2**63 - 1
 
 
-@runtime_checkable
-class SupportsSpecialValues(Protocol):
-    """A source that refuses special values by default and can pass them on to a sink that keeps them."""
-
-    def keeping(self, kinds: tuple[str, ...]) -> Any: ...
-
-
-@runtime_checkable
-class SupportsSession(Protocol):
-    """A source that holds something for the whole job (an exported snapshot): ``session()`` is a
-    context manager yielding the source the tasks get."""
-
-    def session(self) -> Any: ...
-
-
-@runtime_checkable
-class SupportsWarmUp(Protocol):
-    """A source whose first read of Arrow batches in a process pays a start (DuckDB's postgres
-    extension loaded and the server attached: ~0.15 s here): ``warm_up`` begins it in a thread of
-    this process and returns at once. The job calls it once the source is described, where the
-    source will be read as Arrow batches (the sink takes no native stream) in this process (the
-    runtime says so: ``RunsTasksHere``), so that it overlaps the job's planning and preparing. What
-    fails there is left for the read to meet."""
-
-    def warm_up(self) -> None: ...
-
-
-def open_session(source: Any) -> Any:
-    """The source's job-long session where it has one (a context manager yielding the source the
-    tasks get), else the source itself."""
-    return source.session() if isinstance(source, SupportsSession) else contextlib.nullcontext(source)
-
-
 @dataclass(frozen=True)
 class SourceTable:
     """One table of a job over several tables (``source.tables``): its schema, its name, and its size
@@ -319,30 +367,6 @@ class SourceTable:
     @property
     def qualified(self) -> str:
         return f"{self.schema}.{self.name}" if self.schema else self.name
-
-
-@runtime_checkable
-class SupportsManyTables(Protocol):
-    """A database source that reads several tables in one job, all in one snapshot.
-
-    ``many()``: whether this source is configured with several tables (no connection made).
-    ``tables()`` the tables its patterns match (asked of the session's source, so they are the
-    tables of the job's snapshot). ``for_table(table, options)`` is a source of that one table,
-    built from this one's settings (its own ``options``: each table's load has its own run id),
-    reading in this source's snapshot."""
-
-    def many(self) -> bool: ...
-
-    def tables(self) -> list[SourceTable]: ...
-
-    def for_table(self, table: SourceTable, options: Any) -> Any: ...
-
-
-@runtime_checkable
-class SupportsSnapshot(Protocol):
-    """A source whose partitions all read one snapshot; its id goes into the manifest."""
-
-    snapshot_id: str | None
 
 
 @runtime_checkable
@@ -366,13 +390,6 @@ class SupportsChangeCheck(Protocol):
     def changed_since(self, mark: Mapping[str, Any], parts: Sequence[Partition], rows: Sequence[int]) -> list[str] | None: ...
 
 
-@runtime_checkable
-class SupportsChecksums(Protocol):
-    """A source that sums a 64-bit hash of every row per partition (``verify=checksum``)."""
-
-    def checksums(self, parts: list[Partition], columns: tuple[str, ...]) -> list[tuple[int, int]]: ...
-
-
 class NativeStream(Protocol):
     """A partition in a source's wire format: ``read`` returns up to ``size`` bytes, b"" at the end,
     and raises the source's error there if the export failed (a sink must not commit then).
@@ -382,14 +399,6 @@ class NativeStream(Protocol):
     rows: int | None
 
     def read(self, size: int) -> bytes: ...
-
-
-@runtime_checkable
-class SupportsNativeExport(Protocol):
-    """A source that streams a partition in its wire format (``info.native.format``), reading the
-    job's snapshot with its own credentials: a context manager yielding a :class:`NativeStream`."""
-
-    def export_native(self, part: Partition, columns: tuple[str, ...]) -> contextlib.AbstractContextManager[NativeStream]: ...
 
 
 @dataclass(frozen=True)
@@ -455,7 +464,6 @@ __all__ = [
     "SupportsChangeCheck",
     "ForeignKey",
     "SourceTable",
-    "SupportsManyTables",
     "CursorWindow",
     "encode_cursor",
     "decode_cursor",
@@ -463,7 +471,6 @@ __all__ = [
     "FileEntry",
     "NativeExport",
     "SourceInfo",
-    "SupportsWarmUp",
     "DeferredSchema",
     "ArrowSchemaField",
     "column_names",
@@ -475,16 +482,11 @@ __all__ = [
     "SupportsKeys",
     "SupportsPrimaryKey",
     "Source",
+    "SourceBase",
     "SentBatches",
     "INFINITY",
     "INFINITY_DAYS",
     "INFINITY_TICKS",
-    "SupportsSpecialValues",
-    "SupportsSession",
-    "open_session",
-    "SupportsSnapshot",
     "SupportsPartitionCounts",
-    "SupportsChecksums",
     "NativeStream",
-    "SupportsNativeExport",
 ]

@@ -7,7 +7,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.core import CursorWindow, KeyRange, KeyStats, ModuloBucket, Partition, SourceTable, ValueSet, WholeSource
+from conveyor.core import CursorWindow, KeyRange, KeyStats, ModuloBucket, Partition, SourceBase, SourceTable, ValueSet, WholeSource
 from conveyor.errors import PlanningError, SchemaError
 
 
@@ -128,7 +128,7 @@ class Dialect:
         return f"count(*) FILTER (WHERE {cond})"
 
 
-class SqlSource:
+class SqlSource(SourceBase):
     """``SupportsKeys`` and ``SupportsPartitionCounts`` written once for SQL sources (PostgreSQL,
     DuckDB, any ADBC driver). A connector gives its :attr:`dialect` and three things:
     :meth:`_relation` (what to select from), :meth:`_rows` (run a planning query, in the job's

@@ -20,14 +20,10 @@ from conveyor.config import JobSpec
 from conveyor.core import (
     NullProgress,
     Progress,
-    ReportsStartup,
     SinkPlan,
     SourceInfo,
-    StartsEarly,
-    SupportsForeignKeys,
     TaskResult,
     cancel_requested,
-    open_session,
 )
 from conveyor.errors import Cancelled, ConveyorError
 from conveyor.log import note
@@ -94,17 +90,13 @@ def runtime_started(spec: JobSpec) -> Iterator[Callable[[SourceInfo], None]]:
     """The runtime gets ready (Ray's private instance starts) while the job plans and prepares:
     yields what :func:`opened` calls once the source is described (the runtime then knows the job's
     size); what the runtime started and the tasks did not use is stopped on the way out."""
-    runtime = spec.runtime if isinstance(spec.runtime, StartsEarly) else None
-
     def described(info: SourceInfo) -> None:
-        if runtime is not None:
-            runtime.start_early(spec.options.degree, info.estimated_bytes)
+        spec.runtime.start_early(spec.options.degree, info.estimated_bytes)
 
     try:
         yield described
     finally:
-        if runtime is not None:
-            runtime.release()
+        spec.runtime.release()
 
 
 def run_job(spec: JobSpec, progress: Progress | None = None) -> JobReport:
@@ -129,7 +121,7 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
     progress = progress or NullProgress()
     if source is not None:
         return _execute(plan, source, progress, start)
-    with open_session(plan.spec.source) as session:
+    with plan.spec.source.session() as session:
         return _execute(plan, session, progress, start)
 
 
@@ -217,8 +209,7 @@ def stop_clock(report: JobReport, start: float) -> None:
     """The run's seconds, and of them the runtime's start-up (reported apart, not in rows/s)."""
     report.seconds = time.perf_counter() - start
     runtime = report.plan.spec.runtime
-    if isinstance(runtime, ReportsStartup):
-        report.startup_seconds = min(runtime.startup_seconds(), report.seconds)
+    report.startup_seconds = min(runtime.startup_seconds(), report.seconds)
     report.runtime_note = runtime.report_note
 
 
@@ -229,7 +220,7 @@ def _foreign_keys(loads: list[Load]) -> None:
     for load in loads:
         sink = load.plan.spec.sink
         keys = [(fk, by_source[fk.referenced].plan.spec.sink) for fk in load.plan.info.foreign_keys if fk.referenced in by_source]
-        if keys and isinstance(sink, SupportsForeignKeys) and load.sink_plan is not None:
+        if keys and load.sink_plan is not None:
             for made in sink.add_foreign_keys(load.sink_plan, keys):
                 note(f"foreign key: {made}")
 

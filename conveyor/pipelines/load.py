@@ -15,7 +15,6 @@ from conveyor.core import (
     SinkPlan,
     SupportsCommitMarkers,
     SupportsPartitionCounts,
-    SupportsSpecialValues,
     Task,
     TaskResult,
     WriteStats,
@@ -51,7 +50,7 @@ class Load:
             note(f"path: {sink_plan.path_reason}")
         if plan.info.reader and not sink_plan.native:
             note(f"source: {plan.info.reader}")
-        if sink_plan.keeps and isinstance(self.source, SupportsSpecialValues):
+        if sink_plan.keeps:
             self.source = self.source.keeping(sink_plan.keeps)  # e.g. infinity passed on, not refused
 
     def tasks(self) -> list[Task]:

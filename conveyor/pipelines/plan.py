@@ -18,28 +18,22 @@ from typing import Any
 from conveyor.config import JobSpec
 from conveyor.core import (
     Agreement,
-    ChecksBeforeRun,
     CursorWindow,
     Partition,
     PlanRequest,
     PrepareRequest,
-    RunsTasksHere,
     SourceInfo,
     SupportsCursorState,
-    SupportsManyTables,
     SupportsManyTargets,
-    SupportsNativeWrite,
-    SupportsWarmUp,
     SupportsWindow,
     TargetInfo,
-    open_session,
     resolve_degree,
     sink_capabilities,
 )
 from conveyor.errors import ConfigError, PlanningError
 from conveyor.log import note
 from conveyor.pipelines.agree import agree
-from conveyor.pipelines.verify import check_mode
+from conveyor.pipelines.verify import check_checksums, check_mode
 
 #: how a hint names the run directory to resume (the CLI puts the run's own in its place)
 RESUME_HINT = "resume=<run dir>"
@@ -90,8 +84,8 @@ def opened(spec: JobSpec, described: Callable[[SourceInfo], None] | None = None)
     that is known: :func:`runtime_started`'s, so that the runtime gets ready while the job plans.
     """
     check(spec)
-    if isinstance(spec.source, SupportsManyTables) and spec.source.many():
-        with open_session(spec.source) as session:  # one snapshot: every table's partitions read it
+    if spec.source.many():
+        with spec.source.session() as session:  # one snapshot: every table's partitions read it
             plan = plan_tables(spec, session)
             if described is not None:  # the tables' size is known once each is described
                 described(plan.info)
@@ -100,20 +94,21 @@ def opened(spec: JobSpec, described: Callable[[SourceInfo], None] | None = None)
     info = spec.source.describe()
     if described is not None:
         described(info)
-        _warm_up(spec)
-    with open_session(spec.source) as source:
+        _warm_up(spec, info)
+    with spec.source.session() as source:
         window = _window(spec, source)
         if window is not None:
             source = source.windowed(window)
         yield plan_one(spec, info, source, window), source
 
 
-def _warm_up(spec: JobSpec) -> None:
-    """Let the source get ready for its reads (SupportsWarmUp) while the job plans and prepares, where
-    they will be Arrow reads in this process: a sink that takes no native stream, a runtime that runs
-    the tasks here."""
-    if (isinstance(spec.source, SupportsWarmUp) and not isinstance(spec.sink, SupportsNativeWrite)
-            and isinstance(spec.runtime, RunsTasksHere) and spec.runtime.runs_tasks_here()):
+def _warm_up(spec: JobSpec, info: SourceInfo) -> None:
+    """Let the source get ready for its reads (``Source.warm_up``) while the job plans and prepares,
+    where they will be Arrow reads in this process: a sink that cannot import the source's native
+    format, a runtime that runs the tasks here."""
+    native = info.native.format if info.native is not None else None
+    takes_native = native is not None and native in sink_capabilities(spec.sink).native_formats
+    if not takes_native and spec.runtime.runs_tasks_here():
         spec.source.warm_up()
 
 
@@ -150,9 +145,9 @@ def check(spec: JobSpec) -> None:
     if spec.options.load_mode not in modes:
         raise ConfigError(f"load_mode={spec.options.load_mode}: sink {spec.names['sink']} does not do it", key="load_mode",
                           hint=f"its load modes: {', '.join(modes)}")
-    if isinstance(spec.runtime, ChecksBeforeRun):
+    if spec.runtime is not None:  # conveyor serve plans a source alone
         spec.runtime.check(spec.source, spec.sink)
-    check_mode(spec.options.verify, spec.source, spec.sink)
+    check_mode(spec.options.verify)
 
 
 def plan_one(spec: JobSpec, info: SourceInfo, source: Any, window: CursorWindow | None = None) -> JobPlan:
@@ -161,6 +156,8 @@ def plan_one(spec: JobSpec, info: SourceInfo, source: Any, window: CursorWindow 
     degree = resolve_degree(spec.runtime, spec.options.degree)
     target = (spec.sink.describe_target(PrepareRequest(schema=info.schema_as_given, info=info, window=window))
               if spec.sink is not None else TargetInfo())  # conveyor serve plans a source alone
+    if spec.sink is not None:
+        check_checksums(spec.options.verify, info, target)
     planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree, target=target.layout,
                                              min_partition_rows=(target.min_partition_rows, target.min_partition_why)))
     partitions = list(planned.partitions)

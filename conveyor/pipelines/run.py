@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.core import NullProgress, Progress, SupportsSnapshot, reset_cancel
+from conveyor.core import NullProgress, Progress, reset_cancel
 from conveyor.errors import Cancelled, ConveyorError, JobFailed
 from conveyor.log import note, say
 from conveyor.pipelines.job import JobReport, execute, plan_job, runtime_started
@@ -119,7 +119,7 @@ def _manifest(place: RunPlace, plan: JobPlan, config: Any, progress: Progress, s
     place.run_dir.mkdir(parents=True, exist_ok=True)
     manifest = Manifest(place.run_dir / "manifest.json", config, progress)
     opts = plan.spec.options
-    snapshot = source.snapshot_id if isinstance(source, SupportsSnapshot) else None
+    snapshot = source.snapshot_id
     manifest.start(opts.run_id, opts.load, plan.partitions, snapshot, plan.previously_done, marks(plan, source))
     try:
         yield manifest

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.core import Counting, SupportsChecksums, SupportsPartitionCounts, SupportsTargetChecksum, SupportsTargetCount
+from conveyor.core import Counting, SupportsPartitionCounts, SupportsTargetCount
 from conveyor.errors import ConfigError, VerificationError
 
 VERIFY_MODES = ("count", "checksum", "none")
@@ -50,11 +50,16 @@ class Verification:
                 "target_checksum": self.target_checksum, "mismatched": self.mismatched, "notes": self.notes}
 
 
-def check_mode(mode: str, source: Any, sink: Any) -> None:
-    """Refuse, before anything moves, a checksum the two ends cannot compute alike."""
+def check_mode(mode: str) -> None:
+    """Refuse, before anything connects, a verify mode there is not."""
     if mode not in VERIFY_MODES:
         raise ConfigError(f"verify: {mode!r} is not one of {', '.join(VERIFY_MODES)}", key="verify")
-    if mode == "checksum" and not (isinstance(source, SupportsChecksums) and isinstance(sink, SupportsTargetChecksum)):
+
+
+def check_checksums(mode: str, info: Any, target: Any) -> None:
+    """Refuse, before anything moves, a checksum the two ends cannot compute alike (the source's
+    ``SourceInfo`` and the target's ``TargetInfo`` say whether they can)."""
+    if mode == "checksum" and not (info.checksums and target.checksums):
         raise ConfigError("verify=checksum needs PostgreSQL on both sides", key="verify",
                           hint="use verify=count (the default) for this pair")
 

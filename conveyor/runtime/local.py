@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from conveyor.core import JobOptions, Progress, Task, TaskResult, cancel_requested
+from conveyor.core import JobOptions, Progress, RuntimeBase, Task, TaskResult, cancel_requested
 from conveyor.errors import TransferError
 from conveyor.log import warn
 from conveyor.runtime.task import not_run, run_task
@@ -42,16 +42,11 @@ def roundtrip(task: Task) -> Task:
         ) from None
 
 
-class LocalRuntime:
+class LocalRuntime(RuntimeBase):
     config_class = LocalRuntimeConfig
-    #: the tasks run in this process's threads, as always
-    report_note = ""
 
     def __init__(self, config: LocalRuntimeConfig, options: JobOptions) -> None:
         self.config = config
-
-    def runs_tasks_here(self) -> bool:
-        return True
 
     def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
         """Run every task, at most ``degree`` at once; stop starting new ones after a failure or Ctrl-C."""

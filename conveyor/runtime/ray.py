@@ -35,7 +35,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.compat import RAY_TOKEN_LOGGER, RAY_WORKER_LOGGER
-from conveyor.core import JobOptions, NullProgress, Progress, Task, TaskResult, cancel_requested, request_cancel, reset_cancel, sink_capabilities
+from conveyor.core import (
+    JobOptions,
+    NullProgress,
+    Progress,
+    RuntimeBase,
+    Task,
+    TaskResult,
+    cancel_requested,
+    request_cancel,
+    reset_cancel,
+    sink_capabilities,
+)
 from conveyor.errors import ConfigError, ConnectError, TransferError, first_line
 from conveyor.log import note, say, warn
 from conveyor.runtime.reaper import Reaper
@@ -380,7 +391,7 @@ class _Settled:
         self.progress.finished(result)
 
 
-class RayRuntime:
+class RayRuntime(RuntimeBase):
     config_class = RayRuntimeConfig
 
     def __init__(self, config: RayRuntimeConfig, options: JobOptions) -> None:

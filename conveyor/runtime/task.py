@@ -22,15 +22,13 @@ from conveyor.core import (
     Progress,
     SentBatches,
     SinkPlan,
-    SupportsNativeExport,
-    SupportsNativeWrite,
     SupportsPartitionCounts,
     Task,
     TaskResult,
     WriteStats,
     cancel_requested,
 )
-from conveyor.errors import Cancelled, ConveyorError, PluginError, TransferError, first_line, missing_extra
+from conveyor.errors import Cancelled, ConveyorError, TransferError, first_line, missing_extra
 from conveyor.log import note
 
 
@@ -224,9 +222,6 @@ def expected_for(task: Task, reading: Any = None, stream: Any = None) -> Expecte
 def pass_through(source: Any, sink: Any, plan: SinkPlan, part: Partition, progress: Progress | None = None) -> WriteStats:
     """The native path both ends agreed on in prepare: the source's stream straight into the sink (its
     bytes reported to ``progress`` as the sink reads them)."""
-    if not isinstance(source, SupportsNativeExport) or not isinstance(sink, SupportsNativeWrite):
-        raise PluginError(f"the sink agreed on the native format {plan.native} with a source or sink that does not "
-                          "implement it (SupportsNativeExport / SupportsNativeWrite)")
     with source.export_native(part, plan.source_columns) as stream:
         plan = dataclasses.replace(plan, expecting=expected_for(Task(source, sink, plan, part), stream=stream))
         return sink.write_native(plan, part, stream if progress is None else _Reported(stream, part.key, progress))

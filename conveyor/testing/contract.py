@@ -40,10 +40,8 @@ from conveyor.core import (
     PrepareRequest,
     SourceInfo,
     SupportsCommitMarkers,
-    SupportsNativeWrite,
     SupportsTargetCount,
     WholeSource,
-    open_session,
     sink_capabilities,
 )
 from conveyor.errors import ConveyorError
@@ -74,7 +72,7 @@ class Contract:
         _expect(isinstance(info, SourceInfo), f"describe() returned {type(info).__name__}, not a SourceInfo")
         _roundtrip(info.schema, "the described schema")
         plans: dict[str, list[Partition]] = {}
-        with open_session(source) as shipped:
+        with source.session() as shipped:
             _roundtrip(shipped, "the source")
             whole = self._rows(shipped, WholeSource(index=0, count=1), info)
             for name, params in (strategies or {"none": {}}).items():
@@ -129,13 +127,13 @@ class Contract:
         caps = sink_capabilities(sink)
         info = source.describe()
         part = WholeSource(index=0, count=1)
-        with open_session(source) as shipped:
+        with source.session() as shipped:
             plan = sink.prepare(PrepareRequest(schema=info.schema, info=info))
             plan = _roundtrip(plan, "the sink plan")
             before = sink.target_rows(plan) if isinstance(sink, SupportsTargetCount) else None
             expected = _rows_of(shipped, part)
             _expect(expected > 1, "check_sink needs a source of at least two rows")
-            native = plan.native is not None and isinstance(sink, SupportsNativeWrite)
+            native = plan.native is not None
             if caps.transactional and not native:  # a native path reads no batches to fail in
                 try:
                     sink.write(plan, part, _failing(shipped.read(part)))

@@ -510,13 +510,13 @@ def test_plan_of_many_partitions_is_summarised_and_quick(ex_src, cli) -> None:
 def test_planning_reads_the_jobs_snapshot(ex_src) -> None:
     """A value inserted after the snapshot was exported is in no partition's plan, so planning,
     reading and verification agree (before, planning read the table as it was at that moment)."""
-    from conveyor.core import PlanRequest, open_session
+    from conveyor.core import PlanRequest
 
     pg_exec(ex_src, "DROP TABLE IF EXISTS ex_snap", "CREATE TABLE ex_snap AS SELECT g AS k FROM generate_series(1, 5) g")
     spec = _job({"type": "postgres", "port": ex_src.port, "table": "ex_snap"}, {"type": "parquet", "path": "unused"},
                 {"type": "datadriven", "distribute_key": "k"}, {"type": "local"}, degree=4)
     info = spec.source.describe()
-    with open_session(spec.source) as source:
+    with spec.source.session() as source:
         pg_exec(ex_src, "INSERT INTO ex_snap VALUES (6)")
         parts = spec.strategy.plan(PlanRequest(source=source, info=info, degree=4)).partitions
     planned = sorted(v for p in parts for v in getattr(p, "values", ()))

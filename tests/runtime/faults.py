@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from conveyor.core import JobOptions, Partition, SourceInfo
+from conveyor.core import JobOptions, Partition, SourceBase, SourceInfo
 from conveyor.errors import TransferError
 
 SCHEMA = pa.schema([("n", pa.int64())])
@@ -39,7 +39,7 @@ class SequenceConfig:
     stall_seconds: float = 2.0
 
 
-class SequenceSource:
+class SequenceSource(SourceBase):
     """The integers [0, rows) in batches of ``batch``; one partition per ``part.index`` shard."""
 
     config_class = SequenceConfig

@@ -259,7 +259,7 @@ def test_ctid_plans_one_range_per_stream_until_a_stream_reads_more_than_a_gib(gi
 
 
 def test_the_runtimes_say_when_the_tasks_will_run_in_this_process(monkeypatch) -> None:
-    """What the job asks before it lets a source get ready for its reads (SupportsWarmUp): the local
+    """What the job asks before it lets a source get ready for its reads (Source.warm_up): the local
     runtime always runs them here; Ray, once start_early has heard the source's size, for a job small
     enough for the driver's threads with no instance to join; not where an instance is to be joined
     (it decides there later) nor for a job too large. No Ray instance is started here."""

@@ -137,3 +137,31 @@ def test_composing_a_job_reads_no_distribution_metadata() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "0"
     assert any(e.distribution for e in registry.available("source"))  # the listing still names the packages
+
+
+class _Bare:
+    """A source written against the two methods alone, before the hooks were declared."""
+
+    from conveyor.core import JobOptions as config_class
+
+    def describe(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("never built")
+
+    def read(self, part):  # type: ignore[no-untyped-def]
+        raise AssertionError("never built")
+
+
+def test_a_plugin_lacking_part_of_its_contract_is_refused_when_loaded(monkeypatch) -> None:
+    """Every member the job calls on a source is declared (Source) with a default (SourceBase): a class
+    without them is refused by name when loaded, not met with an AttributeError half way through a run."""
+    from importlib.metadata import EntryPoint
+
+    ep = EntryPoint("bare", f"{__name__}:_Bare", registry.GROUPS["source"])
+    monkeypatch.setattr(registry, "_entries", lambda kind: {"bare": [ep]})
+    with pytest.raises(PluginError) as info:
+        registry.load("source", "bare")
+    assert "lacks session, warm_up, keeping, many, tables, for_table, checksums, export_native, snapshot_id of the source contract" in str(info.value)
+    assert "subclass conveyor.core.SourceBase" in (info.value.hint or "")
+    from conveyor.core import SourceBase
+
+    assert registry.missing_members("source", type("Based", (SourceBase, _Bare), {})) == []

@@ -14,6 +14,7 @@ from conveyor.core import (
     JobOptions,
     Partition,
     RowGroupSet,
+    SourceBase,
     SourceInfo,
     WholeSource,
 )
@@ -52,7 +53,7 @@ def _filesystem(path: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
     return fs_util.filesystem(path, storage_options)
 
 
-class _FileSource:
+class _FileSource(SourceBase):
     """Shared listing and planning for file sources; subclasses read one file's batches."""
 
     config_class: type = FileSourceConfig

@@ -250,7 +250,7 @@ def describe(ins: Inspected, request: PrepareRequest, config: Any, options: JobO
 
     def info(d: Decision) -> TargetInfo:
         return TargetInfo(label=f"{config.where()} {name}", layout=ins.layout, min_partition_rows=ins.stripe_rows,
-                          min_partition_why=why if ins.stripe_rows else "", native=d.native, path=d.path, in_place=d.in_place,
+                          min_partition_why=why if ins.stripe_rows else "", native=d.native, checksums=True, path=d.path, in_place=d.in_place,
                           checks_before_commit=mode == "append" or d.in_place)
 
     first = info(several)

@@ -141,7 +141,8 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
 
 class PostgresSink(SinkBase):
     config_class = PostgresSinkConfig
-    capabilities = SinkCapabilities(transactional=True, load_modes=("truncate", "append", "create", "replace", "merge"))
+    capabilities = SinkCapabilities(transactional=True, load_modes=("truncate", "append", "create", "replace", "merge"),
+                                    native_formats=(passthrough.FORMAT,))
 
     def __init__(self, config: PostgresSinkConfig, options: JobOptions) -> None:
         self.config = config

@@ -183,7 +183,7 @@ class PostgresSource(SqlSource):
         self.decoder, reader = self._pick_decoder()
         return SourceInfo(schema=self._schema, label=label, estimated_rows=estimate, estimated_bytes=size,
                           native=passthrough.offer(self.columns), reader=reader, primary_key=keys[0], foreign_keys=keys[1],
-                          reads_count=self._counted_kinds())
+                          reads_count=self._counted_kinds(), checksums=True)
 
     @property
     def schema(self) -> Any:

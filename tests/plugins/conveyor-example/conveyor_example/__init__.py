@@ -2,7 +2,8 @@
 
 It shows the whole contract a source implements: a config dataclass named by
 ``config_class``, a constructor taking (config, job options), ``describe`` (schema, estimate,
-label) and ``read`` (Arrow batches for one partition). It serves ``strategy=none`` only.
+label) and ``read`` (Arrow batches for one partition); ``SourceBase`` gives the hooks it does not
+use (a session, checksums, a native format, ...) their defaults. It serves ``strategy=none`` only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from conveyor.core import JobOptions, Partition, SourceInfo, WholeSource
+from conveyor.core import JobOptions, Partition, SourceBase, SourceInfo, WholeSource
 from conveyor.errors import PlanningError
 
 SCHEMA = pa.schema([("n", pa.int64()), ("square", pa.int64())])
@@ -25,7 +26,7 @@ class SequenceSourceConfig:
     stop: int = 1000
 
 
-class SequenceSource:
+class SequenceSource(SourceBase):
     config_class = SequenceSourceConfig
 
     def __init__(self, config: SequenceSourceConfig, options: JobOptions) -> None:
