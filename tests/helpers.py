@@ -101,8 +101,7 @@ def ray_address(ray_instance) -> str:
 
 def runtime_args(kind: str, request) -> list[str]:
     if kind == "ray":  # the CLI joins the test's Ray instance: tasks run in its workers, not in the CLI (one task or a small job too)
-        return ["runtime=ray", f"runtime.address={ray_address(request.getfixturevalue('ray_instance'))}", "runtime.one_task_in_driver=false",
-                "runtime.in_driver_max_bytes=0"]
+        return ["runtime=ray", f"runtime.address={ray_address(request.getfixturevalue('ray_instance'))}"]
     return ["runtime=local"]
 
 

@@ -37,7 +37,8 @@ def summary_table(report: JobReport) -> Any:
     if report.runtime_note:
         title += f"\n{report.runtime_note}"
     if report.startup_seconds >= 0.01:
-        title += f"\n{spec.names['runtime']} start-up: {report.startup_seconds:.2f} s (not in the totals' seconds and rows/s)"
+        what = "ray" if spec.names["runtime"] == "auto" else spec.names["runtime"]  # what runtime=auto started is Ray
+        title += f"\n{what} start-up: {report.startup_seconds:.2f} s (not in the totals' seconds and rows/s)"
     table = Table(title=title, title_justify="left")
     for col, justify in (("partition", "left"), ("reads", "left"), ("rows", "right"), ("MB", "right"),
                          ("seconds", "right"), ("rows/s", "right"), ("attempts", "right")):

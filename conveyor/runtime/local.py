@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from conveyor.core import JobOptions, Progress, RuntimeBase, Task, TaskResult, cancel_requested
+from conveyor.core import JobOptions, Progress, RuntimeBase, Task, TaskResult
 from conveyor.errors import TransferError
 from conveyor.log import warn
-from conveyor.runtime.task import not_run, run_task
+from conveyor.runtime.schedule import schedule
+from conveyor.runtime.task import run_task
 
 
 @dataclass
@@ -42,6 +43,38 @@ def roundtrip(task: Task) -> Task:
         ) from None
 
 
+class Threads:
+    """The local runtime's :class:`~conveyor.runtime.schedule.Pool`: a task per thread."""
+
+    def __init__(self, pool: ThreadPoolExecutor, progress: Progress, config: LocalRuntimeConfig) -> None:
+        self.pool, self.progress, self.config = pool, progress, config
+
+    def submit(self, task: Task) -> Future[TaskResult]:
+        return self.pool.submit(run_task, roundtrip(task), self.progress, self.config.max_retries, prefetch=self.config.prefetch_batches,
+                                prefetch_bytes=self.config.prefetch_bytes)
+
+    def wait(self, handles: list[Future[TaskResult]]) -> list[Future[TaskResult]]:
+        # a timeout, so that Ctrl-C is seen while long partitions run
+        return list(wait(handles, timeout=0.5, return_when=FIRST_COMPLETED).done)
+
+    def result(self, handle: Future[TaskResult], task: Task, stopping: str | None) -> TaskResult:
+        return handle.result()
+
+    def stop(self, stopping: str) -> None:
+        """Nothing to send: a thread's task sees Ctrl-C itself (the process's flag), and one that runs on
+        after a failed partition ends as it would have."""
+
+    def overdue(self, running: dict[Future[TaskResult], Task], stopping: str | None) -> list[TaskResult]:
+        return []
+
+
+def in_threads(tasks: Sequence[Task], degree: int, progress: Progress, config: LocalRuntimeConfig) -> list[TaskResult]:
+    """The tasks in this process's threads, ``degree`` at once (the local runtime's run; runtime=auto's
+    for a job it runs in the driver)."""
+    with ThreadPoolExecutor(max_workers=max(1, degree), thread_name_prefix="conveyor") as pool:
+        return schedule(tasks, degree, Threads(pool, progress, config))
+
+
 class LocalRuntime(RuntimeBase):
     config_class = LocalRuntimeConfig
 
@@ -50,33 +83,10 @@ class LocalRuntime(RuntimeBase):
 
     def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
         """Run every task, at most ``degree`` at once; stop starting new ones after a failure or Ctrl-C."""
-        degree = self._cap(degree)
-        results: list[TaskResult] = []
-        pending = list(reversed(tasks))
-        running: set[Future[TaskResult]] = set()
-        stopping: str | None = None
-        with ThreadPoolExecutor(max_workers=max(1, degree), thread_name_prefix="conveyor") as pool:
-            while running or (pending and stopping is None):
-                if stopping is None and cancel_requested():
-                    stopping = "cancelled (Ctrl-C or SIGTERM) before it finished"
-                while pending and stopping is None and len(running) < degree:
-                    task = roundtrip(pending.pop())
-                    running.add(pool.submit(run_task, task, progress, self.config.max_retries, prefetch=self.config.prefetch_batches,
-                                              prefetch_bytes=self.config.prefetch_bytes))
-                if not running:
-                    break
-                # a timeout, so that Ctrl-C is seen while long partitions run
-                done, running = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    result = fut.result()
-                    results.append(result)
-                    if not result.ok and stopping is None:
-                        stopping = f"cancelled after partition {result.partition} failed"
-        results += [not_run(task, f"not started: {stopping}") for task in pending]
-        return sorted(results, key=lambda r: r.index)
+        return in_threads(tasks, self.cap(degree), progress, self.config)
 
     @staticmethod
-    def _cap(degree: int) -> int:
+    def cap(degree: int) -> int:
         """Threads mostly wait on I/O, but thousands only contend: at most 4 per CPU."""
         cpus = os.cpu_count() or 1
         if degree > 4 * cpus:

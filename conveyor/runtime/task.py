@@ -268,7 +268,7 @@ def stopped(result: TaskResult, why: str) -> TaskResult:
 
 
 def asked(result: TaskResult, why: str) -> TaskResult:
-    """The account of a task the run asked to stop (Ray's runtime: :func:`conveyor.runtime.ray._watch_for_stop`)
+    """The account of a task the run asked to stop (Ray's runtime: :func:`conveyor.runtime.rayworker.watch_for_stop`)
     that stopped: cancelled for the run's reason, what the task said kept. A committed or failed result stands."""
     if result.ok or not result.cancelled or why in str(result.error):
         return result

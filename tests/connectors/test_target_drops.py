@@ -173,7 +173,7 @@ def test_on_ray_workers_a_target_that_drops_rows_fails_the_partition_before_its_
     _dropping_target(pg_target, "td_ray", existing=2)
     spec = build_job(OmegaConf.create({"source": _pg_source(td_src), "sink": _pg_sink(pg_target, "td_ray", copy_path="arrow"),
                                        "strategy": {"type": "ctid", "partitions": 2},
-                                       "runtime": {"type": "ray", "max_retries": 0, "one_task_in_driver": False, "in_driver_max_bytes": 0},
+                                       "runtime": {"type": "ray", "max_retries": 0},
                                        "load_mode": "append", "degree": 2}))
     with pytest.raises(VerificationError, match="rows sent to it"):
         run_job(spec)

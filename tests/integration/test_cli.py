@@ -250,9 +250,8 @@ def test_the_runtimes_start_up_is_reported_apart_from_the_transfer(cli, tpch_ord
     so: it is now a line of its own and a field of report.json, and rows/s is over the transfer."""
     import json
 
-    # runtime.in_driver_max_bytes=0: these 4 small files would otherwise run in the driver, with no instance to start
     res = cli("run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", f"sink.path={tmp_path}/out", "load_mode=create",
-              f"runtime={runtime}", *(["runtime.in_driver_max_bytes=0"] if runtime == "ray" else []), timeout=300)
+              f"runtime={runtime}", timeout=300)
     assert res.code == 0, res.err
     totals = json.loads((tmp_path / "hydra-run" / "report.json").read_text())["totals"]
     assert abs(totals["seconds"] + totals["runtime_startup_seconds"] - totals["wall_seconds"]) < 0.01
@@ -317,18 +316,16 @@ print("started early:", started, "initialized:", ray.is_initialized())
 
 @pytest.mark.parametrize("degree", [8, 1])
 def test_a_small_job_with_no_ray_instance_runs_its_tasks_in_the_driver(cli, tpch_orders: Path, tmp_path: Path, degree: int) -> None:
-    """The shipped parquet_to_postgres and postgres_to_parquet (degree -1: 2 tasks here) started a
-    private Ray instance for every run, on the same two cores the driver has: 5-7 s of the 7.4 s
-    parquet_to_postgres and 7.8 s postgres_to_parquet took on TPC-H orders (2.1 and 2.6 s with
-    runtime=local). A job of at most runtime.in_driver_max_bytes with no instance to join now runs its
-    tasks in the driver's threads, at most one per CPU, and says so; 0 starts the instance again.
-    At degree 1 too (the degree-1 rule had returned before the size was looked at: 4 tasks one at a
+    """runtime=auto (the default): a job of at most runtime.in_driver_max_bytes with no instance to join
+    runs its tasks in the driver's threads, at most one per CPU, and says so (a private Ray instance would
+    run them on the same cores after seconds of start-up); 0 starts the instance, and the summary says
+    why. At degree 1 too (the degree-1 rule had returned before the size was looked at: 4 tasks one at a
     time on a private instance)."""
     import json
     import os
     import re
 
-    common = ["run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", "load_mode=create", "runtime=ray", "strategy=files",
+    common = ["run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", "load_mode=create", "strategy=files",
               f"degree={degree}"]
     res = cli(*common, f"sink.path={tmp_path}/small", timeout=300)
     assert res.code == 0, res.err
@@ -348,24 +345,25 @@ def test_a_small_job_with_no_ray_instance_runs_its_tasks_in_the_driver(cli, tpch
     assert res.code == 0, res.err
     report, log = json.loads((run / "report.json").read_text()), (run / "conveyor.log").read_text()
     assert report["totals"]["rows"] == 15000 and report["totals"]["runtime_startup_seconds"] > 0.5
-    assert "runtime_note" not in report and "private instance started" in log
+    assert report["runtime_note"] == ("runtime=auto: the tasks ran on Ray's workers (a private instance on this machine, "
+                                      "as runtime.in_driver_max_bytes=0)") and "private instance started" in log
     driver = re.findall(r"driver pid (\d+)", log)[-1]  # this run's (the log is the run directory's, the first run's too)
     assert f"pid {driver}\n" not in log.split("private instance started", 1)[1], log  # the partitions ran on Ray's workers
 
 
 @pytest.mark.parametrize("degree", ["1", "all CPUs / N"])
 def test_one_task_with_no_ray_instance_runs_in_the_driver(cli, tpch_orders: Path, tmp_path: Path, degree: str) -> None:
-    """runtime=ray with one task and no instance to join: starting a private instance for it cost
-    seconds here (about 2.5 s to start and 1 s to stop) and bought nothing, so the task runs in the
-    driver, and the summary says so. runtime.one_task_in_driver=false starts the instance anyway.
-    A negative degree that comes to 1 (the shipped pg_to_pg's -2 on 2 cores) is degree 1: the
-    instance started in the background for it had made that job wait for Ray again (6.4 s against
-    2.0 s with runtime=local on orders)."""
+    """runtime=auto with one task and no instance to join: starting a private instance for it costs
+    seconds and buys nothing, so the task runs in the driver, and the summary says so. A negative
+    degree that comes to 1 (the shipped pg_to_pg's -2 on 2 cores) is degree 1: the instance started in
+    the background for it had made that job wait for Ray again. runtime=ray is asked for Ray and uses
+    it: the instance starts, and the task runs on its worker."""
     import json
     import os
+    import re
 
     cpus = os.cpu_count() or 1
-    common = ["run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", "load_mode=create", "runtime=ray",
+    common = ["run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", "load_mode=create",
               "strategy=none", "degree=1" if degree == "1" else f"degree=-{cpus}"]
     res = cli(*common, f"sink.path={tmp_path}/one", timeout=300)
     assert res.code == 0, res.err
@@ -377,8 +375,10 @@ def test_one_task_with_no_ray_instance_runs_in_the_driver(cli, tpch_orders: Path
         return
     # where the seconds went, in the order they were spent (no source count: a file sink's commits are not final)
     assert list(report["phases"]) == ["plan", "prepare", "tasks", "verify", "finalize"] and min(report["phases"].values()) >= 0
-    res = cli(*common, f"sink.path={tmp_path}/two", "runtime.one_task_in_driver=false", timeout=300)
+    res = cli(*common, f"sink.path={tmp_path}/two", "runtime=ray", timeout=300)
     assert res.code == 0, res.err
-    report = json.loads((tmp_path / "hydra-run" / "report.json").read_text())
+    report, log = json.loads((tmp_path / "hydra-run" / "report.json").read_text()), (tmp_path / "hydra-run" / "conveyor.log").read_text()
     assert report["totals"]["rows"] == 15000 and report["totals"]["runtime_startup_seconds"] > 0.5
-    assert "runtime_note" not in report
+    assert "runtime_note" not in report and "private instance started" in log
+    driver = re.findall(r"driver pid (\d+)", log)[-1]  # this run's (the log is the run directory's, the first run's too)
+    assert f"pid {driver}\n" not in log.split("private instance started", 1)[1], log  # its task ran on Ray's worker

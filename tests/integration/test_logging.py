@@ -20,9 +20,7 @@ def log_tables(pg_source, pg_target):
 def test_the_runs_decisions_and_a_failed_tasks_account_are_in_its_log(cli, pg_source, pg_target, log_tables, tmp_path, runtime) -> None:
     res = cli("run", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=log_src", f"sink.port={pg_target.port}",
               "sink.table=log_dst", "load_mode=append", "strategy=rangeid", "strategy.distribute_key=id", "strategy.partitions=4",
-              f"runtime={runtime}", "degree=2",
-              # Ray's private instance, not the driver's threads a job this small gets by default
-              *(["runtime.in_driver_max_bytes=0"] if runtime == "ray" else []), timeout=300)
+              f"runtime={runtime}", "degree=2", timeout=300)
     assert res.code == 5, res.out + res.err
     log = (tmp_path / "hydra-run" / "conveyor.log").read_text()
     # the plan, the path the sink chose, and every partition's outcome with where it ran

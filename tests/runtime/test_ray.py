@@ -115,7 +115,7 @@ def test_the_progress_actor_is_started_only_for_a_run_that_lasts(ray_instance, t
     from conveyor.pipelines.job import JobPlan
 
     def collectors() -> int:
-        return sum(a["ActorClassName"] == "_Collector" for a in ray._private.state.actors().values())
+        return sum(a["ActorClassName"] == "Collector" for a in ray._private.state.actors().values())
 
     def run(rows: int, pause: float, after: float) -> tuple[int, Recorder, JobPlan]:
         spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / f"out{rows}")}, {"type": "none"})
@@ -172,7 +172,7 @@ def test_off_a_terminal_the_progress_actor_waits_for_the_first_log_line(ray_inst
     from conveyor.runtime.progress import LogProgress
 
     def collectors() -> int:
-        return sum(a["ActorClassName"] == "_Collector" for a in ray._private.state.actors().values())
+        return sum(a["ActorClassName"] == "Collector" for a in ray._private.state.actors().values())
 
     def run(interval: float) -> tuple[int, str]:
         spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / f"out{interval}")}, {"type": "none"})
@@ -193,13 +193,11 @@ def test_off_a_terminal_the_progress_actor_waits_for_the_first_log_line(ray_inst
 def test_one_task_on_a_running_instance_that_is_this_machine_alone_runs_in_the_driver(ray_instance, cli, pg_source, pg_target,
                                                                                      tmp_path: Path) -> None:
     """A job of one task joining an instance that is this machine alone (one node, the driver's own)
-    ran that task on a new worker process, which Ray starts for every job: 1.2-1.4 s of importing
-    Ray, joining and importing the task's modules before its first row, on the cores the driver
-    has. The shipped pg_to_pg (degree -2: 1 here) paid it on every run on a `ray start` instance:
-    TPC-H orders 6.9-7.5 s against 4.8-5.0 s with runtime=local. Now the task runs in the driver, as
-    it does with no instance to join, and the summary says so; runtime.one_task_in_driver=false
-    still sends it to a worker. A cluster of several nodes keeps its tasks on its workers
-    (test_ray_cluster)."""
+    ran that task on a new worker process, which Ray starts for every job (importing Ray, joining and
+    importing the task's modules before its first row), on the cores the driver has. With
+    runtime=auto the task runs in the driver, as it does with no instance to join, and the summary
+    says so; runtime.one_task_in_driver=false, or runtime=ray, sends it to a worker. A cluster of
+    several nodes keeps its tasks on its workers (test_ray_cluster)."""
     import json
     import re
 
@@ -207,11 +205,10 @@ def test_one_task_on_a_running_instance_that_is_this_machine_alone_runs_in_the_d
 
     pg_exec(pg_source, "DROP TABLE IF EXISTS alone_src", "CREATE TABLE alone_src AS SELECT g AS id, md5(g::text) AS h FROM generate_series(1, 20000) g")
     args = ["run", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=alone_src", f"sink.port={pg_target.port}",
-            "sink.table=alone_dst", "load_mode=replace", "strategy=none", "degree=1", "runtime=ray",
-            f"runtime.address={ray_address(ray_instance)}"]
+            "sink.table=alone_dst", "load_mode=replace", "strategy=none", "degree=1", f"runtime.address={ray_address(ray_instance)}"]
     run = tmp_path / "hydra-run"
-    for in_driver in (True, False):
-        res = cli(*args, *([] if in_driver else ["runtime.one_task_in_driver=false"]), timeout=300)
+    for in_driver, chosen in ((True, ["runtime=auto"]), (False, ["runtime=auto", "runtime.one_task_in_driver=false"]), (False, ["runtime=ray"])):
+        res = cli(*args, *chosen, timeout=300)
         assert res.code == 0, res.err
         report, log = json.loads((run / "report.json").read_text()), (run / "conveyor.log").read_text()
         this_run = log.split("driver pid ")[-1]  # the log is the run directory's: the first run's too
@@ -228,11 +225,9 @@ def test_a_small_job_on_a_running_instance_that_is_this_machine_alone_runs_in_th
                                                                                         tmp_path: Path) -> None:
     """A job of several tasks whose source is at most runtime.in_driver_max_bytes ran its tasks on new
     worker processes of a joined instance that is this machine alone, on the cores the driver has,
-    after Ray started them for the job: the shipped parquet_to_postgres and postgres_to_parquet on
-    TPC-H orders took about twice their time with no instance to join (make bench, 96a7323: 9.90 s
-    against 4.66 s, 9.75 s against 5.75 s). With no instance to join such a job already ran in the
-    driver's threads; now it does on such an instance too, at most one task per CPU of it, and the
-    summary says so; runtime.in_driver_max_bytes=0 still sends the tasks to workers."""
+    after Ray started them for the job. With runtime=auto, as with no instance to join, such a job runs in
+    the driver's threads, at most one task per CPU of the instance, and the summary says so;
+    runtime.in_driver_max_bytes=0 still sends the tasks to workers."""
     import json
     import re
 
@@ -241,7 +236,7 @@ def test_a_small_job_on_a_running_instance_that_is_this_machine_alone_runs_in_th
     from tests.helpers import ray_address
 
     rows = sum(pq.ParquetFile(f).metadata.num_rows for f in tpch_orders.glob("*.parquet"))
-    args = ["run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", "strategy=files", "degree=4", "runtime=ray",
+    args = ["run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet", "strategy=files", "degree=4", "runtime=auto",
             f"runtime.address={ray_address(ray_instance)}"]
     run = tmp_path / "hydra-run"
     for in_driver in (True, False):
@@ -272,12 +267,20 @@ def test_negative_degree_is_a_fraction_of_the_cluster(ray_instance) -> None:
     assert resolve_degree(runtime, -2) == 1
 
 
-def test_a_single_process_sink_is_refused(ray_instance, tmp_path: Path) -> None:
-    spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "duckdb", "database": str(tmp_path / "x.duckdb"), "table": "t"},
-                 {"type": "none"})
-    spec = with_fault_source(spec, rows=10)
+def test_a_single_process_sink_is_refused_by_ray_and_kept_in_the_driver_by_auto(ray_instance, tmp_path: Path) -> None:
+    """runtime=ray is asked for Ray's workers, which a sink written from one process (DuckDB) cannot use:
+    refused before anything moves. runtime=auto runs such a job in the driver's threads, and says why."""
+    def spec(**runtime):  # type: ignore[no-untyped-def]
+        built = ray_spec({"type": "parquet", "path": "unused"}, {"type": "duckdb", "database": str(tmp_path / "x.duckdb"), "table": "t"},
+                         {"type": "none"}, **runtime)
+        return with_fault_source(built, rows=10)
+
     with pytest.raises(ConfigError, match="writes from one process and cannot run on Ray workers"):
-        run_job(spec)
+        run_job(spec())
+    assert not (tmp_path / "x.duckdb").exists()
+    report = run_job(spec(type="auto"))
+    assert report.rows == 10 and report.runtime_note.startswith(
+        "runtime=auto: sink DuckDBSink writes every partition from one process: its 1 task(s) ran in the driver process"), report.runtime_note
 
 
 def test_a_worker_killed_mid_partition_is_retried_without_duplicates(ray_instance, pg_target, tmp_path: Path) -> None:
@@ -346,7 +349,7 @@ def test_a_driver_killed_during_start_up_leaves_no_ray_process(tpch_orders, tmp_
 
     proc = subprocess.Popen(
         [str(BIN / "conveyor"), "run", "source=parquet", f"source.path={tpch_orders}", "sink=parquet",
-         f"sink.path={tmp_path}/out", "runtime=ray", "runtime.in_driver_max_bytes=0", "strategy=files", f"hydra.run.dir={tmp_path}/run"],
+         f"sink.path={tmp_path}/out", "runtime=ray", "strategy=files", f"hydra.run.dir={tmp_path}/run"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wanted = "ray::DashboardAgent" if kill_after == "agents" else "default_worker"
     seen: dict[int, str] = {}

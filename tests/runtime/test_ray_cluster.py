@@ -221,22 +221,23 @@ def test_a_run_with_no_address_joins_the_instance_ray_start_runs_here(cluster: s
 
 
 def test_one_task_on_a_cluster_of_two_nodes_runs_on_a_worker(cluster: str, cli, pg_source, pg_target, tmp_path) -> None:
-    """On an instance that is this machine alone, a one-task job runs its task in the driver
-    (test_ray.py); a cluster of several nodes keeps it on its workers: its head may be kept free of
-    work, and the driver runs there."""
+    """runtime=auto: on an instance that is this machine alone, a one-task job runs its task in the
+    driver (test_ray.py); a cluster of several nodes keeps it on its workers: its head may be kept free
+    of work, and the driver runs there. The summary says where and why."""
     import json
     import re
 
     pg_exec(pg_source, "DROP TABLE IF EXISTS two_src", "CREATE TABLE two_src AS SELECT g AS id FROM generate_series(1, 5000) g")
     res = cli("run", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=two_src", f"sink.port={pg_target.port}",
-              "sink.table=two_dst", "load_mode=replace", "strategy=none", "degree=1", "runtime=ray", f"runtime.address={CLUSTER['gcs']}",
+              "sink.table=two_dst", "load_mode=replace", "strategy=none", "degree=1", "runtime=auto", f"runtime.address={CLUSTER['gcs']}",
               timeout=300)
     assert res.code == 0, res.err
     run = tmp_path / "hydra-run"
     report, log = json.loads((run / "report.json").read_text()), (run / "conveyor.log").read_text()
     driver = re.search(r"driver pid (\d+)", log)
     assert driver and "ran on " in log and f"pid {driver[1]}\n" not in log, log  # its one partition ran on a worker
-    assert "runtime_note" not in report and report["totals"]["rows"] == 5000
+    assert report["runtime_note"] == f"runtime=auto: the tasks ran on Ray's workers (the Ray instance at {CLUSTER['gcs']})", report
+    assert report["totals"]["rows"] == 5000
 
 
 def _left(ray) -> None:

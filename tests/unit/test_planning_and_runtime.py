@@ -260,21 +260,33 @@ def test_ctid_plans_one_range_per_stream_until_a_stream_reads_more_than_a_gib(gi
 
 def test_the_runtimes_say_when_the_tasks_will_run_in_this_process(monkeypatch) -> None:
     """What the job asks before it lets a source get ready for its reads (Source.warm_up): the local
-    runtime always runs them here; Ray, once start_early has heard the source's size, for a job small
-    enough for the driver's threads with no instance to join; not where an instance is to be joined
-    (it decides there later) nor for a job too large. No Ray instance is started here."""
-    from conveyor.runtime import ray as ray_runtime
+    runtime always runs them here, runtime=ray never; runtime=auto, once start_early has heard the source's
+    size, for a job small enough for the driver's threads with no instance to join, and for a sink of one
+    process; not where an instance is to be joined (it decides there later). No Ray instance is started here."""
+    from conveyor.core import SinkBase, SinkCapabilities
+    from conveyor.runtime import rayinstance
+    from conveyor.runtime.auto import AutoRuntime, AutoRuntimeConfig
+    from conveyor.runtime.ray import RayRuntime, RayRuntimeConfig
 
     assert LocalRuntime(LocalRuntimeConfig(), JobOptions()).runs_tasks_here()
+    assert not RayRuntime(RayRuntimeConfig(), JobOptions()).runs_tasks_here()
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(ray_runtime, "_running_here", lambda: "")  # no `ray start` instance on this machine
-    small = ray_runtime.RayRuntime(ray_runtime.RayRuntimeConfig(), JobOptions())
+    monkeypatch.setattr(rayinstance, "running_here", lambda: "")  # no `ray start` instance on this machine
+    small = AutoRuntime(AutoRuntimeConfig(), JobOptions())
     small.start_early(2, 1 << 30)
-    assert small.runs_tasks_here() and small._early is None
+    assert small.runs_tasks_here() and not small.ray.instance.started_early()
+
+    class OneProcess(SinkBase):
+        capabilities = SinkCapabilities(single_process=True)
+
+    single = AutoRuntime(AutoRuntimeConfig(), JobOptions())
+    single.check(None, OneProcess())
+    single.start_early(2, 1 << 40)
+    assert single.runs_tasks_here() and not single.ray.instance.started_early()
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # an instance to join: nothing is decided yet
-    joined = ray_runtime.RayRuntime(ray_runtime.RayRuntimeConfig(), JobOptions())
+    joined = AutoRuntime(AutoRuntimeConfig(), JobOptions())
     joined.start_early(2, 1 << 30)
-    assert not joined.runs_tasks_here() and joined._early is None
+    assert not joined.runs_tasks_here() and not joined.ray.instance.started_early()
 
 
 class _SampledHeap:
