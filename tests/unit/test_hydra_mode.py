@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import cli as conveyor_cli
+from conveyor import clihydra
 from tests.helpers import REPO
 
 
@@ -47,7 +48,7 @@ def test_no_shipped_config_sets_hydra_mode() -> None:
     ([], ["hydra={mode: MULTIRUN}"], False),
 ])
 def test_which_runs_take_the_mode_from_the_command_line(flags: list[str], overrides: list[str], expected: bool) -> None:
-    assert conveyor_cli._mode_is_the_command_lines(flags, overrides) is expected
+    assert clihydra._mode_is_the_command_lines(flags, overrides) is expected
 
 
 def _compositions(monkeypatch: pytest.MonkeyPatch) -> list[str]:

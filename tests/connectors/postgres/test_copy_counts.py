@@ -361,15 +361,15 @@ def test_a_scan_count_that_is_not_the_partitions_rows_is_counted_again_not_faile
 def _lose_a_batch(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """DuckDB's decoder made to lose the second partition's last batch, after the real read (the
     server's scan count is taken as usual): a decoder that drops rows."""
-    from conveyor.connectors.postgres.source import PostgresSource
+    from conveyor.connectors.postgres import reading
 
-    real = PostgresSource._read_duckdb
+    real = reading.read_duckdb
 
-    def lossy(self, part, sent):  # type: ignore[no-untyped-def]
-        batches = list(real(self, part, sent))
+    def lossy(src, part, sent):  # type: ignore[no-untyped-def]
+        batches = list(real(src, part, sent))
         yield from (batches[:-1] if part.index == 1 else batches)
 
-    monkeypatch.setattr(PostgresSource, "_read_duckdb", lossy)
+    monkeypatch.setattr(reading, "read_duckdb", lossy)
 
 
 def test_rows_the_decoder_loses_are_caught_against_the_servers_scan_count(cc_src, tmp_path, monkeypatch) -> None:

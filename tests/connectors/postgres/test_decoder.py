@@ -330,7 +330,7 @@ def test_the_one_pass_range_check_sends_every_special_date_and_timestamp_to_the_
     """duckdecode.in_range (one min_max per column and batch) decides whether a batch skips the
     sentinel and Arrow-range checks: it must say no for DuckDB's infinity sentinels and for values
     below Arrow's range, yes for ordinary and all-NULL columns."""
-    from conveyor.connectors.postgres.source import _OUT_OF_RANGE
+    from conveyor.connectors.postgres.reading import _OUT_OF_RANGE
 
     low_d, low_ts = _OUT_OF_RANGE["date"][0], _OUT_OF_RANGE["timestamp"][0]
     dates = lambda *v: pa.array(v, pa.int32()).view(pa.date32())  # noqa: E731

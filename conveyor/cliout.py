@@ -1,0 +1,59 @@
+"""What the ``conveyor`` command prints: an error as one line and a hint with its exit code (the
+traceback only with ``--verbose``), and the console it prints tables on."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from typing import Any
+
+EXIT_INTERNAL = 1
+EXIT_CONFIG = 2
+
+
+def stderr_line(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def report_error(exc: BaseException, verbose: bool) -> int:
+    """Print an error as one line plus its hint; return the exit code."""
+    from conveyor.errors import ConveyorError, JobFailed, missing_extra
+
+    if isinstance(exc, JobFailed):  # a failed run: say what stopped it
+        exc = exc.cause
+    if isinstance(exc, BrokenPipeError):  # the reader went away (conveyor plugins | head): nothing more to say
+        with contextlib.suppress(Exception):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a process ended by SIGPIPE
+    exc = missing_extra(exc) or exc
+    if isinstance(exc, ConveyorError):
+        if verbose:
+            stderr_line("".join(traceback.format_exception(exc)).rstrip())
+            if exc.task_traceback:
+                stderr_line("in the task:\n" + exc.task_traceback.rstrip())
+        stderr_line(f"error: {exc.message}")
+        if exc.hint:
+            stderr_line(f"hint: {exc.hint}")
+        return exc.exit_code
+    if verbose:
+        stderr_line("".join(traceback.format_exception(exc)).rstrip())
+    first = (str(exc).splitlines() or [""])[0]
+    stderr_line(f"error: internal error: {type(exc).__name__}: {first}")
+    stderr_line("hint: run again with --verbose for the traceback, and please report it")
+    return EXIT_INTERNAL
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+
+
+def quiet_libraries() -> None:
+    """Drivers' INFO chatter (e.g. botocore's "Found credentials") is not the user's business."""
+    import logging
+
+    for name in ("botocore", "aiobotocore", "s3fs", "fsspec", "urllib3"):
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -1,0 +1,241 @@
+"""The PostgreSQL source's Arrow read path: a partition decoded from binary COPY by DuckDB's postgres
+extension or by ADBC's COPY reader (``source.decoder``), in the job's snapshot, to the one Arrow schema
+the source describes; special values (infinity, out-of-range timestamps, numeric NaN) refused by name or
+handled as ``source.special_values`` says, column by column (never per row); and the rows the server's
+scan returned, where that is the partition's count (``SentBatches.sent``)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from conveyor.connectors.postgres import duckdecode
+from conveyor.connectors.postgres.common import adbc_connect, ident, literal, translate
+from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type
+from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, PageRange, Partition, SentBatches, WholeSource
+from conveyor.errors import TransferError
+from conveyor.kit.arrowutil import rebatch
+from conveyor.kit.casts import TEXT_OF
+
+if TYPE_CHECKING:
+    from conveyor.connectors.postgres.source import PostgresSource
+
+
+def read(src: PostgresSource, part: Partition) -> SentBatches:
+    """The partition's batches, by the decoder ``describe`` chose."""
+    if src.decoder == "duckdb":
+        if src.config.decoder == "duckdb" or duckdecode.unavailable() is None:
+            return SentBatches(lambda sent: read_duckdb(src, part, sent))
+        # auto, and this worker cannot load the extension: ADBC's batches are the same (test_decoder.py)
+    return SentBatches(lambda sent: read_adbc(src, part, sent))
+
+
+def counted_kinds(src: PostgresSource) -> tuple[str, ...]:
+    """The partitions whose reads report their server's scan count (SourceInfo.reads_count): a table's
+    whole heap (a sequential scan), and a page range where the server has TID range scans (14+); on a
+    server that counts scans, when the job verifies counts."""
+    if src.options.verify == "none" or not src.scan_stats or src.relkind not in ("r", "m"):
+        return ()
+    return (WholeSource.kind, PageRange.kind) if src.server_version >= 140000 else (WholeSource.kind,)
+
+
+def scan_counts(src: PostgresSource, part: Partition) -> bool:
+    """Whether the rows the server's scan returns for ``part`` are the rows its query sends, so
+    that the scan's count (``pg_stat_get_xact_tuples_returned``) is the partition's source count:
+    a table's whole heap (a sequential scan) or a page range (a TID range scan, PostgreSQL 14+),
+    no incremental window (a filter above the scan: it returns rows the query drops), on a server
+    that counts scans (describe asks). Only when the job verifies counts."""
+    return src.window is None and part.kind in counted_kinds(src)
+
+
+def _scan_count(cur: Any, relid: int, first: bool = False) -> int:
+    """ADBC's cursor: what :func:`duckdecode.scan_count` asks on DuckDB's connection."""
+    if first:
+        cur.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+    cur.execute(f"SELECT pg_stat_get_xact_tuples_returned({int(relid)}::oid)")
+    return int(cur.fetchone()[0])
+
+
+def read_adbc(src: PostgresSource, part: Partition, sent: SentBatches) -> Iterator[Any]:
+    """The partition decoded by ADBC's COPY reader, in the job's snapshot; ``sent.sent`` as on DuckDB's."""
+    sql = src.select_sql(part)
+    relid = src.relid if scan_counts(src, part) else None
+    conn = adbc_connect(src.config, part.key, src.options.run_id)
+    cur = conn.cursor()
+    try:
+        try:
+            # ADBC opened a transaction (autocommit is off): pin it to the job's snapshot
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            if src.snapshot_id:
+                cur.execute(f"SET TRANSACTION SNAPSHOT {literal(src.snapshot_id)}")
+            before = _scan_count(cur, relid, first=True) if relid is not None else 0
+            cur.execute(sql)
+            reader = cur.fetch_record_batch()
+        except Exception as exc:
+            raise translate(exc, src.config, f"reading {part.key}", part.key) from None
+        yield from rebatch(convert(src, reader, part.key), src.options.batch_size)
+        if relid is not None:
+            try:
+                sent.sent = _scan_count(cur, relid) - before
+            except Exception as exc:
+                raise translate(exc, src.config, f"reading {part.key}", part.key) from None
+    finally:
+        with contextlib.suppress(Exception):  # a killed connection cannot roll back; it is gone anyway
+            cur.close()
+            conn.rollback()
+        conn.close()
+
+
+def read_duckdb(src: PostgresSource, part: Partition, sent: SentBatches) -> Iterator[Any]:
+    """The partition decoded by DuckDB's postgres extension, in the job's snapshot, cast to ADBC's
+    schema; ``sent.sent``: the rows the server's scan returned, where :meth:`_scan_counts`."""
+    import pyarrow as pa
+
+    numerics = [c for c in src.columns if c.typname == "numeric" and c.native and not c.unconstrained_numeric]
+    relid = src.relid if scan_counts(src, part) else None
+    try:
+        with duckdecode.connection(src.config, src.snapshot_id) as con:
+            before = duckdecode.scan_count(con, relid, first=True) if relid is not None else 0
+            reader = duckdecode.batches(con, nan_refusing_sql(src, part, numerics), src.options.batch_size)
+            for batch in reader:
+                arrays = []
+                for col, arr, field in zip(src.columns, batch.columns, src.schema):
+                    if col.typname in _OUT_OF_RANGE and not col.elem and col.native:
+                        arr = arr.cast(field.type)
+                        if not duckdecode.in_range(col.typname, arr, _OUT_OF_RANGE[col.typname][0]):
+                            arr = special(src, col, duckdecode.as_adbc_infinity(col.typname, arr), part.key)
+                    if arr.type != field.type:
+                        arr = arr.cast(field.type)  # same values (tz name, int width): safe casts, refused if not
+                    arrays.append(arr)
+                if batch.num_rows:
+                    yield pa.RecordBatch.from_arrays(arrays, schema=src.schema)
+            if relid is not None:
+                sent.sent = duckdecode.scan_count(con, relid) - before
+    except TransferError:
+        raise
+    except Exception as exc:
+        hit = _NAN_SEEN.search(str(exc))
+        if hit and int(hit.group(1)) < len(numerics):
+            col = numerics[int(hit.group(1))]
+            raise _unfit_decimal(col, numeric_arrow_type(col), "NaN", part.key) from None
+        raise translate(exc, src.config, f"reading {part.key}", part.key) from None
+
+
+def nan_refusing_sql(src: PostgresSource, part: Partition, numerics: list[PgColumn]) -> str:
+    """The partition's query for DuckDB's decoder, which reads a numeric NaN as 0: the server refuses
+    the read at a NaN in ``numerics`` instead, naming the column by its index there (the error
+    ``_NAN_SEEN`` finds). The check is a filter that never drops a row (0 <> 1), not a column:
+    a computed column makes PostgreSQL project every row (+1.1-2.2 s of the server's CPU on
+    lineitem, SF1, against 0-0.5 s for the filter). Written as ``<> 1``, which the planner
+    estimates to keep 99.5% of the rows (an ``IS NULL`` of the same CASE: 0.5%, so a whole
+    table's read was planned as a Gather over a Parallel Seq Scan, where the plain query has a
+    Seq Scan). It sees only the rows the job reads, whatever order the planner gives the
+    conditions: outside the incremental window the CASE stops before any comparison (a
+    partition's bounds need no such guard: every row is some partition's); a query's own filters
+    are fenced off (OFFSET 0: a projection again, as the flags cost). Only the branch that met a
+    NaN casts text to int (its text holds the column's value, so the planner cannot fold it
+    ahead): a CASE of text cast for every row cost the server 0.09 CPU-s more of the check's
+    ~0.6 s on lineitem, SF1 (4 numeric columns, 4 alternating runs of its count)."""
+    if not numerics:
+        return src.select_sql(part)
+    whens = " ".join(f"WHEN {ident(c.name)} = 'NaN' THEN ('{_NAN_MARK}{i}' || {ident(c.name)})::int"
+                     for i, c in enumerate(numerics))
+    if not src.config.table:
+        return f"SELECT * FROM ({src.select_sql(part)} OFFSET 0) AS _conveyor_rows WHERE (CASE {whens} ELSE 0 END) <> 1"
+    window = src.window_sql()
+    guard = f"WHEN ({window}) IS NOT TRUE THEN 0 " if window else ""
+    check = f"(CASE {guard}{whens} ELSE 0 END) <> 1"
+    where = src.where(part).removeprefix(" WHERE ")
+    return f"SELECT {src.select_list()} FROM {src.from_sql()} WHERE " + (f"({where}) AND {check}" if where else check)
+
+
+def convert(src: PostgresSource, reader: Any, key: str) -> Iterator[Any]:
+    """numeric text -> decimal, extension metadata stripped; column by column, never per row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    targets = [numeric_arrow_type(c) for c in src.columns]
+    schema = None
+    try:
+        for batch in reader:
+            arrays = []
+            for col, arr, target in zip(src.columns, batch.columns, targets):
+                if col.typname in _OUT_OF_RANGE and not col.elem:
+                    arr = special(src, col, arr, key)
+                if target is not None:
+                    storage = arr.storage if isinstance(arr.type, pa.BaseExtensionType) else arr
+                    try:
+                        arr = pc.cast(storage, target)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                        raise _unfit_decimal(col, target, exc, key) from None
+                arrays.append(arr)
+            if schema is None:
+                schema = pa.schema([pa.field(c.name, a.type, metadata=text_of(c)) for c, a in zip(src.columns, arrays)])
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+    except TransferError:
+        raise
+    except Exception as exc:
+        raise translate(exc, src.config, f"reading {key}", key) from None
+
+
+def special(src: PostgresSource, col: PgColumn, arr: Any, key: str) -> Any:
+    """Dates and timestamps Arrow cannot hold: refused by name, or NULL / clamped as configured."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    low, inf, neg_inf = _OUT_OF_RANGE[col.typname]
+    ints = arr.view(pa.int32() if col.typname == "date" else pa.int64())
+    smallest = pc.min(ints).as_py()
+    if smallest is None or smallest >= low:
+        return arr  # the usual case: one pass over the column, nothing to do
+    if src.keep_infinity:
+        top = INFINITY_DAYS if col.typname == "date" else INFINITY_TICKS
+        ints = pc.if_else(pc.equal(ints, inf), top, pc.if_else(pc.equal(ints, neg_inf), -top, ints)).cast(ints.type)
+        bad = pc.and_(pc.less(ints, low), pc.not_equal(ints, -top))
+        if not pc.any(bad).as_py():
+            return ints.view(arr.type)
+    else:
+        bad = pc.less(ints, low)
+    if src.config.special_values == "error":
+        first = ints.filter(bad)[0].as_py()
+        what = {inf: "infinity", neg_inf: "-infinity"}.get(first, "a timestamp after 294247-01-10")
+        raise TransferError(
+            f"postgres column {col.name} ({col.type_sql}) holds {what}, which Arrow (and Parquet, DuckDB) cannot hold",
+            partition=key, hint="set source.special_values=null or clamp, filter or cast it in source.query, "
+                                "or (PostgreSQL to PostgreSQL) use sink.copy_path=passthrough, which keeps it")
+    if src.config.special_values == "null":
+        return pc.if_else(bad, pa.scalar(None, arr.type), arr)
+    high, lowest = _CLAMP["date" if col.typname == "date" else "timestamp"]
+    clamped = pc.if_else(pc.equal(ints, neg_inf), lowest, high).cast(ints.type)
+    return pc.if_else(bad, clamped, ints).view(arr.type)
+
+
+def _unfit_decimal(col: PgColumn, target: Any, why: Any, key: str) -> TransferError:
+    """A numeric value with no Arrow decimal form (NaN, Infinity, too many digits), refused by name:
+    ADBC's path finds it casting the text, DuckDB's path when the server fails at a NaN."""
+    return TransferError(f"postgres column {col.name} ({col.type_sql}): a value does not fit {target}: {why}", partition=key,
+                         hint="NaN and Infinity have no Arrow decimal form; cast the column to text or float8 in source.query")
+
+
+#: the text the server fails to read as an integer at a numeric NaN (nan_refusing_sql), with the column's index
+_NAN_MARK = "conveyor-nan-"
+_NAN_SEEN = re.compile(re.escape(_NAN_MARK) + r"(\d+)")
+
+# ADBC reads PostgreSQL's dates and timestamps by adding the 1970-2000 offset, which wraps around
+# for infinity, -infinity and timestamps after 294247-01-10: every such value lands below PostgreSQL's
+# earliest (4714-11-24 BC), where no real value can be. Below that bound: (infinity, -infinity).
+_OUT_OF_RANGE = {"date": (-2440588, -2147472692, -2147472691),
+                 "timestamp": (-210866803200000000, -9222425352054775809, -9222425352054775808),
+                 "timestamptz": (-210866803200000000, -9222425352054775809, -9222425352054775808)}
+_CLAMP = {"date": (2145042905, -2440588),  # 5874897-12-31, 4714-11-24 BC
+          "timestamp": (2**63 - 2, -210866803200000000)}  # 294247-01-10 04:00:54.775806 (DuckDB's latest), 4714-11-24 BC
+
+
+def text_of(col: PgColumn) -> dict[bytes, bytes] | None:
+    """Field metadata for a column read as PostgreSQL's text form of its type (kept by Parquet): the
+    cast policy then knows the text is, say, an inet, and loads it into an inet column as it is."""
+    if col.unconstrained_numeric or not col.native:
+        return {TEXT_OF: col.typname.encode()}
+    return None
