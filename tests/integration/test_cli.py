@@ -305,7 +305,7 @@ try:
     run_job(spec)
 except Exception as exc:
     print("failed:", type(exc).__name__, exc)
-started = spec.runtime._early_seconds > 0
+started = spec.runtime.instance._early_seconds > 0
 print("started early:", started, "initialized:", ray.is_initialized())
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)

@@ -74,15 +74,15 @@ class SequenceSource(SourceBase):
             yield pa.record_batch([pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), hi - lo)), lo - 1)], schema=SCHEMA)
 
 
-def ray_spec(source: dict, sink: dict, strategy: dict, degree: int = 2, **runtime):
-    """A job on the Ray runtime (appending, two retries), for the tests that run on the module's Ray instance."""
+def ray_spec(source: dict, sink: dict, strategy: dict, degree: int = 2, load_mode: str = "append", **runtime):
+    """A job on the Ray runtime (appending unless told, two retries), for the tests that run on the module's Ray instance."""
     from omegaconf import OmegaConf
 
     from conveyor.config import build_job
 
     return build_job(OmegaConf.create({
         "source": source, "sink": sink, "strategy": strategy,
-        "runtime": {"type": "ray", "max_retries": 2, **runtime}, "load_mode": "append", "degree": degree,
+        "runtime": {"type": "ray", "max_retries": 2, **runtime}, "load_mode": load_mode, "degree": degree,
     }))
 
 

@@ -272,7 +272,7 @@ def test_a_single_process_sink_is_refused_by_ray_and_kept_in_the_driver_by_auto(
     refused before anything moves. runtime=auto runs such a job in the driver's threads, and says why."""
     def spec(**runtime):  # type: ignore[no-untyped-def]
         built = ray_spec({"type": "parquet", "path": "unused"}, {"type": "duckdb", "database": str(tmp_path / "x.duckdb"), "table": "t"},
-                         {"type": "none"}, **runtime)
+                         {"type": "none"}, load_mode="create", **runtime)
         return with_fault_source(built, rows=10)
 
     with pytest.raises(ConfigError, match="writes from one process and cannot run on Ray workers"):
