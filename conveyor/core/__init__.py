@@ -7,12 +7,15 @@ from the source into the :class:`Sink`. Everything here that crosses a process b
 inside ``read`` and ``write`` and closed before they return.
 
 The modules: ``options`` (job options, cancellation), ``partitions``, ``sources`` (the source
-interface and its capabilities), ``sinks`` (the sink interface, its plan and capabilities),
+interface and its defaults), ``splitting`` (what strategies ask of a source), ``cursor``
+(incremental windows), ``sinks`` (the sink interface, its plan and capabilities),
 ``runs`` (strategy, runtime, tasks, progress). Import from ``conveyor.core``: the split is ours.
 """
 
 from conveyor.core.counting import *  # noqa: F403
 from conveyor.core.counting import __all__ as _counting
+from conveyor.core.cursor import *  # noqa: F403
+from conveyor.core.cursor import __all__ as _cursor
 from conveyor.core.options import *  # noqa: F403
 from conveyor.core.options import __all__ as _options
 from conveyor.core.partitions import *  # noqa: F403
@@ -23,5 +26,7 @@ from conveyor.core.sinks import *  # noqa: F403
 from conveyor.core.sinks import __all__ as _sinks
 from conveyor.core.sources import *  # noqa: F403
 from conveyor.core.sources import __all__ as _sources
+from conveyor.core.splitting import *  # noqa: F403
+from conveyor.core.splitting import __all__ as _splitting
 
-__all__ = [*_counting, *_options, *_partitions, *_sources, *_sinks, *_runs]
+__all__ = [*_counting, *_cursor, *_options, *_partitions, *_sources, *_splitting, *_sinks, *_runs]

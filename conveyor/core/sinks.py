@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from conveyor.core.counting import Counting, Expected
+from conveyor.core.cursor import CursorWindow
 from conveyor.core.partitions import Partition
-from conveyor.core.sources import ArrowSchemaField, CursorWindow, ForeignKey, NativeStream, SourceInfo, column_names
+from conveyor.core.sources import ArrowSchemaField, ForeignKey, NativeStream, SourceInfo, column_names
 
 if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
     import pyarrow as pa

@@ -10,20 +10,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from conveyor.core.partitions import NativePartition, Partition
+from conveyor.core.partitions import Partition
 
 if TYPE_CHECKING:  # pyarrow is imported where batches are made, not at start-up
     import pyarrow as pa
 
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    path: str
-    size: int | None = None
-    rows: int | None = None
-    #: rows in each row group (Parquet), when known
-    row_groups: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -155,79 +146,6 @@ class SourceInfo:
     def schema_as_given(self) -> pa.Schema | DeferredSchema:
         """The schema as the source gave it (deferred or not): what the job's PrepareRequests carry."""
         return self.__dict__["_schema_as_given"]
-
-
-@runtime_checkable
-class SupportsFileListing(Protocol):
-    """A source made of files; ``strategy=files`` needs it."""
-
-    def list_files(self) -> list[FileEntry]: ...
-
-
-@dataclass(frozen=True)
-class KeyStats:
-    """What a source knows of a distribute key: its kind, bounds and counts."""
-
-    column: str
-    #: integer | numeric | temporal | other
-    kind: str
-    min: Any = None
-    max: Any = None
-    rows: int | None = None
-    nulls: int | None = None
-
-
-@runtime_checkable
-class SupportsCtid(Protocol):
-    """A heap table read by page ranges; raises PlanningError, saying why, when it is not one."""
-
-    def ctid_pages(self) -> int: ...
-
-
-@runtime_checkable
-class SupportsCtidSample(Protocol):
-    """A heap table that can also say where its live rows are: its pages (as ``ctid_pages``) and,
-    where it has at least ``min_pages``, ``(page, live rows)`` of about ``target`` of them spread
-    evenly over the table, by page, empty pages included (``[]`` where it takes none, e.g. a
-    partitioned table, whose leaves' pages share one page range). The ctid strategy splits its
-    ranges by these rows where its equal page ranges would hold them unevenly (a table whose first
-    pages a DELETE and a VACUUM emptied)."""
-
-    def ctid_pages_sampled(self, target: int, min_pages: int) -> tuple[int, list[tuple[int, int]]]: ...
-
-
-@runtime_checkable
-class SupportsNativePartitions(Protocol):
-    """A source that splits itself (ADBC execute_partitions, Flight endpoints): ``strategy=native``."""
-
-    def native_partitions(self) -> list[NativePartition]: ...
-
-
-@runtime_checkable
-class SupportsKeys(Protocol):
-    """A source that answers questions about a column (rangeid, ntile, random, datadriven)."""
-
-    def key_stats(self, column: str) -> KeyStats: ...
-
-    def key_quantiles(self, column: str, buckets: int, exact: bool) -> list[Any]: ...
-
-    def key_values(self, column: str, limit: int | None = None) -> list[tuple[Any, int]]:
-        """Each distinct value of ``column`` (NULL first) with its row count; the first ``limit`` of them."""
-        ...
-
-    def key_runs(self, column: str, runs: int) -> list[Any]:
-        """The sorted distinct values cut into ``runs`` contiguous runs of about equal rows: the value each
-        run after the first starts at (computed where the data is: the driver never holds every value)."""
-        ...
-
-    def query_values(self, query: str) -> list[Any]: ...
-
-
-@runtime_checkable
-class SupportsPrimaryKey(Protocol):
-    """A source that names its table's one-column primary key (``auto`` ranges on it when no key is set)."""
-
-    def primary_key(self) -> str | None: ...
 
 
 class Source(Protocol):
@@ -401,86 +319,15 @@ class NativeStream(Protocol):
     def read(self, size: int) -> bytes: ...
 
 
-@dataclass(frozen=True)
-class CursorWindow:
-    """An incremental load's rows: ``low < column <= high``. ``low`` None: from the first row (the
-    first run); ``high`` None: the source had no row with a cursor (nothing to read)."""
-
-    column: str
-    low: Any = None
-    high: Any = None
-
-    @property
-    def empty(self) -> bool:
-        return self.high is None or (self.low is not None and self.high <= self.low)
-
-    def describe(self) -> str:
-        if self.high is None:
-            return f"{self.column}: the source has no row with a {self.column} value: nothing to read"
-        if self.low is None:
-            return f"{self.column} <= {self.high!s} (first run: every row with a {self.column})"
-        if self.empty:
-            return f"{self.column} > {self.low!s}: no new rows since the last run"
-        return f"{self.column} > {self.low!s} AND {self.column} <= {self.high!s}"
-
-
-def encode_cursor(value: Any) -> tuple[str, str]:
-    """A cursor value as (text, kind) for the state a sink keeps; :func:`decode_cursor` reverses it."""
-    import datetime as dt
-    import decimal
-
-    if isinstance(value, bool):
-        raise TypeError("a boolean cannot be a cursor")
-    if isinstance(value, int):
-        return str(value), "integer"
-    if isinstance(value, decimal.Decimal):
-        return str(value), "decimal"
-    if isinstance(value, dt.datetime):
-        return value.isoformat(), "timestamp"
-    if isinstance(value, dt.date):
-        return value.isoformat(), "date"
-    raise TypeError(f"a {type(value).__name__} cannot be a cursor (a timestamp, a date or an increasing integer can)")
-
-
-def decode_cursor(text: str, kind: str) -> Any:
-    import datetime as dt
-    import decimal
-
-    return {"integer": int, "decimal": decimal.Decimal, "timestamp": dt.datetime.fromisoformat,
-            "date": dt.date.fromisoformat}[kind](text)
-
-
-@runtime_checkable
-class SupportsWindow(Protocol):
-    """A source that reads only an incremental window: the cursor's maximum in the job's snapshot,
-    and a copy of itself whose partitions, counts and checksums all keep to ``low < column <= high``."""
-
-    def cursor_max(self, column: str) -> Any: ...
-
-    def windowed(self, window: CursorWindow) -> Any: ...
-
-
 __all__ = [
     "SupportsChangeCheck",
     "ForeignKey",
     "SourceTable",
-    "CursorWindow",
-    "encode_cursor",
-    "decode_cursor",
-    "SupportsWindow",
-    "FileEntry",
     "NativeExport",
     "SourceInfo",
     "DeferredSchema",
     "ArrowSchemaField",
     "column_names",
-    "SupportsFileListing",
-    "KeyStats",
-    "SupportsCtid",
-    "SupportsCtidSample",
-    "SupportsNativePartitions",
-    "SupportsKeys",
-    "SupportsPrimaryKey",
     "Source",
     "SourceBase",
     "SentBatches",

@@ -246,7 +246,8 @@ def test_ctid_plans_one_range_per_stream_until_a_stream_reads_more_than_a_gib(gi
     """On main ctid planned 4 page ranges per stream whatever the table's size: each range's start and
     end cost its stream time nothing overlapped, 20% of PostgreSQL -> Parquet on TPC-H SF1 lineitem at
     degree 2 (13.5-16.3 s against 11.5-12.5 s with one range per stream)."""
-    from conveyor.strategies.keyed import CtidStrategy, KeyedStrategyConfig
+    from conveyor.strategies.ctid import CtidStrategy
+    from conveyor.strategies.keyed import KeyedStrategyConfig
 
     class Heap:
         def ctid_pages(self) -> int:
@@ -311,7 +312,8 @@ def test_ctid_splits_by_the_sampled_rows_where_equal_page_ranges_would_be_uneven
     """Rows only in the pages from ``live_from`` of the table on (a purge of its oldest rows): each
     range holds about an equal share of them. On the main this started from the ranges were equal
     page ranges (at degree 2, one with no row). An even table (live_from 0) keeps equal page ranges."""
-    from conveyor.strategies.keyed import CtidStrategy, KeyedStrategyConfig, rows_in_ranges
+    from conveyor.strategies.ctid import CtidStrategy, rows_in_ranges
+    from conveyor.strategies.keyed import KeyedStrategyConfig
 
     pages = 100_000
     heap = _SampledHeap(pages, lambda p: 50 if p >= live_from * pages else 0)
@@ -332,7 +334,8 @@ def test_ctid_splits_by_the_sampled_rows_where_equal_page_ranges_would_be_uneven
 
 
 def test_ctid_asks_no_sample_for_one_range() -> None:
-    from conveyor.strategies.keyed import CtidStrategy, KeyedStrategyConfig
+    from conveyor.strategies.ctid import CtidStrategy
+    from conveyor.strategies.keyed import KeyedStrategyConfig
 
     heap = _SampledHeap(100_000, lambda p: 50)
     info = SourceInfo(schema=pa.schema([("a", pa.int64())]), label="t", estimated_bytes=100_000 * 8192)

@@ -52,3 +52,47 @@ def remove_file(database: str) -> None:
 def close(con: Any) -> None:
     with _OPEN_CLOSE:
         con.close()
+
+
+def swap_blocker(con: Any, schema: str, table: str, stage: str) -> str | None:
+    """Why the staged copy of ``table`` (made by ``CREATE TABLE stage AS SELECT * FROM table LIMIT 0``)
+    cannot simply take its place; None when nothing tells them apart: the same CREATE statement after
+    the name (column names, types, defaults, NOT NULL, keys, CHECKs), and on the target no index, no
+    comment or tag, and nothing that refers to it (a foreign key, a catalog dependency)."""
+    tables = {r[0]: r[1:] for r in con.execute(
+        "SELECT table_name, sql, comment, tags, index_count, table_oid FROM duckdb_tables() "
+        "WHERE database_name = current_database() AND schema_name = ? AND table_name IN (?, ?)", [schema, table, stage]).fetchall()}
+    if table not in tables or stage not in tables:
+        return "the target or its stage is not in the catalog"
+    (sql, comment, tags, indexes, oid), stage_sql = tables[table], tables[stage][0]
+    if sql[sql.find("("):] != stage_sql[stage_sql.find("("):]:
+        return "its DDL has what a copy of its columns does not: keys, defaults, NOT NULL or CHECKs"
+    if indexes:
+        return f"it has {indexes} index(es)"
+    if comment is not None or tags:
+        return "it has a comment or tags"
+    if con.execute("SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = ? "
+                   "AND table_name = ? AND comment IS NOT NULL", [schema, table]).fetchone()[0]:
+        return "a column has a comment"
+    if con.execute("SELECT count(*) FROM duckdb_constraints() WHERE database_name = current_database() "
+                   "AND constraint_type = 'FOREIGN KEY' AND referenced_table = ?", [table]).fetchone()[0]:
+        return "a foreign key refers to it"
+    if con.execute("SELECT count(*) FROM duckdb_dependencies() WHERE objid = ? OR refobjid = ?", [oid, oid]).fetchone()[0]:
+        return "another catalog entry depends on it"
+    return None
+
+
+def target_schema(con: Any, table: str) -> Any:
+    """A table's columns as Arrow types, each DuckDB type as the one that holds it exactly (UUID as arrow.uuid,
+    not the text DuckDB exports by default, so a UUID column takes a uuid source as it is)."""
+    import duckdb
+
+    try:
+        con.execute("SET arrow_lossless_conversion = true")
+    except duckdb.Error:  # a DuckDB without the setting
+        pass
+    try:
+        return con.execute(f"SELECT * FROM {table} LIMIT 0").arrow().schema
+    finally:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("RESET arrow_lossless_conversion")

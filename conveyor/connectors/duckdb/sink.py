@@ -11,7 +11,6 @@ tasks in the driver's process (``runtime=local``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.connectors.duckdb import state
-from conveyor.connectors.duckdb.common import close, connect, new_file, qident, qualified, remove_file
+from conveyor.connectors.duckdb.common import close, connect, new_file, qident, qualified, remove_file, swap_blocker, target_schema
 from conveyor.core import (
     INFINITY,
     CursorState,
@@ -74,41 +73,13 @@ class DuckPlan:
     made_file: bool = False
 
 
-def _swap_blocker(con: Any, schema: str, table: str, stage: str) -> str | None:
-    """Why the staged copy of ``table`` (made by ``CREATE TABLE stage AS SELECT * FROM table LIMIT 0``)
-    cannot simply take its place; None when nothing tells them apart: the same CREATE statement after
-    the name (column names, types, defaults, NOT NULL, keys, CHECKs), and on the target no index, no
-    comment or tag, and nothing that refers to it (a foreign key, a catalog dependency)."""
-    tables = {r[0]: r[1:] for r in con.execute(
-        "SELECT table_name, sql, comment, tags, index_count, table_oid FROM duckdb_tables() "
-        "WHERE database_name = current_database() AND schema_name = ? AND table_name IN (?, ?)", [schema, table, stage]).fetchall()}
-    if table not in tables or stage not in tables:
-        return "the target or its stage is not in the catalog"
-    (sql, comment, tags, indexes, oid), stage_sql = tables[table], tables[stage][0]
-    if sql[sql.find("("):] != stage_sql[stage_sql.find("("):]:
-        return "its DDL has what a copy of its columns does not: keys, defaults, NOT NULL or CHECKs"
-    if indexes:
-        return f"it has {indexes} index(es)"
-    if comment is not None or tags:
-        return "it has a comment or tags"
-    if con.execute("SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = ? "
-                   "AND table_name = ? AND comment IS NOT NULL", [schema, table]).fetchone()[0]:
-        return "a column has a comment"
-    if con.execute("SELECT count(*) FROM duckdb_constraints() WHERE database_name = current_database() "
-                   "AND constraint_type = 'FOREIGN KEY' AND referenced_table = ?", [table]).fetchone()[0]:
-        return "a foreign key refers to it"
-    if con.execute("SELECT count(*) FROM duckdb_dependencies() WHERE objid = ? OR refobjid = ?", [oid, oid]).fetchone()[0]:
-        return "another catalog entry depends on it"
-    return None
-
-
 class DuckDBSink(StagedSink):
     """Loads a DuckDB table.
 
     append writes straight into the target, one transaction per partition. truncate,
     create, replace and merge load a staging table first; ``finalize`` swaps (or merges) it in
     within one transaction, so a failed run leaves the target as it was (``StagedSink``).
-    truncate swaps the stage in where nothing tells it from the target (:func:`_swap_blocker`),
+    truncate swaps the stage in where nothing tells it from the target (:func:`~conveyor.connectors.duckdb.common.swap_blocker`),
     else empties the target and copies the stage's rows in, keeping the target's DDL.
     """
 
@@ -245,7 +216,7 @@ class DuckDBSink(StagedSink):
         import duckdb
         from conveyor.kit.casts import ColumnType, check_casts
 
-        target = _target_schema(con, table)
+        target = target_schema(con, table)
         check_casts(pairs, [ColumnType.of_field(source.field(s)) for s, _ in pairs],
                     [ColumnType(target.field(t).type) for _, t in pairs], where, self.config.allow_cast, engine="DuckDB")
         sql = self._insert_sql(table, [t for _, t in pairs], [s for s, _ in pairs], "__conveyor_empty")
@@ -325,7 +296,7 @@ class DuckDBSink(StagedSink):
         """truncate, inside the transaction that makes it visible: the loaded stage takes the target's
         place (DROP, RENAME: its rows are not written a second time) when nothing tells the two apart,
         else the target is emptied and the stage's rows copied in (its DDL, indexes and comments stay)."""
-        why = _swap_blocker(con, self.config.schema, self.config.table, plan.write_target)
+        why = swap_blocker(con, self.config.schema, self.config.table, plan.write_target)
         if why is None:
             note(f"truncate: {self._name} swapped for the loaded stage (same columns, types and constraints; "
                  "no index, comment or reference to it): its rows are not copied twice")
@@ -389,19 +360,3 @@ class DuckDBSink(StagedSink):
             con.execute(f"DROP TABLE IF EXISTS {qualified(self.config.schema, table)}")
         finally:
             close(con)
-
-
-def _target_schema(con: Any, table: str) -> Any:
-    """A table's columns as Arrow types, each DuckDB type as the one that holds it exactly (UUID as arrow.uuid,
-    not the text DuckDB exports by default, so a UUID column takes a uuid source as it is)."""
-    import duckdb
-
-    try:
-        con.execute("SET arrow_lossless_conversion = true")
-    except duckdb.Error:  # a DuckDB without the setting
-        pass
-    try:
-        return con.execute(f"SELECT * FROM {table} LIMIT 0").arrow().schema
-    finally:
-        with contextlib.suppress(duckdb.Error):
-            con.execute("RESET arrow_lossless_conversion")

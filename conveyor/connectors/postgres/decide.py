@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.connectors.postgres import passthrough, routing, writers
+from conveyor.connectors.postgres import encoding, parttree, passthrough
 from conveyor.connectors.postgres import target as targets
+from conveyor.connectors.postgres.encoding import pg_column_type
 from conveyor.connectors.postgres.target import Target
 from conveyor.connectors.postgres.types import PgColumn, adbc_field
-from conveyor.connectors.postgres.writers import pg_column_type
 from conveyor.core import JobOptions, PrepareRequest, TargetInfo, TargetLayout
 from conveyor.errors import ConfigError, SchemaError
 from conveyor.kit.casts import ColumnType, check_casts
@@ -40,7 +40,7 @@ class Inspected:
     access_method: str | None = None
     stripe_rows: int = 0
     #: a partitioned target (append, or truncate): the partition tree rows may be routed into, or None and why not
-    route: tuple[routing.Tree | None, str] | None = None
+    route: tuple[parttree.Tree | None, str] | None = None
     #: its range partitions (append), for a plan aligned with them
     layout: TargetLayout | None = None
     #: its primary key (merge's keys by default)
@@ -93,11 +93,11 @@ def _columnar(con: Any, config: Any, mode: str, target: Target) -> tuple[str | N
     return am, targets.stripe_row_limit(con, target if target.exists else None) or config.stripe_rows
 
 
-def _routing(con: Any, config: Any, target: Target, where: str) -> tuple[routing.Tree | None, str]:
+def _routing(con: Any, config: Any, target: Target, where: str) -> tuple[parttree.Tree | None, str]:
     """(the tree to route rows into, or None; why not) for a partitioned target (sink.routing)."""
     if config.routing == "parent":
         return None, "rows routed by the server through the parent (sink.routing=parent)"
-    tree, why = routing.read_tree(con, target.qualified)
+    tree, why = parttree.read_tree(con, target.qualified)
     if tree is None and config.routing == "leaves":
         raise SchemaError(f"{where}: sink.routing=leaves is not possible: {why}", hint="use sink.routing=auto or parent")
     if tree is not None and config.copy_path == "passthrough":
@@ -121,7 +121,7 @@ class Decision:
     #: the native format the source's stream passes through in (None: Arrow batches)
     native: str | None
     #: the partition tree each row is routed into on the client (None: the server routes, or no partitions)
-    tree: routing.Tree | None
+    tree: parttree.Tree | None
     path: str
 
 
@@ -202,8 +202,8 @@ def check_target_casts(request: PrepareRequest, pairs: list[tuple[str, str]], tc
     return check_casts([pair for pair, _ in judged], sources, [pg_column_type(t, None) for _, t in judged], where, config.allow_cast)
 
 
-def _route_these(route: tuple[routing.Tree | None, str], request: PrepareRequest, pairs: list[tuple[str, str]], tcols: list[PgColumn],
-                 config: Any, where: str, forced: list[str]) -> tuple[routing.Tree | None, str]:
+def _route_these(route: tuple[parttree.Tree | None, str], request: PrepareRequest, pairs: list[tuple[str, str]], tcols: list[PgColumn],
+                 config: Any, where: str, forced: list[str]) -> tuple[parttree.Tree | None, str]:
     """The routing decision once the columns are known: a partition key the rows do not carry (the
     server fills it from its default) leaves the routing to the server; so does routing=auto into
     partitions without an index from a source whose COPY stream can pass through (the parent costs
@@ -234,10 +234,10 @@ def _not_pgpq(request: PrepareRequest, pairs: list[tuple[str, str]], tcols: list
     fields = [adbc_field(c) for c in tcols]
     if any(f is None for f in fields):
         return "a column's type is one only ADBC's driver reads: the encoder cannot be chosen from the types alone"
-    casts = writers.arrow_casts(request.schema, pairs, fields, forced)
+    casts = encoding.arrow_casts(request.schema, pairs, fields, forced)
     if any(c is None for c in casts):
         return "PostgreSQL casts a column (through a temp table)"
-    chosen, why, _ = writers.choose_writer(config.writer, request.schema, pairs, casts, tcols, where)
+    chosen, why, _ = encoding.choose_writer(config.writer, request.schema, pairs, casts, tcols, where)
     return "" if chosen == "pgpq" else f"the {chosen} encoder ({why})"
 
 

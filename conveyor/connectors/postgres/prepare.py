@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from conveyor.connectors.postgres import commits, decide, partitioned, passthrough, writers
+from conveyor.connectors.postgres import commits, decide, encoding, partitioned, passthrough, writers
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.types import column_ddl, read_columns
@@ -105,7 +105,7 @@ class Preparer:
                 raise SchemaError(f"{self.where}: the target changed between the plan and the load (its rows were to be routed "
                                   "into its partitions)", hint="run it again")
             load = dataclasses.replace(load, writer=writer, casts=casts, pgpq_types=pgpq_types,
-                                       lengths=writers.length_limits(pairs, passthrough.source_columns(request.info.native), tcols,
+                                       lengths=encoding.length_limits(pairs, passthrough.source_columns(request.info.native), tcols,
                                                                      list(d.forced)))
             if d.tree is not None:
                 load = dataclasses.replace(load, route=d.tree, route_buffer=self.config.routing_buffer_mb << 20)

@@ -48,7 +48,7 @@ from conveyor.core import (
     encode_cursor,
     target_for,
 )
-from conveyor.errors import ConfigError, ConveyorError, SchemaError
+from conveyor.errors import ConfigError, ConveyorError
 from conveyor.kit import merge as merging
 from conveyor.kit.arrowutil import length_checked
 from conveyor.kit.merge import MergeOptions
@@ -282,22 +282,10 @@ class PostgresSink(SinkBase):
             steps.append(f"ALTER TABLE {self._qualified()} ADD FOREIGN KEY ({cols}) REFERENCES {ref._qualified()} ({ref_cols})"
                          + (f" {fk.actions}" if fk.actions else ""))
             made.append(f"{self.name} ({', '.join(fk.columns)}) -> {ref.name} ({', '.join(fk.columns_referenced)})")
-        if not steps:
-            return []
-        con = connect(self.config)
-        try:
-            for step in steps:
-                con.execute(step)
-            con.commit()
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                con.rollback()
-            raise SchemaError(f"{self.where}: its foreign keys could not be made (the rows are loaded): "
-                              f"{translate(exc, self.config, 'adding foreign keys').message}",
-                              hint="the tables are loaded without them; see the rows the key refuses, or sink.foreign_keys=false") from None
-        finally:
-            con.close()
-        return made
+        if steps:
+            targets.add_foreign_keys(connect(self.config), steps, lambda exc: translate(exc, self.config, "adding foreign keys"),
+                                     self.where)
+        return made if steps else []
 
     def committed(self, plan: SinkPlan) -> dict[str, int] | None:
         """{partition: rows} committed into this target under the plan's load id (None: no markers kept)."""

@@ -220,3 +220,21 @@ def index_name(table: str, suffix: str) -> str:
     room = 63 - len(suffix.encode())
     head = table.encode()[:room].decode(errors="ignore")
     return head + suffix
+
+
+def add_foreign_keys(con: Any, steps: list[str], translated: Any, where: str) -> None:
+    """The ``ALTER TABLE ... ADD FOREIGN KEY`` steps in one transaction on ``con`` (closed after): all made,
+    or none, named by the server's reason (``translated``: the connector's error for it)."""
+    import contextlib
+
+    try:
+        for step in steps:
+            con.execute(step)
+        con.commit()
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            con.rollback()
+        raise SchemaError(f"{where}: its foreign keys could not be made (the rows are loaded): {translated(exc).message}",
+                          hint="the tables are loaded without them; see the rows the key refuses, or sink.foreign_keys=false") from None
+    finally:
+        con.close()
