@@ -1,0 +1,327 @@
+"""The contract as test suites: classes a connector's test module subclasses, one test per rule.
+
+Each suite runs real jobs through Conveyor (``conveyor.pipelines.run.run``, as ``conveyor run``
+does: config, plan, tasks, verification, report, manifest) between your connector and the kit's
+own data, and reads back what your target stored::
+
+    from conveyor.testing.suites import SinkSuite
+
+    class TestMySink(SinkSuite):
+        sink = "mydb"                                      # the plugin's name
+        modes = ("append", "truncate", "replace", "create")
+
+        def sink_config(self, target):                     # sink.* keys aimed at ``target``
+            return {"url": URL, "table": target}
+
+        def create_target(self, target, rows, key):        # a table (id, name, x) holding ``rows``
+            ...
+
+        def read_target(self, target):                     # what it holds (None: no such table)
+            ...
+
+The rows are ``id`` (int64), ``name`` (string) and ``x`` (float64), in three partitions
+(``strategy=files`` over three Parquet files). :class:`SinkSuite` checks each load mode it lists
+(``create``, ``append``, ``truncate``, ``replace``, ``merge``): the target ends holding exactly the
+rows the mode promises, each once; that a resumed append whose manifest lost its lines (a driver
+killed between its commits and their journal) loads nothing twice (``resumes``); that a Ctrl-C
+in the middle of a partition leaves only whole partitions (the flag SIGINT sets, raised from the
+first batch written); and, where ``narrow_target`` makes a column too narrow for the kit's values,
+that the run fails naming that column, leaving whole partitions only. :class:`SourceSuite` checks
+that every strategy it lists covers your source exactly once (``conveyor.testing.contract``) and
+that a job from your source into Parquet copies every value exactly.
+
+Each test gets pytest's ``tmp_path``; target names are unique per test. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conveyor.core import Progress, TaskResult, request_cancel, reset_cancel
+from conveyor.errors import JobFailed
+
+__all__ = ["SinkSuite", "SourceSuite", "ROWS", "SCHEMA", "kit_rows", "lose_manifest_lines"]
+
+#: the kit's rows: three partitions of these sizes
+PARTS = (1700, 1700, 1600)
+ROWS = sum(PARTS)
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("x", pa.float64())])
+
+
+def kit_rows(start: int = 0, count: int = ROWS, name: str = "n") -> pa.Table:
+    """``count`` rows from ``id`` = ``start``: names of at most 3 characters (``n`` and id % 97), x = id / 2."""
+    ids = pa.array(range(start, start + count), pa.int64())
+    return pa.table({"id": ids, "name": pa.array([f"{name}{i % 97}"[:3] for i in range(start, start + count)], pa.string()),
+                     "x": pa.array([i * 0.5 for i in range(start, start + count)], pa.float64())}, schema=SCHEMA)
+
+
+def lose_manifest_lines(run_dir: Path) -> Path:
+    """Make a finished run's manifest say what a driver killed just after its commits would have left:
+    every partition pending, no journal lines."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    for entry in manifest["partitions"].values():
+        entry.update(status="pending", rows=0)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    (run_dir / "partitions.jsonl").unlink()
+    return run_dir
+
+
+def _files(folder: Path, table: pa.Table) -> Path:
+    """``table`` as three Parquet files (the three partitions), read in batches of a few hundred rows."""
+    folder.mkdir(parents=True, exist_ok=True)
+    at = 0
+    for i, n in enumerate(PARTS if table.num_rows == ROWS else _thirds(table.num_rows)):
+        pq.write_table(table.slice(at, n), folder / f"part-{i}.parquet")
+        at += n
+    return folder
+
+
+def _thirds(rows: int) -> tuple[int, int, int]:
+    a = rows // 3
+    return a, a, rows - 2 * a
+
+
+def _normal(table: pa.Table | None) -> list[tuple[Any, ...]]:
+    """A table's (id, name, x) rows, sorted: what two tables are compared by."""
+    if table is None:
+        raise AssertionError("the target does not exist")
+    cols = [table.column(c).cast(SCHEMA.field(c).type) for c in SCHEMA.names]
+    return sorted(zip(*(c.to_pylist() for c in cols)), key=lambda r: (r[0] is None, r[0], r[1] or "", r[2] or 0.0))
+
+
+def _rows_of(table: pa.Table) -> list[tuple[Any, ...]]:
+    return _normal(table)
+
+
+class _CancelMidPartition:
+    """Progress that raises the run's cancel flag (what Ctrl-C and SIGTERM set) at the first batch written
+    after a partition has committed: one partition is whole in the target, one is half written."""
+
+    live_rows_after = 0.0
+
+    def __init__(self) -> None:
+        self.committed = self.fired = False
+
+    def started(self, key: str) -> None:
+        pass
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None:
+        if self.committed and not self.fired and (rows or nbytes):
+            self.fired = True
+            request_cancel()
+
+    def finished(self, result: TaskResult) -> None:
+        self.committed = self.committed or result.ok
+
+
+class _Suite:
+    """What the sink and source suites share: the kit's files, and a job run as ``conveyor run`` runs it."""
+
+    @pytest.fixture(autouse=True)
+    def _kit(self, tmp_path: Path) -> Iterator[None]:
+        self.tmp = tmp_path
+        self.name = f"kit_{uuid.uuid4().hex[:10]}"
+        reset_cancel()
+        yield
+        reset_cancel()
+
+    def run_job(self, source: Mapping[str, Any], sink: Mapping[str, Any], *, load_mode: str, strategy: Mapping[str, Any] | None = None,
+                resume: Path | None = None, run: str = "run", progress: Progress | None = None, **options: Any) -> Any:
+        """A job through ``conveyor.pipelines.run.run``, in a run directory of its own (its manifest, its report)."""
+        from omegaconf import OmegaConf
+
+        from conveyor.pipelines.run import RunPlace
+        from conveyor.pipelines.run import run as run_job
+
+        cfg = OmegaConf.create({"source": dict(source), "sink": dict(sink), "strategy": dict(strategy or {"type": "files"}),
+                                "runtime": {"type": "local"}, "load_mode": load_mode, "degree": 2, "batch_size": 500,
+                                "resume": str(resume) if resume else None, **options})
+        place = RunPlace(run_dir=self.tmp / run)
+        factory = (lambda plan: _held(progress)) if progress is not None else None
+        return run_job(cfg, place, progress=factory)
+
+
+@contextmanager
+def _held(progress: Progress) -> Iterator[Progress]:
+    yield progress
+
+
+class SinkSuite(_Suite):
+    """The sink contract, one test per rule; see the module's docstring for the hooks to write."""
+
+    #: the sink plugin's name (``sink=<name>``)
+    sink: ClassVar[str] = ""
+    #: the load modes to check: create, append, truncate, replace, merge
+    modes: ClassVar[tuple[str, ...]] = ("append",)
+    #: a resumed append asks the target what was committed (commit markers) or replaces its own files:
+    #: false for a sink whose resume trusts the manifest
+    resumes: ClassVar[bool] = True
+
+    # --- the hooks ------------------------------------------------------------------------------
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        """The ``sink.*`` keys of a sink aimed at ``target`` (a name the suite made up)."""
+        raise NotImplementedError
+
+    def create_target(self, target: str, rows: pa.Table, key: bool) -> None:
+        """Make ``target`` with columns (id bigint, name text, x double; ``key``: id its primary key) holding ``rows``."""
+        raise NotImplementedError
+
+    def read_target(self, target: str) -> pa.Table | None:
+        """Everything ``target`` holds, with columns id, name and x (None where it does not exist)."""
+        raise NotImplementedError
+
+    def narrow_target(self, target: str) -> str | None:
+        """Make ``target`` (empty) with a column too narrow for some value of the kit (id as a 32-bit integer,
+        or name of at most 4 characters) and return that column's name; None: every Arrow value fits."""
+        return None
+
+    # --- the rules ------------------------------------------------------------------------------
+
+    def _source(self, rows: pa.Table, folder: str = "in") -> dict[str, Any]:
+        return {"type": "parquet", "path": str(_files(self.tmp / folder, rows))}
+
+    def _sink(self, target: str) -> dict[str, Any]:
+        return {"type": self.sink, **self.sink_config(target)}
+
+    def _needs(self, mode: str) -> None:
+        if mode not in self.modes:
+            pytest.skip(f"the sink does not do load_mode={mode} (SinkSuite.modes)")
+
+    def test_create_makes_the_target_with_every_row(self) -> None:
+        self._needs("create")
+        report = self.run_job(self._source(kit_rows()), self._sink(self.name), load_mode="create")
+        assert report.rows == ROWS
+        assert _normal(self.read_target(self.name)) == _rows_of(kit_rows())
+
+    def test_append_adds_every_row_once(self) -> None:
+        self._needs("append")
+        old = kit_rows(-2, 2, name="o")
+        self.create_target(self.name, old, key=False)
+        self.run_job(self._source(kit_rows()), self._sink(self.name), load_mode="append")
+        assert _normal(self.read_target(self.name)) == _rows_of(pa.concat_tables([old, kit_rows()]))
+
+    def test_truncate_leaves_exactly_the_source(self) -> None:
+        self._needs("truncate")
+        self.create_target(self.name, kit_rows(-5, 5, name="o"), key=False)
+        self.run_job(self._source(kit_rows()), self._sink(self.name), load_mode="truncate")
+        assert _normal(self.read_target(self.name)) == _rows_of(kit_rows())
+
+    def test_replace_leaves_exactly_the_source(self) -> None:
+        self._needs("replace")
+        self.create_target(self.name, kit_rows(-5, 5, name="o"), key=False)
+        self.run_job(self._source(kit_rows()), self._sink(self.name), load_mode="replace")
+        assert _normal(self.read_target(self.name)) == _rows_of(kit_rows())
+
+    def test_merge_upserts_by_key(self) -> None:
+        self._needs("merge")
+        kept, changed = kit_rows(-3, 3, name="k"), kit_rows(0, 10, name="o")
+        self.create_target(self.name, pa.concat_tables([kept, changed]), key=True)
+        self.run_job(self._source(kit_rows()), self._sink(self.name), load_mode="merge")
+        assert _normal(self.read_target(self.name)) == _rows_of(pa.concat_tables([kept, kit_rows()]))
+
+    def test_a_resumed_append_loads_nothing_twice(self) -> None:
+        """The driver died after its partitions committed and before its journal said so: the resume asks
+        the target (commit markers) or replaces its own files, and the target holds every row once."""
+        self._needs("append")
+        if not self.resumes:
+            pytest.skip("the sink's resume trusts the manifest (SinkSuite.resumes)")
+        self.create_target(self.name, kit_rows(-2, 2, name="o"), key=False)
+        source, sink = self._source(kit_rows()), self._sink(self.name)
+        self.run_job(source, sink, load_mode="append")
+        run_dir = lose_manifest_lines(self.tmp / "run")
+        report = self.run_job(source, sink, load_mode="append", resume=run_dir, run="resumed")
+        assert _normal(self.read_target(self.name)) == _rows_of(pa.concat_tables([kit_rows(-2, 2, name="o"), kit_rows()]))
+        assert report.rows in (0, ROWS), report.rows  # asked the target (nothing written) or wrote its own files again
+
+    def test_ctrl_c_mid_partition_leaves_whole_partitions_only(self) -> None:
+        self._needs("append")
+        old = kit_rows(-2, 2, name="o")
+        self.create_target(self.name, old, key=False)
+        with pytest.raises(JobFailed) as failed:
+            self.run_job(self._source(kit_rows()), self._sink(self.name), load_mode="append", progress=_CancelMidPartition())
+        assert "cancel" in str(failed.value.cause).lower(), failed.value.cause
+        committed = self._whole_partitions_only(old, kit_rows(), failed.value.report)
+        assert 1 <= committed < 3, f"{committed} partitions committed: the cancel came before the first or after the last"
+
+    def test_a_value_the_target_cannot_hold_is_refused_by_its_column(self) -> None:
+        self._needs("append")
+        column = self.narrow_target(self.name)
+        if column is None:
+            pytest.skip("every Arrow value fits the sink's target (SinkSuite.narrow_target)")
+        good = kit_rows(0, 300)
+        bad = pa.table({"id": pa.array([2**40], pa.int64()), "name": ["much too long"], "x": [0.5]}, schema=SCHEMA)
+        rows = pa.concat_tables([good, bad])
+        with pytest.raises(JobFailed) as failed:
+            self.run_job(self._source(rows, "bad"), self._sink(self.name), load_mode="append")
+        assert column in str(failed.value.cause), f"the error does not name column {column}: {failed.value.cause}"
+        self._whole_partitions_only(kit_rows(0, 0), rows, failed.value.report)
+
+    def _whole_partitions_only(self, old: pa.Table, source: pa.Table, report: Any) -> int:
+        """The target holds ``old`` and, of ``source``'s three partitions, each whole or not at all, nothing else;
+        as many as the report says committed."""
+        from collections import Counter
+
+        held = Counter(_normal(self.read_target(self.name)))
+        before = Counter(_rows_of(old))
+        assert not before - held, "rows the target held before are gone"
+        new = held - before
+        at, whole = 0, 0
+        parts = PARTS if source.num_rows == ROWS else _thirds(source.num_rows)
+        for n in parts:
+            rows = Counter(_rows_of(source.slice(at, n)))
+            there = rows & new
+            assert not there or there == rows, f"a partition of {n} rows has {sum(there.values())} of them in the target: not whole"
+            if there:
+                whole += 1
+                new -= rows
+            at += n
+        assert not new, f"{sum(new.values())} rows in the target that are neither old nor a whole partition's"
+        committed = sum(1 for r in (report.results if report is not None else []) if r.ok)
+        assert whole == committed, f"{whole} whole partitions in the target, {committed} reported committed"
+        return whole
+
+
+class SourceSuite(_Suite):
+    """The source contract: every strategy covers the source once, and a copy into Parquet is exact."""
+
+    #: the source plugin's name (``source=<name>``)
+    source: ClassVar[str] = ""
+    #: {strategy: its keys} to plan the source with
+    strategies: ClassVar[dict[str, dict[str, Any]]] = {"none": {}}
+
+    def source_config(self, table: str) -> dict[str, Any]:
+        """The ``source.*`` keys of a source reading ``table``."""
+        raise NotImplementedError
+
+    def create_source(self, table: str, rows: pa.Table) -> None:
+        """Make ``table`` with columns (id bigint, name text, x double) holding ``rows``."""
+        raise NotImplementedError
+
+    def test_every_strategy_covers_the_source_once(self) -> None:
+        from conveyor import registry
+        from conveyor.testing.contract import Contract
+
+        self.create_source(self.name, kit_rows())
+        contract = Contract()
+        cls = registry.load("source", self.source)
+        built = cls(cls.config_class(**self.source_config(self.name)), contract.options)
+        contract.check_source(built, self.strategies)
+
+    def test_a_copy_into_parquet_is_exact(self) -> None:
+        self.create_source(self.name, kit_rows())
+        out = self.tmp / "out"
+        strategy = next(iter(self.strategies.items()))
+        report = self.run_job({"type": self.source, **self.source_config(self.name)}, {"type": "parquet", "path": str(out)},
+                              load_mode="create", strategy={"type": strategy[0], **strategy[1]})
+        assert report.rows == ROWS
+        assert _normal(pq.read_table(out)) == _rows_of(kit_rows())

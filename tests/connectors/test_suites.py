@@ -1,0 +1,352 @@
+"""Every built-in connector runs the contract suites (conveyor.testing.suites), as a third-party
+connector package does: each load mode it offers, a resumed append, a Ctrl-C mid-partition, a value
+its target cannot hold; and every strategy over its source. Real files, a real DuckDB database, a real
+SQLite file through ADBC, the throwaway PostgreSQL and MariaDB servers; nothing mocked."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from conveyor.testing.suites import SinkSuite, SourceSuite
+from tests.helpers import pg_exec
+
+KEYED = {"rangeid": {"distribute_key": "id"}, "ntile": {"distribute_key": "id"}, "random": {"distribute_key": "id"}}
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+class _Folder:
+    tmp: Path
+
+    def folder(self, target: str) -> Path:
+        return self.tmp / "targets" / target
+
+
+class TestParquetSink(_Folder, SinkSuite):
+    sink = "parquet"
+    modes = ("create", "append", "truncate", "replace")
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"path": str(self.folder(target))}
+
+    def create_target(self, target: str, rows: pa.Table, key: bool) -> None:
+        self.folder(target).mkdir(parents=True)
+        pq.write_table(rows, self.folder(target) / "existing.parquet")
+
+    def read_target(self, target: str) -> pa.Table | None:
+        return pq.read_table(self.folder(target)) if self.folder(target).exists() else None
+
+
+class TestCsvSink(_Folder, SinkSuite):
+    sink = "csv"
+    modes = ("create", "append", "truncate", "replace")
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"path": str(self.folder(target))}
+
+    def create_target(self, target: str, rows: pa.Table, key: bool) -> None:
+        self.folder(target).mkdir(parents=True)
+        pacsv.write_csv(rows, self.folder(target) / "existing.csv")
+
+    def read_target(self, target: str) -> pa.Table | None:
+        folder = self.folder(target)
+        if not folder.exists():
+            return None
+        types = pacsv.ConvertOptions(column_types={"id": pa.int64(), "name": pa.string(), "x": pa.float64()})
+        return pa.concat_tables([pacsv.read_csv(f, convert_options=types) for f in sorted(folder.glob("*.csv"))])
+
+
+class TestParquetSource(SourceSuite):
+    source = "parquet"
+    strategies = {"files": {}, "none": {}}
+
+    def source_config(self, table: str) -> dict[str, Any]:
+        return {"path": str(self.tmp / table)}
+
+    def create_source(self, table: str, rows: pa.Table) -> None:
+        (self.tmp / table).mkdir()
+        for i in range(3):
+            pq.write_table(rows.slice(i * 1700, 1700), self.tmp / table / f"p{i}.parquet", row_group_size=900)
+
+
+class TestCsvSource(SourceSuite):
+    source = "csv"
+    strategies = {"files": {}, "none": {}}
+
+    def source_config(self, table: str) -> dict[str, Any]:
+        return {"path": str(self.tmp / table)}
+
+    def create_source(self, table: str, rows: pa.Table) -> None:
+        (self.tmp / table).mkdir()
+        for i in range(2):
+            pacsv.write_csv(rows.slice(i * 2500, 2500), self.tmp / table / f"p{i}.csv")
+
+
+# --- DuckDB and SQLite (ADBC) ----------------------------------------------------------------------
+
+
+class _DuckDB:
+    tmp: Path
+
+    @property
+    def db(self) -> str:
+        return str(self.tmp / "kit.duckdb")
+
+    def create_table(self, table: str, rows: pa.Table, key: bool = False) -> None:
+        with duckdb.connect(self.db) as con:
+            con.execute(f"CREATE TABLE {table} (id BIGINT{' PRIMARY KEY' if key else ''}, name VARCHAR, x DOUBLE)")
+            con.register("rows_in", rows)
+            con.execute(f"INSERT INTO {table} SELECT * FROM rows_in")
+
+
+class TestDuckDBSink(_DuckDB, SinkSuite):
+    sink = "duckdb"
+    modes = ("create", "append", "truncate", "replace", "merge")
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"database": self.db, "table": target}
+
+    def create_target(self, target: str, rows: pa.Table, key: bool) -> None:
+        self.create_table(target, rows, key)
+
+    def read_target(self, target: str) -> pa.Table | None:
+        with duckdb.connect(self.db) as con:
+            if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [target]).fetchone()[0]:
+                return None
+            return con.execute(f"SELECT id, name, x FROM {target}").arrow().read_all()
+
+    def narrow_target(self, target: str) -> str | None:
+        with duckdb.connect(self.db) as con:
+            con.execute(f"CREATE TABLE {target} (id INTEGER, name VARCHAR, x DOUBLE)")
+        return "id"
+
+
+class TestDuckDBSource(_DuckDB, SourceSuite):
+    source = "duckdb"
+    strategies = {"none": {}, **KEYED}
+
+    def source_config(self, table: str) -> dict[str, Any]:
+        return {"database": self.db, "table": table}
+
+    def create_source(self, table: str, rows: pa.Table) -> None:
+        self.create_table(table, rows)
+
+
+class _Sqlite:
+    tmp: Path
+
+    def file(self, name: str) -> str:
+        return str(self.tmp / f"{name}.sqlite")  # a file each: SQLite locks the file a source reads
+
+    def create_table(self, file: str, table: str, rows: pa.Table) -> None:
+        con = sqlite3.connect(file)
+        con.execute(f"CREATE TABLE {table} (id INTEGER, name TEXT, x REAL)")
+        con.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", zip(*(rows.column(c).to_pylist() for c in rows.column_names)))
+        con.commit()
+        con.close()
+
+
+class TestAdbcSqliteSink(_Sqlite, SinkSuite):
+    sink = "adbc"
+    modes = ("create", "append", "truncate", "replace")
+    resumes = False  # no commit markers: an ADBC target's resume trusts the manifest
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"driver": "sqlite", "uri": self.file("target"), "table": target}
+
+    def create_target(self, target: str, rows: pa.Table, key: bool) -> None:
+        self.create_table(self.file("target"), target, rows)
+
+    def read_target(self, target: str) -> pa.Table | None:
+        con = sqlite3.connect(self.file("target"))
+        try:
+            if not con.execute("SELECT count(*) FROM sqlite_master WHERE name = ?", [target]).fetchone()[0]:
+                return None
+            rows = con.execute(f"SELECT id, name, x FROM {target}").fetchall()
+        finally:
+            con.close()
+        return pa.table({"id": pa.array([r[0] for r in rows], pa.int64()), "name": [r[1] for r in rows], "x": [r[2] for r in rows]})
+
+
+class TestAdbcSqliteSource(_Sqlite, SourceSuite):
+    source = "adbc"
+    strategies = {"none": {}, "rangeid": {"distribute_key": "id"}}
+
+    def source_config(self, table: str) -> dict[str, Any]:
+        return {"driver": "sqlite", "uri": self.file("source"), "table": table}
+
+    def create_source(self, table: str, rows: pa.Table) -> None:
+        self.create_table(self.file("source"), table, rows)
+
+
+# --- PostgreSQL --------------------------------------------------------------------------------------
+
+
+def _pg_load(server: Any, table: str, rows: pa.Table, key: bool = False) -> None:
+    values = ", ".join(f"({i}, '{n}', {x!r})" for i, n, x in zip(*(rows.column(c).to_pylist() for c in ("id", "name", "x"))))
+    pg_exec(server, f"CREATE TABLE {table} (id bigint{' PRIMARY KEY' if key else ''}, name text, x float8)",
+            *([f"INSERT INTO {table} VALUES {values}"] if rows.num_rows else []), f"ANALYZE {table}")
+
+
+def _pg_read(server: Any, table: str) -> pa.Table | None:
+    if pg_exec(server, f"SELECT to_regclass('{table}')")[0][0] is None:
+        return None
+    rows = pg_exec(server, f"SELECT id, name, x FROM {table}")
+    return pa.table({"id": pa.array([r[0] for r in rows], pa.int64()), "name": pa.array([r[1] for r in rows], pa.string()),
+                     "x": pa.array([r[2] for r in rows], pa.float64())})
+
+
+@pytest.mark.parametrize("writer", ["pgpq", "adbc"])
+class TestPostgresSink(SinkSuite):
+    """The kit's source is Parquet: the Arrow path with each writer (the pass-through, PostgreSQL to
+    PostgreSQL, is checked by tests/integration)."""
+    sink = "postgres"
+    modes = ("create", "append", "truncate", "replace", "merge")
+
+    @pytest.fixture(autouse=True)
+    def _server(self, pg_target, writer: str) -> None:
+        self.server, self.writer = pg_target, writer
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"port": self.server.port, "table": target, "copy_path": "arrow", "writer": self.writer}
+
+    def create_target(self, target: str, rows: pa.Table, key: bool) -> None:
+        _pg_load(self.server, target, rows, key)
+
+    def read_target(self, target: str) -> pa.Table | None:
+        return _pg_read(self.server, target)
+
+    def narrow_target(self, target: str) -> str | None:
+        pg_exec(self.server, f"CREATE TABLE {target} (id bigint, name varchar(4), x float8)")
+        return "name"
+
+
+class TestPostgresSource(SourceSuite):
+    source = "postgres"
+    strategies = {"ctid": {}, "none": {}, "datadriven": {"distribute_key": "name"}, **KEYED}
+
+    @pytest.fixture(autouse=True)
+    def _server(self, pg_source) -> None:
+        self.server = pg_source
+
+    def source_config(self, table: str) -> dict[str, Any]:
+        return {"port": self.server.port, "table": table}
+
+    def create_source(self, table: str, rows: pa.Table) -> None:
+        _pg_load(self.server, table, rows)
+
+
+# --- MySQL / MariaDB ---------------------------------------------------------------------------------
+
+
+def _my_load(m: Any, table: str, rows: pa.Table, key: bool = False) -> None:
+    values = ", ".join(f"({i}, '{n}', {x!r})" for i, n, x in zip(*(rows.column(c).to_pylist() for c in ("id", "name", "x"))))
+    m.execute(f"CREATE TABLE {table} (id BIGINT{' PRIMARY KEY' if key else ''}, name VARCHAR(64), x DOUBLE)",
+              *([f"INSERT INTO {table} VALUES {values}"] if rows.num_rows else []))
+
+
+class _MySql:
+    @pytest.fixture(autouse=True)
+    def _server(self, mysql_server) -> None:
+        self.my = mysql_server
+
+    def connection(self) -> dict[str, Any]:
+        return {"port": self.my.port, "user": self.my.user, "database": self.my.database}
+
+
+@pytest.mark.parametrize("bulk", ["load_data", "insert"])
+class TestMySqlSink(_MySql, SinkSuite):
+    sink = "mysql"
+    modes = ("create", "append", "truncate", "replace", "merge")
+
+    @pytest.fixture(autouse=True)
+    def _bulk(self, bulk: str) -> None:
+        self.bulk = bulk
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {**self.connection(), "table": target, "bulk": self.bulk}
+
+    def create_target(self, target: str, rows: pa.Table, key: bool) -> None:
+        _my_load(self.my, target, rows, key)
+
+    def read_target(self, target: str) -> pa.Table | None:
+        if not self.my.execute(f"SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() "
+                               f"AND table_name = '{target}'")[0][0]:
+            return None
+        rows = self.my.execute(f"SELECT id, name, x FROM {target}")
+        return pa.table({"id": pa.array([r[0] for r in rows], pa.int64()), "name": pa.array([r[1] for r in rows], pa.string()),
+                         "x": pa.array([r[2] for r in rows], pa.float64())})
+
+    def narrow_target(self, target: str) -> str | None:
+        self.my.execute(f"CREATE TABLE {target} (id BIGINT, name VARCHAR(4), x DOUBLE)")
+        return "name"
+
+
+class TestMySqlSource(_MySql, SourceSuite):
+    source = "mysql"
+    strategies = {"none": {}, **KEYED}
+
+    def source_config(self, table: str) -> dict[str, Any]:
+        return {**self.connection(), "table": table}
+
+    def create_source(self, table: str, rows: pa.Table) -> None:
+        _my_load(self.my, table, rows, key=True)
+
+
+# --- the kit itself: a broken sink is caught -------------------------------------------------------
+
+
+def test_the_sink_suite_catches_a_sink_that_writes_a_batch_twice(tmp_path: Path, monkeypatch) -> None:
+    """A Parquet sink that writes its first batch twice (a writer retrying a batch it had already sent):
+    the append rule sees the duplicated rows, the Ctrl-C rule a partition that is not whole."""
+    from importlib.metadata import EntryPoint
+
+    from conveyor import registry
+    from conveyor.errors import ConveyorError
+
+    real = registry._entries
+    doubled = EntryPoint("doubling", f"{__name__}:Doubling", registry.GROUPS["sink"])
+    monkeypatch.setattr(registry, "_entries", lambda kind: {**real(kind), **({"doubling": [doubled]} if kind == "sink" else {})})
+
+    class Broken(TestParquetSink):
+        sink = "doubling"
+
+    suite = Broken()
+    suite.tmp, suite.name = tmp_path, "broken"
+    with pytest.raises((AssertionError, ConveyorError)):
+        suite.test_append_adds_every_row_once()
+
+
+def _doubling():  # type: ignore[no-untyped-def]
+    from conveyor import registry
+
+    parquet = registry.load("sink", "parquet")
+
+    class Doubling(parquet):  # type: ignore[misc, valid-type]
+        def write(self, plan, part, batches):  # type: ignore[no-untyped-def]
+            def twice(it):  # type: ignore[no-untyped-def]
+                first = True
+                for batch in it:
+                    yield batch
+                    if first:
+                        first = False
+                        yield batch
+
+            return super().write(plan, part, twice(batches))
+
+    return Doubling
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    if name == "Doubling":  # loaded by its entry point only when the kit's self-test runs
+        return _doubling()
+    raise AttributeError(name)
