@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from conveyor.config import build_job
 from conveyor.core import SourceBase
 from conveyor.pipelines.job import JobReport, run_job
+from conveyor.testing.suites import lose_manifest_lines  # noqa: F401  (the kit's, used by the resume tests)
 
 
 def job(source: dict[str, Any], sink: dict[str, Any], strategy: str = "none", strategy_params: dict[str, Any] | None = None,
@@ -77,17 +78,6 @@ def pg_exec(server, *statements: str, dbname: str = "postgres") -> list[tuple]:
 def checksum(server, table: str) -> tuple[int, str]:
     """Row count and an order-independent digest of every row as PostgreSQL prints it."""
     return tuple(pg_exec(server, f"SELECT count(*), md5(coalesce(string_agg(_r::text, '|' ORDER BY _r::text), '')) FROM {table} _r")[0])
-
-
-def lose_manifest_lines(run_dir: Path) -> Path:
-    """Make a finished run's manifest say what a driver killed just after its commits (or file
-    writes) would have left: every partition pending, no journal lines."""
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    for entry in manifest["partitions"].values():
-        entry.update(status="pending", rows=0)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest))
-    (run_dir / "partitions.jsonl").unlink()
-    return run_dir
 
 
 def popen_run(args: list[str], tmp_path: Path, run: str) -> subprocess.Popen:

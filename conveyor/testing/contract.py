@@ -1,4 +1,8 @@
-"""The connector contract, as a test kit: what every source and sink must do, checked on yours.
+"""The connector contract, as checks on one plugin object: what every source and sink must do.
+
+The whole-job rules (each load mode, a resumed append, Ctrl-C mid-partition, a value too wide for
+the target) are test classes to subclass in ``conveyor.testing.suites``; these checks are the finer
+ones they build on, for a plugin under construction.
 
 Registered as a pytest plugin (the ``pytest11`` entry point ``conveyor``): a connector package's
 own tests get the ``conveyor_contract`` fixture without importing anything::

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from conveyor.config import build_job
 from conveyor.core import PrepareRequest, WholeSource
-from tests.helpers import BIN, ctrl_c_run, lose_manifest_lines, popen_run, runtime_args, wait_quiet, wait_until
+from tests.helpers import BIN, ctrl_c_run, popen_run, runtime_args, wait_quiet, wait_until
 
 ROWS = 200_000
 
@@ -105,23 +105,6 @@ def test_two_attempts_racing_for_a_partition_commit_it_once(my) -> None:
         spec.sink.finalize(plan, [])
     assert (out["stats"].rows, out["stats"].already_committed) == (123, True)
     assert my.execute("SELECT count(*) FROM eo_race")[0][0] == 0  # its own rows rolled back
-
-
-def test_resume_asks_the_target_not_the_manifest(my, cli, tmp_path: Path) -> None:
-    """A driver killed between its partitions' commits and their manifest lines: the manifest says
-    pending, the target has the rows. Resume must not load them again."""
-    _fresh(my, "eo_marked")
-    args = ["run", "source=mysql", "sink=mysql", f"source.port={my.port}", f"sink.port={my.port}", f"source.user={my.user}",
-            f"sink.user={my.user}", f"source.database={my.database}", f"sink.database={my.database}", "source.table=eo_src",
-            "sink.table=eo_marked", "load_mode=append", "runtime=local", "degree=2", "strategy=ntile", "strategy.distribute_key=id",
-            "strategy.partitions=6"]
-    first = cli(*args)
-    assert first.code == 0, first.err
-    run_dir = lose_manifest_lines(tmp_path / "hydra-run")
-    res = cli(*args, f"resume={run_dir}")
-    assert res.code == 0, res.err
-    assert "resume: 6 of 6 partitions finished" in res.err and "commit markers" in res.err
-    assert _content(my, "eo_marked") == _content(my, "eo_src")
 
 
 def _wait_for_load(m, table: str, seconds: float = 90) -> None:
