@@ -211,11 +211,10 @@ OTHER_COMMANDS = ("plugins", "report", "clean", "serve", "submit", "new")
 def arrow_allocator_default() -> None:
     """The allocator pyarrow gives a ``conveyor`` process (and the Ray workers its private instance
     starts, which inherit its environment): the system's, unless ``ARROW_DEFAULT_MEMORY_POOL`` names
-    one. pyarrow's own default (mimalloc here) kept 40-50 MB more at its peak on the same jobs,
-    at the same CPU (lineitem SF1, degree 2, 3-4 alternating runs each: Parquet -> PostgreSQL 293 ->
-    247 MB, PostgreSQL -> Parquet 577 -> 540 MB, the Arrow path of PostgreSQL -> PostgreSQL 406 ->
-    411 MB). Set before pyarrow is imported: it reads the variable once. A library user's process is
-    left as it is (``run_job`` sets nothing); a joined cluster's workers keep their own."""
+    one: pyarrow's own default (mimalloc) kept more memory at its peak at the same CPU
+    (benchmarks/results/design-measurements.md, "Arrow's allocator"). Set before pyarrow is
+    imported: it reads the variable once. A library user's process is left as it is (``run_job``
+    sets nothing); a joined cluster's workers keep their own."""
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
@@ -223,10 +222,9 @@ def blas_threads_default() -> None:
     """One OpenBLAS thread for a ``conveyor`` process (and the Ray workers its private instance
     starts), unless ``OPENBLAS_NUM_THREADS`` says otherwise. Nothing of Conveyor does linear algebra,
     but pyarrow imports numpy where it is installed (Ray needs it), and numpy's OpenBLAS then starts
-    a thread per further core that spins for a while before it sleeps: 0.10 CPU-s per process here,
-    taken from the database servers on the same cores (pg_to_pg orders, 8 alternating runs: client
-    CPU 0.96 -> 0.83 s, wall 1.73 -> 1.68 s on average). Set before numpy is imported: OpenBLAS
-    reads it once. A library user's process is left as it is, as with the allocator."""
+    a thread per further core that spins for a while before it sleeps, CPU taken from the database
+    servers on the same cores (benchmarks/results/design-measurements.md, "OpenBLAS threads").
+    Set before numpy is imported: OpenBLAS reads it once. A library user's process is left as it is, as with the allocator."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
@@ -236,13 +234,13 @@ def entry() -> None:
     What a normal interpreter exit does for the job's sake is done first: the threads it waits for
     are joined (a joined Ray cluster being left), the exit handlers run (Ray's, logging's flush of
     Hydra's log file, weakref finalizers), and Python's and C's output buffers are flushed. Then
-    ``os._exit`` skips only the teardown of every module and object one by one, which took 0.12-0.18 s
-    of a 10-row job's ~0.9 s here, and ~0.2 s more once Ray's gRPC clients are loaded. ``main`` itself
+    ``os._exit`` skips only the teardown of every module and object one by one, a noticeable share of
+    a small job's time (benchmarks/results/design-measurements.md, "Interpreter exit"). ``main`` itself
     returns as before (tests and library callers run it in their own process).
 
     ``run`` and ``plan`` start without Python's cyclic garbage collector: importing, composing,
     describing and planning make a few hundred thousand long-lived objects and next to no garbage,
-    and its passes over them took ~0.04 s of a 10-row job here. Once the job is planned they are
+    and its passes over them cost a small job time for nothing. Once the job is planned they are
     frozen out of its sight (``gc.freeze``) and it runs again for the transfer (:func:`_progress`)."""
     import gc
 

@@ -86,7 +86,7 @@ def _defaults_of(schema: type, skip: Iterable[str] = ()) -> dict[str, Any]:
     """A config dataclass's fields and defaults as a plain dict (``???`` where a value is required),
     as ``OmegaConf.to_container(OmegaConf.structured(schema))`` reads them (tests/unit/test_config.py
     checks every plugin's), from the dataclass's fields: every CLI run registers every installed
-    plugin's, and OmegaConf's structured configs took 0.02-0.04 s of it here."""
+    plugin's, and OmegaConf's structured configs are slow at it (benchmarks/results/design-measurements.md)."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(schema):
         if f.name in skip:
@@ -153,7 +153,7 @@ class _LazyDefaults(dict):  # type: ignore[type-arg]
     """``conveyor_defaults/<kind>`` in Hydra's ConfigStore, whose nodes are made the first time a
     composition looks one up (``name in group``, then ``group[name]``, as ConfigStore does): a run
     imports the plugins it names, not every installed one, and wraps four nodes, not 26 (registering
-    them all took 0.07-0.1 s of every run here). Listed by name from the entry points; a plugin that
+    them all cost every run time). Listed by name from the entry points; a plugin that
     does not load is, once asked for, not there (as when it was not registered)."""
 
     def __init__(self, kind: str, names: Iterable[str]) -> None:

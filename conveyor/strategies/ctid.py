@@ -28,10 +28,8 @@ def ctid_ranges_per_stream(request: PlanRequest) -> int:
 
     Each range costs its stream a start (a connection in the job's snapshot, the first batch) and an
     end (the last batch written, a Parquet sink's last row group) that nothing overlaps, and the
-    streams' same-sized ranges start and end together. With 4 ranges per stream whatever the size,
-    TPC-H SF1 at degree 2 took 20% longer to Parquet than with one (lineitem, 3 alternating runs:
-    13.5-16.3 s against 11.5-12.5 s; orders 4.3-4.9 against 3.1-4.4 s) and 5-10% longer into
-    PostgreSQL (lineitem: 18.1-19.6 against 17.4-17.6 s). A larger table gets more ranges per stream,
+    streams' same-sized ranges start and end together: 4 ranges per stream whatever the size made
+    TPC-H SF1 slower than one (benchmarks/results/design-measurements.md, "ctid ranges per stream"). A larger table gets more ranges per stream,
     which even out the streams' rows where pages hold unequal rows (a deleted stretch), at a smaller
     share of its time."""
     if request.degree <= 1:
@@ -43,7 +41,7 @@ def ctid_ranges_per_stream(request: PlanRequest) -> int:
 #: a plan of several ctid ranges over a table of at least CTID_SAMPLE_MIN_PAGES pages (32 MiB) counts
 #: the live rows of about CTID_SAMPLE_PAGES of them (8 per range where there are more ranges), every
 #: k-th page, and splits by rows where the equal page ranges' fullest would hold more than CTID_UNEVEN
-#: times an equal share. The sample's query: 1-2 ms here on TPC-H lineitem SF1 (107k pages, JIT off)
+#: times an equal share (the sample's cost: benchmarks/results/design-measurements.md, "ctid ranges per stream")
 CTID_SAMPLE_PAGES = 256
 
 

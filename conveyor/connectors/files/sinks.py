@@ -23,8 +23,8 @@ class ParquetSinkConfig(FileSinkConfig):
     row_group_rows: int = 1024 * 1024
     #: bytes of Arrow data held for one row group at most (bounds a task's memory on wide rows)
     row_group_bytes: int = 64 * 1024 * 1024
-    #: decimals of precision <= 18 stored as INT32/INT64 (Spark's and DuckDB's layout: on TPC-H
-    #: lineitem's four decimals 20% less writing, 11% smaller, pyarrow reads them 6x faster);
+    #: decimals of precision <= 18 stored as INT32/INT64 (Spark's and DuckDB's layout: less to write,
+    #: smaller files, faster reads; measured in benchmarks/results/design-measurements.md);
     #: false: fixed-length byte arrays, for readers that want them. The values are the same either way
     decimal_as_integer: bool = True
 

@@ -28,8 +28,8 @@ class MySqlSinkConfig(MergeOptions, MySqlConnConfig):
     table: str = "???"
     #: target columns whose values MySQL may convert by its own rules (``[*]``: all)
     allow_cast: list[str] = field(default_factory=list)
-    #: how rows go in: load_data (LOAD DATA LOCAL INFILE, fed CSV by DuckDB through a pipe; about 3x the
-    #: insert path's speed here; any warning MySQL raises fails the partition), insert (DuckDB's mysql
+    #: how rows go in: load_data (LOAD DATA LOCAL INFILE, fed CSV by DuckDB through a pipe; several times
+    #: the insert path's speed, benchmarks/results/; any warning MySQL raises fails the partition), insert (DuckDB's mysql
     #: extension, batched INSERTs), or auto: load_data where the server allows LOCAL INFILE, else insert
     bulk: str = "auto"
     #: record each partition's commit in `_conveyor_commits` (and the run in `_conveyor_runs`) in the

@@ -127,8 +127,8 @@ def nan_refusing_sql(src: PostgresSource, part: Partition, numerics: list[PgColu
     """The partition's query for DuckDB's decoder, which reads a numeric NaN as 0: the server refuses
     the read at a NaN in ``numerics`` instead, naming the column by its index there (the error
     ``_NAN_SEEN`` finds). The check is a filter that never drops a row (0 <> 1), not a column:
-    a computed column makes PostgreSQL project every row (+1.1-2.2 s of the server's CPU on
-    lineitem, SF1, against 0-0.5 s for the filter). Written as ``<> 1``, which the planner
+    a computed column makes PostgreSQL project every row, which costs the server far more than the
+    filter (benchmarks/results/design-measurements.md, "NaN check"). Written as ``<> 1``, which the planner
     estimates to keep 99.5% of the rows (an ``IS NULL`` of the same CASE: 0.5%, so a whole
     table's read was planned as a Gather over a Parallel Seq Scan, where the plain query has a
     Seq Scan). It sees only the rows the job reads, whatever order the planner gives the
@@ -136,8 +136,7 @@ def nan_refusing_sql(src: PostgresSource, part: Partition, numerics: list[PgColu
     partition's bounds need no such guard: every row is some partition's); a query's own filters
     are fenced off (OFFSET 0: a projection again, as the flags cost). Only the branch that met a
     NaN casts text to int (its text holds the column's value, so the planner cannot fold it
-    ahead): a CASE of text cast for every row cost the server 0.09 CPU-s more of the check's
-    ~0.6 s on lineitem, SF1 (4 numeric columns, 4 alternating runs of its count)."""
+    ahead; a cast for every row cost the server more)."""
     if not numerics:
         return src.select_sql(part)
     whens = " ".join(f"WHEN {ident(c.name)} = 'NaN' THEN ('{_NAN_MARK}{i}' || {ident(c.name)})::int"
