@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
 from conveyor.kit import duckext
 from conveyor.kit.credentials import fill_from_env, read_password
+from conveyor.kit.merge import MergeOptions
 from conveyor.kit.sql import Dialect
 
 _MY_ENV = {"host": ("MYSQL_HOST", "127.0.0.1"), "port": ("MYSQL_TCP_PORT", "3306"), "user": ("MYSQL_USER", "root"),
@@ -185,3 +186,25 @@ class MySqlDialect(Dialect):
 
 
 MYSQL_DIALECT = MySqlDialect()
+
+
+@dataclass
+class MySqlSinkConfig(MergeOptions, MySqlConnConfig):
+    table: str = "???"
+    #: target columns whose values MySQL may convert by its own rules (``[*]``: all)
+    allow_cast: list[str] = field(default_factory=list)
+    #: how rows go in: load_data (LOAD DATA LOCAL INFILE, fed CSV by DuckDB through a pipe; several times
+    #: the insert path's speed, benchmarks/results/; any warning MySQL raises fails the partition), insert (DuckDB's mysql
+    #: extension, batched INSERTs), or auto: load_data where the server allows LOCAL INFILE, else insert
+    bulk: str = "auto"
+    #: record each partition's commit in `_conveyor_commits` (and the run in `_conveyor_runs`) in the
+    #: target's database, in the partition's own transaction: exactly once whatever died when, and
+    #: resume asks the target. false: where you may not create tables (the run's state is then
+    #: checked by named locks just before COMMIT, with a small window; resume trusts the manifest)
+    commit_markers: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.bulk not in ("auto", "load_data", "insert"):
+            raise ValueError(f"bulk: {self.bulk!r} is not one of auto, load_data, insert")
+        self.check_merge_options()

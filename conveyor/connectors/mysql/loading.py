@@ -19,7 +19,7 @@ from conveyor.kit import duckext
 from conveyor.kit.arrowutil import CountingBatches
 
 if TYPE_CHECKING:
-    from conveyor.connectors.mysql.sink import MySqlSinkConfig
+    from conveyor.connectors.mysql.common import MySqlSinkConfig
 
 
 def _drain(fd: int, writer: threading.Thread) -> None:

@@ -6,43 +6,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from conveyor.connectors.mysql import commits, loading
 from conveyor.connectors.mysql import target as targets
-from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, qident
+from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlSinkConfig, qident
 from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, TargetInfo, WriteStats, target_for
 from conveyor.errors import ConveyorError
 from conveyor.kit import guard
 from conveyor.kit import merge as merging
 from conveyor.kit.arrowutil import length_checked
 from conveyor.kit.mapping import TargetColumn, map_columns
-from conveyor.kit.merge import MergeOptions
 from conveyor.kit.staged import StagedSink, check_mode, staged_path
 from conveyor.log import note, warn
-
-
-@dataclass
-class MySqlSinkConfig(MergeOptions, MySqlConnConfig):
-    table: str = "???"
-    #: target columns whose values MySQL may convert by its own rules (``[*]``: all)
-    allow_cast: list[str] = field(default_factory=list)
-    #: how rows go in: load_data (LOAD DATA LOCAL INFILE, fed CSV by DuckDB through a pipe; several times
-    #: the insert path's speed, benchmarks/results/; any warning MySQL raises fails the partition), insert (DuckDB's mysql
-    #: extension, batched INSERTs), or auto: load_data where the server allows LOCAL INFILE, else insert
-    bulk: str = "auto"
-    #: record each partition's commit in `_conveyor_commits` (and the run in `_conveyor_runs`) in the
-    #: target's database, in the partition's own transaction: exactly once whatever died when, and
-    #: resume asks the target. false: where you may not create tables (the run's state is then
-    #: checked by named locks just before COMMIT, with a small window; resume trusts the manifest)
-    commit_markers: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.bulk not in ("auto", "load_data", "insert"):
-            raise ValueError(f"bulk: {self.bulk!r} is not one of auto, load_data, insert")
-        self.check_merge_options()
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from conveyor.kit import merge as merging
 from conveyor.kit.mapping import TargetColumn
 
 if TYPE_CHECKING:
-    from conveyor.connectors.mysql.sink import MySqlSinkConfig
+    from conveyor.connectors.mysql.common import MySqlSinkConfig
 
 
 def arrow_to_mysql(f: Any) -> str:

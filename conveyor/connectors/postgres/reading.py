@@ -9,21 +9,49 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from conveyor.connectors.postgres import duckdecode
 from conveyor.connectors.postgres.common import adbc_connect, ident, literal, translate
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type
-from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, PageRange, Partition, SentBatches, WholeSource
+from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, CursorWindow, JobOptions, PageRange, Partition, SentBatches, WholeSource
 from conveyor.errors import TransferError
 from conveyor.kit.arrowutil import rebatch
 from conveyor.kit.casts import TEXT_OF
 
-if TYPE_CHECKING:
-    from conveyor.connectors.postgres.source import PostgresSource
+
+class Readable(Protocol):
+    """What the read path takes of :class:`~conveyor.connectors.postgres.source.PostgresSource`: what
+    ``describe`` found (the decoder, the relation, the columns, whether its scan counts can be read)
+    and how the source words a partition's query."""
+
+    config: Any
+    options: JobOptions
+    columns: tuple[PgColumn, ...]
+    decoder: str
+    keep_infinity: bool
+    relid: int | None
+    relkind: str
+    scan_stats: bool
+    server_version: int
+    snapshot_id: str | None
+    window: CursorWindow | None
+
+    @property
+    def schema(self) -> Any: ...
+
+    def select_list(self) -> str: ...
+
+    def select_sql(self, part: Partition, columns: str | None = None) -> str: ...
+
+    def from_sql(self) -> str: ...
+
+    def where(self, part: Partition) -> str: ...
+
+    def window_sql(self) -> str: ...
 
 
-def read(src: PostgresSource, part: Partition) -> SentBatches:
+def read(src: Readable, part: Partition) -> SentBatches:
     """The partition's batches, by the decoder ``describe`` chose."""
     if src.decoder == "duckdb":
         if src.config.decoder == "duckdb" or duckdecode.unavailable() is None:
@@ -32,7 +60,7 @@ def read(src: PostgresSource, part: Partition) -> SentBatches:
     return SentBatches(lambda sent: read_adbc(src, part, sent))
 
 
-def counted_kinds(src: PostgresSource) -> tuple[str, ...]:
+def counted_kinds(src: Readable) -> tuple[str, ...]:
     """The partitions whose reads report their server's scan count (SourceInfo.reads_count): a table's
     whole heap (a sequential scan), and a page range where the server has TID range scans (14+); on a
     server that counts scans, when the job verifies counts."""
@@ -41,7 +69,7 @@ def counted_kinds(src: PostgresSource) -> tuple[str, ...]:
     return (WholeSource.kind, PageRange.kind) if src.server_version >= 140000 else (WholeSource.kind,)
 
 
-def scan_counts(src: PostgresSource, part: Partition) -> bool:
+def scan_counts(src: Readable, part: Partition) -> bool:
     """Whether the rows the server's scan returns for ``part`` are the rows its query sends, so
     that the scan's count (``pg_stat_get_xact_tuples_returned``) is the partition's source count:
     a table's whole heap (a sequential scan) or a page range (a TID range scan, PostgreSQL 14+),
@@ -58,7 +86,7 @@ def _scan_count(cur: Any, relid: int, first: bool = False) -> int:
     return int(cur.fetchone()[0])
 
 
-def read_adbc(src: PostgresSource, part: Partition, sent: SentBatches) -> Iterator[Any]:
+def read_adbc(src: Readable, part: Partition, sent: SentBatches) -> Iterator[Any]:
     """The partition decoded by ADBC's COPY reader, in the job's snapshot; ``sent.sent`` as on DuckDB's."""
     sql = src.select_sql(part)
     relid = src.relid if scan_counts(src, part) else None
@@ -88,7 +116,7 @@ def read_adbc(src: PostgresSource, part: Partition, sent: SentBatches) -> Iterat
         conn.close()
 
 
-def read_duckdb(src: PostgresSource, part: Partition, sent: SentBatches) -> Iterator[Any]:
+def read_duckdb(src: Readable, part: Partition, sent: SentBatches) -> Iterator[Any]:
     """The partition decoded by DuckDB's postgres extension, in the job's snapshot, cast to ADBC's
     schema; ``sent.sent``: the rows the server's scan returned, where :meth:`_scan_counts`."""
     import pyarrow as pa
@@ -123,7 +151,7 @@ def read_duckdb(src: PostgresSource, part: Partition, sent: SentBatches) -> Iter
         raise translate(exc, src.config, f"reading {part.key}", part.key) from None
 
 
-def nan_refusing_sql(src: PostgresSource, part: Partition, numerics: list[PgColumn]) -> str:
+def nan_refusing_sql(src: Readable, part: Partition, numerics: list[PgColumn]) -> str:
     """The partition's query for DuckDB's decoder, which reads a numeric NaN as 0: the server refuses
     the read at a NaN in ``numerics`` instead, naming the column by its index there (the error
     ``_NAN_SEEN`` finds). The check is a filter that never drops a row (0 <> 1), not a column:
@@ -150,7 +178,7 @@ def nan_refusing_sql(src: PostgresSource, part: Partition, numerics: list[PgColu
     return f"SELECT {src.select_list()} FROM {src.from_sql()} WHERE " + (f"({where}) AND {check}" if where else check)
 
 
-def convert(src: PostgresSource, reader: Any, key: str) -> Iterator[Any]:
+def convert(src: Readable, reader: Any, key: str) -> Iterator[Any]:
     """numeric text -> decimal, extension metadata stripped; column by column, never per row."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -179,7 +207,7 @@ def convert(src: PostgresSource, reader: Any, key: str) -> Iterator[Any]:
         raise translate(exc, src.config, f"reading {key}", key) from None
 
 
-def special(src: PostgresSource, col: PgColumn, arr: Any, key: str) -> Any:
+def special(src: Readable, col: PgColumn, arr: Any, key: str) -> Any:
     """Dates and timestamps Arrow cannot hold: refused by name, or NULL / clamped as configured."""
     import pyarrow as pa
     import pyarrow.compute as pc
