@@ -34,7 +34,30 @@ if TYPE_CHECKING:
 
 #: base types DuckDB's extension decodes to the same values ADBC does (checked by test_decoder.py)
 EXACT = {"int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar", "bytea", "date", "timestamp", "timestamptz"}
-# not: bpchar (DuckDB trims char(n)'s padding), time/interval/uuid/json/enums/arrays (not compared yet)
+# not: bpchar without a length (DuckDB trims the trailing spaces it keeps), time/interval/uuid/json/enums/arrays
+# (not compared yet)
+
+
+def padded_width(col: PgColumn) -> int | None:
+    """n of a ``char(n)`` column (None for any other): DuckDB trims the trailing spaces of its values,
+    which PostgreSQL stores padded to exactly n characters, so Arrow's ``utf8_rpad`` to n characters
+    gives back every value as stored (only spaces are trimmed: a tab or a newline stays)."""
+    if col.typname == "bpchar" and not col.elem and col.typtype == "b" and col.typmod >= 5:
+        return col.typmod - 4
+    return None
+
+
+def pad(arr: Any, width: int) -> Any:
+    """A ``char(width)`` column as DuckDB read it, its padding restored (column-wise, one kernel)."""
+    import pyarrow.compute as pc
+
+    return pc.utf8_rpad(arr, width=width, padding=" ")
+
+
+def routes(columns: tuple[PgColumn, ...]) -> str:
+    """What the plan says of the columns read through DuckDB that take a route of their own ("": none)."""
+    padded = [c.name for c in columns if padded_width(c) is not None]
+    return f"; char(n) padding restored by Arrow for {', '.join(padded)}" if padded else ""
 
 
 
@@ -50,7 +73,7 @@ def unfit_column(columns: tuple[PgColumn, ...]) -> PgColumn | None:
             if ps is None or ps[0] > 38:
                 return col
             continue
-        if col.typname not in EXACT:
+        if col.typname not in EXACT and padded_width(col) is None:
             return col
     return None
 

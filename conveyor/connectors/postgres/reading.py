@@ -122,6 +122,7 @@ def read_duckdb(src: Readable, part: Partition, sent: SentBatches) -> Iterator[A
     import pyarrow as pa
 
     numerics = [c for c in src.columns if c.typname == "numeric" and c.native and not c.unconstrained_numeric]
+    widths = [duckdecode.padded_width(c) for c in src.columns]
     relid = src.relid if scan_counts(src, part) else None
     try:
         with duckdecode.connection(src.config, src.snapshot_id) as con:
@@ -129,7 +130,9 @@ def read_duckdb(src: Readable, part: Partition, sent: SentBatches) -> Iterator[A
             reader = duckdecode.batches(con, nan_refusing_sql(src, part, numerics), src.options.batch_size)
             for batch in reader:
                 arrays = []
-                for col, arr, field in zip(src.columns, batch.columns, src.schema):
+                for col, arr, field, width in zip(src.columns, batch.columns, src.schema, widths):
+                    if width is not None:
+                        arr = duckdecode.pad(arr, width)
                     if col.typname in _OUT_OF_RANGE and not col.elem and col.native:
                         arr = arr.cast(field.type)
                         if not duckdecode.in_range(col.typname, arr, _OUT_OF_RANGE[col.typname][0]):

@@ -23,20 +23,21 @@ from tests.helpers import PG_PASSWORD, job, pg_exec
 
 MATRIX = """CREATE TABLE dec_matrix (
   id int, i2 int2, i4 int4, i8 int8, f4 float4, f8 float8, b bool, t text, vc varchar(5), by bytea,
-  d date, ts timestamp, tz timestamptz, n1 numeric(38,10), n2 numeric(15,2), n3 numeric(5,0), nu numeric, ip inet, mo money)"""
+  d date, ts timestamp, tz timestamptz, n1 numeric(38,10), n2 numeric(15,2), n3 numeric(5,0), nu numeric, ip inet, mo money,
+  ch char(5), c1 char)"""
 ROWS = [
     "(1, -32768, -2147483648, -9223372036854775808, 'NaN', 'Infinity', true, '', 'abc', '\\x00ff00', "
     "'4713-01-01 BC', '4713-01-01 00:00:00 BC', '0001-01-01 00:00:00+00', 9999999999999999999999999999.9999999999, "
-    "-9999999999999.99, 99999, 'NaN', '10.0.0.1/8', '12.34')",
+    "-9999999999999.99, 99999, 'NaN', '10.0.0.1/8', '12.34', ' a', '')",
     "(2, 32767, 2147483647, 9223372036854775807, '-Infinity', '-0', false, 'héllo 🦆 wörld', 'αβγδε', '\\x', "
     "'5874897-12-31', '294247-01-09 04:00:54.775806', '2024-02-29 23:59:59.999999+05:30', "
-    "-0.0000000001, 0.01, -1, '123456789012345678901234567890.123456789', '::1', '-0.01')",
+    "-0.0000000001, 0.01, -1, '123456789012345678901234567890.123456789', '::1', '-0.01', 'αβ', 'é')",
     "(3, 0, 0, 0, '1.4e-45', '4.9e-324', NULL, 'line\nbreak\ttab \"quote\" ''single''', '', '\\xdeadbeef', "
-    "'2000-01-01', '1970-01-01 00:00:00', '1999-12-31 23:59:59.5-08', 0, 0, 0, '-0.000', NULL, NULL)",
-    "(4, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+    "'2000-01-01', '1970-01-01 00:00:00', '1999-12-31 23:59:59.5-08', 0, 0, 0, '-0.000', NULL, NULL, 'a\t b', '\n')",
+    "(4, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
 ]
-SPECIAL = ("(5, 1, 1, 1, 1, 1, true, 'x', 'x', '\\x01', 'infinity', '-infinity', 'infinity', 1, 1, 1, 1, NULL, NULL)",
-           "(6, 1, 1, 1, 1, 1, true, 'x', 'x', '\\x01', '-infinity', '294276-12-31 23:59:59', '-infinity', 1, 1, 1, 1, NULL, NULL)")
+SPECIAL = ("(5, 1, 1, 1, 1, 1, true, 'x', 'x', '\\x01', 'infinity', '-infinity', 'infinity', 1, 1, 1, 1, NULL, NULL, 'abcde', 'y')",
+           "(6, 1, 1, 1, 1, 1, true, 'x', 'x', '\\x01', '-infinity', '294276-12-31 23:59:59', '-infinity', 1, 1, 1, 1, NULL, NULL, 'x', 'y')")
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +88,8 @@ def test_duckdb_decodes_every_edge_value_as_adbc_does(matrix) -> None:
     assert row["by"][0] == b"\x00\xff\x00" and "🦆" in row["t"][1]
     assert row["i8"][:2] == [-2**63, 2**63 - 1] and str(row["n1"][0]) == "9999999999999999999999999999.9999999999"
     assert row["nu"][0] == "NaN" and row["ip"][1] == "::1/128"  # inet::text keeps the mask (both decoders read the same SQL)
+    # char(n) as PostgreSQL stores it: padded to n characters (DuckDB trims the spaces; Arrow pads them back)
+    assert row["ch"] == [" a   ", "αβ   ", "a\t b ", None] and row["c1"] == [" ", "é", "\n", None]
 
 
 @pytest.mark.parametrize("policy", ["error", "null", "clamp", "keep"])
@@ -142,9 +145,13 @@ def test_auto_takes_adbc_for_a_type_duckdb_does_not_decode_exactly_and_duckdb_re
     assert auto.decoder == "adbc" and "column iv, interval" in info.reader
     with pytest.raises(SchemaError, match=r"column iv \(interval\)"):
         PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_unfit", decoder="duckdb"), JobOptions()).describe()
-    # DuckDB trims char(n)'s padding, which PostgreSQL (and ADBC) keep: 'a    ' would arrive as 'a'
+    # DuckDB trims the trailing spaces PostgreSQL keeps: in char(n) they are padding to n characters, which
+    # Arrow restores; a bpchar of no length keeps the spaces it was given, which nothing can restore
     padded = PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_char"), JobOptions())
-    assert "column ch, character(5)" in padded.describe().reader and padded.decoder == "adbc"
+    assert padded.describe().reader.endswith("char(n) padding restored by Arrow for ch)") and padded.decoder == "duckdb"
+    pg_exec(pg_source, "DROP TABLE IF EXISTS dec_bpchar", "CREATE TABLE dec_bpchar (id int, b bpchar)")
+    loose = PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_bpchar"), JobOptions())
+    assert "column b, bpchar" in loose.describe().reader and loose.decoder == "adbc"
     fine = PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_matrix"), JobOptions())
     assert "DuckDB" in fine.describe().reader and fine.decoder == "duckdb"
 
