@@ -7,11 +7,12 @@ first taken the job's exported snapshot (``postgres_execute`` of ``SET TRANSACTI
 transaction's first statement), so every partition still reads the one snapshot.
 
 Only columns whose DuckDB decoding is exactly ADBC's are read this way (``EXACT``: integers, floats,
-bool, text, varchar, bytea, date, timestamp(tz), numeric(p<=38,s), and every column read as its text
-form). DuckDB reads a numeric NaN as 0: the partition's query makes the server fail at a NaN in a
-numeric column, and the NaN is refused by name as on ADBC's path; each batch is then cast to the
-schema ADBC gives, so a job's batches are the same whichever decoder read them
-(tests/connectors/postgres/test_decoder.py compares the two on a type matrix with edge values).
+bool, text, varchar, bytea, date, timestamp(tz), uuid, json, jsonb, time, interval, enums,
+numeric(p<=38,s), char(n) with its padding restored, and every column read as its text form). DuckDB
+reads a numeric NaN as 0: the partition's query makes the server fail at a NaN in a numeric column,
+and the NaN is refused by name as on ADBC's path; each batch is then cast to the schema ADBC gives,
+so a job's batches are the same whichever decoder read them (tests/connectors/postgres/test_decoder.py
+compares the two on a type matrix with edge values).
 DuckDB writes infinity dates/timestamps as its own sentinels: they are mapped to ADBC's encodings,
 so ``source.special_values`` applies to both the same way.
 
@@ -33,9 +34,11 @@ if TYPE_CHECKING:
     from conveyor.connectors.postgres.common import PgConnConfig
 
 #: base types DuckDB's extension decodes to the same values ADBC does (checked by test_decoder.py)
-EXACT = {"int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar", "bytea", "date", "timestamp", "timestamptz"}
-# not: bpchar without a length (DuckDB trims the trailing spaces it keeps), time/interval/uuid/json/enums/arrays
-# (not compared yet)
+EXACT = {"int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar", "bytea", "date", "timestamp", "timestamptz",
+         "uuid", "json", "jsonb", "time", "interval"}
+# and enums (as their labels). Not: bpchar without a length (DuckDB trims the trailing spaces it keeps); arrays
+# (PostgreSQL does not hold an array column to its declared dimensions, and DuckDB fails a read at a value of
+# other dimensions; arrays of dates and timestamps hold infinities DuckDB writes as its own sentinels)
 
 
 def padded_width(col: PgColumn) -> int | None:
@@ -66,8 +69,10 @@ def unfit_column(columns: tuple[PgColumn, ...]) -> PgColumn | None:
     for col in columns:
         if col.unconstrained_numeric or not col.native:
             continue  # read as its text form
-        if col.elem or col.typtype == "e":
+        if col.elem:
             return col
+        if col.typtype == "e":
+            continue
         if col.typname == "numeric":
             ps = numeric_precision_scale(col)
             if ps is None or ps[0] > 38:
@@ -100,7 +105,8 @@ def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Callable[[], Any]]:
     def make() -> Any:
         import duckdb
 
-        db = duckdb.connect(config={"extension_directory": duckext.extension_dir("postgres"), "threads": 1,
+        # arrow_lossless_conversion: a uuid leaves DuckDB as Arrow's canonical uuid (16 bytes), as ADBC gives it, not as text
+        db = duckdb.connect(config={"extension_directory": duckext.extension_dir("postgres"), "threads": 1, "arrow_lossless_conversion": True,
                                     "autoinstall_known_extensions": False, "autoload_known_extensions": False})
         try:
             db.execute("LOAD postgres")
