@@ -119,6 +119,17 @@ def conveyor(cfg: dict[str, Any]) -> None:
     run_job(build_job(OmegaConf.create({"runtime": {"type": "local", "max_retries": 0}, "verify": "none", **cfg})))
 
 
+#: TPC-H's own column types (the specification's DDL: char(n) for the flags, priorities and modes), for --ddl tpch
+TPCH_DDL = {
+    "orders": "o_orderkey bigint, o_custkey bigint, o_orderstatus char(1), o_totalprice numeric(15,2), o_orderdate date, "
+              "o_orderpriority char(15), o_clerk char(15), o_shippriority integer, o_comment varchar(79)",
+    "lineitem": "l_orderkey bigint, l_partkey bigint, l_suppkey bigint, l_linenumber integer, l_quantity numeric(15,2), "
+                "l_extendedprice numeric(15,2), l_discount numeric(15,2), l_tax numeric(15,2), l_returnflag char(1), "
+                "l_linestatus char(1), l_shipdate date, l_commitdate date, l_receiptdate date, l_shipinstruct char(25), "
+                "l_shipmode char(10), l_comment varchar(44)",
+}
+
+
 def ddl(src: PgServer, table: str) -> str:
     return psql(src, "SELECT string_agg(quote_ident(attname) || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum) "
                      f"FROM pg_attribute WHERE attrelid = '{table}'::regclass AND attnum > 0")
@@ -862,6 +873,9 @@ def main() -> int:
                          "schema (TPC-H's 8 tables in one job against pg_dump | pg_restore and one job per table; not in the default list)")
     ap.add_argument("--layouts", default="", help="partitioned group: the layouts to run, by name (default: all)")
     ap.add_argument("--memory-sfs", default="1,3", help="scale factors of lineitem for the memory group")
+    ap.add_argument("--ddl", default="inferred", choices=("inferred", "tpch"),
+                    help="the source tables' column types: inferred (from the Parquet files: varchar, ...) or tpch (TPC-H's own DDL, "
+                         "char(n) included; orders and lineitem)")
     ap.add_argument("--out", default=f".bench/{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
     # Conveyor's modules byte-compiled first, as `pip install` leaves them for a user: an editable install under
@@ -882,8 +896,11 @@ def main() -> int:
         with PgServer("bench-src") as src, PgServer("bench-dst", settings={"max_locks_per_transaction": "1024"}) as dst:
             os.environ["PGPASSWORD"] = src.password
             for t in tables:
+                own = args.ddl == "tpch" and t in TPCH_DDL
+                if own:
+                    psql(src, f"CREATE TABLE {t} ({TPCH_DDL[t]})")
                 conveyor({"source": {"type": "parquet", "path": str(work / t)}, "sink": {"type": "postgres", "port": src.port, "table": t},
-                          "strategy": {"type": "files"}, "load_mode": "create", "degree": 2})
+                          "strategy": {"type": "files"}, "load_mode": "append" if own else "create", "degree": 2})
                 psql(src, f"VACUUM ANALYZE {t}")
             try:
                 duck = DuckBaseline(src, dst, work)
