@@ -132,6 +132,7 @@ partition, and keep that check on what your system says it stored."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -168,8 +169,11 @@ class {cls}Sink(SinkBase):
             raise SchemaError(f"{name} sink: {{self.config.path}} is not empty", hint="use load_mode=append")
         os.makedirs(self.config.path, exist_ok=True)
         names = tuple(request.column_names)
-        return SinkPlan(target=self.config.path, write_target=self.config.path, load_mode=self.options.load_mode,
+        plan = SinkPlan(target=self.config.path, write_target=self.config.path, load_mode=self.options.load_mode,
                         columns=names, source_columns=names, schema=request.schema)
+        # what the target held before, this load's own files aside (a resumed load writes them again):
+        # verify=count compares the rows the target gained with the source's
+        return dataclasses.replace(plan, rows_before=self._rows(plan, skip=f"{{self.options.load}}-"))
 
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[pa.RecordBatch]) -> WriteStats:
         """In a task: one partition, all or nothing. A write again of the same partition replaces its file."""
@@ -197,7 +201,10 @@ class {cls}Sink(SinkBase):
 
     def target_rows(self, plan: SinkPlan) -> int:
         """What the target holds (verify=count after the load)."""
-        files = [f for f in os.listdir(plan.write_target) if f.endswith(".arrow")]
+        return self._rows(plan)
+
+    def _rows(self, plan: SinkPlan, skip: str = "") -> int:
+        files = [f for f in os.listdir(plan.write_target) if f.endswith(".arrow") and not (skip and f.startswith(skip))]
         return sum(pa.ipc.open_file(pa.memory_map(os.path.join(plan.write_target, f))).read_all().num_rows for f in files)
 '''
 
@@ -217,6 +224,32 @@ def test_the_{name}_sink_keeps_the_contract(conveyor_contract, tmp_path) -> None
     source = {cls}Source({cls}SourceConfig(rows=10_000), conveyor_contract.options)
     written = conveyor_contract.check_sink(lambda options: {cls}Sink({cls}SinkConfig(path=str(tmp_path / "out")), options), source)
     assert written == 10_000
+
+
+from conveyor.testing.suites import SinkSuite  # noqa: E402  (the whole-job rules: each load mode, resume, Ctrl-C)
+
+
+class Test{cls}SinkSuite(SinkSuite):
+    """Real jobs into the {name} sink, read back from what it stored: see conveyor.testing.suites."""
+
+    sink = "{name}"
+    modes = ("create", "append")
+
+    def sink_config(self, target):
+        return {{"path": str(self.tmp / target)}}
+
+    def create_target(self, target, rows, key):
+        import pyarrow as pa
+
+        (self.tmp / target).mkdir(parents=True)
+        with pa.OSFile(str(self.tmp / target / "existing.arrow"), "wb") as out, pa.ipc.new_file(out, rows.schema) as writer:
+            writer.write_table(rows)
+
+    def read_target(self, target):
+        import pyarrow as pa
+
+        files = sorted((self.tmp / target).glob("*.arrow"))
+        return pa.concat_tables([pa.ipc.open_file(pa.memory_map(str(f))).read_all() for f in files]) if files else None
 '''
 
 _README = '''\
