@@ -375,6 +375,40 @@ class Bench:
                      degree=degrees[-1])
 
 
+    def awkward(self, rows: int, degree: int) -> None:
+        """PostgreSQL -> Parquet of a table of the types a real schema has (uuid, jsonb, char(n), time, an enum,
+        int4[]) beside the same values in plain types (text, varchar, bigint): what each decoding route costs.
+        interval is left out: Parquet has no type for it (the sink refuses it by name)."""
+        psql(self.src, "DROP TABLE IF EXISTS awk_types, awk_plain; DROP TYPE IF EXISTS awk_mood; "
+                       "CREATE TYPE awk_mood AS ENUM ('sad', 'ok', 'happy'); "
+                       "CREATE TABLE awk_types AS SELECT g::int8 AS id, md5(g::text)::uuid AS u, "
+                       "jsonb_build_object('k', g, 'v', md5(g::text)) AS jb, left(md5(g::text), 1 + g % 10)::char(10) AS c, "
+                       "(g % 86400) * interval '1 second' + time '00:00' AS tm, (ARRAY['sad','ok','happy'])[1 + g % 3]::awk_mood AS e, "
+                       f"ARRAY[g::int4, (g % 7)::int4, -g::int4] AS a FROM generate_series(1, {rows}) g; "
+                       "CREATE TABLE awk_plain AS SELECT id, u::text AS u, jb::text AS jb, rpad(c, 10)::varchar(10) AS c, "
+                       "(extract(epoch FROM tm) * 1000000)::int8 AS tm, e::text AS e, a::text AS a FROM awk_types")
+        psql(self.src, "VACUUM ANALYZE awk_types")
+        psql(self.src, "VACUUM ANALYZE awk_plain")
+        plain_cell = None
+        for table in ("awk_plain", "awk_types"):
+            out = self.work / f"out_{table}"
+
+            def reset(o: Path = out) -> None:
+                subprocess.run(["rm", "-rf", str(o)], check=True)
+
+            def verify(o: Path = out) -> bool:
+                import pyarrow.parquet as pq
+
+                return sum(pq.ParquetFile(f).metadata.num_rows for f in o.rglob("*.parquet")) == rows
+
+            cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table}, "sink": {"type": "parquet", "path": str(out)},
+                   "strategy": {"type": "ctid"}, "load_mode": "create", "degree": degree}
+            goal = ({"goal": {"against": plain_cell["name"], "at_most": 1.25, "what": "within 1.25x its plain-types counterpart"}}
+                    if plain_cell else {})
+            cell = self.measure("awkward types -> parquet", f"conveyor {table} degree={degree}", lambda c=cfg: conveyor(c), reset, verify,
+                                method="ctid", degree=degree, **goal)
+            plain_cell = plain_cell or cell
+
     # DuckDB -> PostgreSQL
     def duckdb_to_pg(self, table: str, files: Path, degrees: list[int], duck: Any, key: str) -> None:
         import duckdb
@@ -870,9 +904,12 @@ def main() -> int:
                     help="comma-separated: defaults (the shipped pipelines as a user runs them), pg_to_pg, parquet_to_pg, pg_to_parquet, "
                          "duckdb_to_pg, wal_minimal, recipes, partitioned, "
                          "merge (the last three lineitem only), runtime, memory, mysql (MariaDB <-> PostgreSQL), "
-                         "schema (TPC-H's 8 tables in one job against pg_dump | pg_restore and one job per table; not in the default list)")
+                         "schema (TPC-H's 8 tables in one job against pg_dump | pg_restore and one job per table; not in the default list), "
+                         "awkward (uuid, jsonb, char(n), time, enum, int4[] against the same values in plain types, into Parquet; "
+                         "not in the default list)")
     ap.add_argument("--layouts", default="", help="partitioned group: the layouts to run, by name (default: all)")
     ap.add_argument("--memory-sfs", default="1,3", help="scale factors of lineitem for the memory group")
+    ap.add_argument("--awkward-rows", type=int, default=1_000_000, help="awkward group: rows of its two tables")
     ap.add_argument("--ddl", default="inferred", choices=("inferred", "tpch"),
                     help="the source tables' column types: inferred (from the Parquet files: varchar, ...) or tpch (TPC-H's own DDL, "
                          "char(n) included; orders and lineitem)")
@@ -931,6 +968,8 @@ def main() -> int:
                     bench.mysql(t, work / t, [d for d in degrees if d <= 2], duck, keys.get(t, "1"))
             if "runtime" in groups:
                 bench.runtime(tables[0], 8)
+            if "awkward" in groups:
+                bench.awkward(args.awkward_rows, max(d for d in degrees if d <= 2))
             if "schema" in groups:
                 bench.schema(args.sf, max(d for d in degrees if d <= 2))
             if "memory" in groups:
