@@ -88,7 +88,8 @@ def _scan_count(cur: Any, relid: int, first: bool = False) -> int:
 
 def read_adbc(src: Readable, part: Partition, sent: SentBatches) -> Iterator[Any]:
     """The partition decoded by ADBC's COPY reader, in the job's snapshot; ``sent.sent`` as on DuckDB's."""
-    sql = src.select_sql(part)
+    arrays = _array_columns(src)
+    sql = refusing_sql(src, part, [], arrays)
     relid = src.relid if scan_counts(src, part) else None
     conn = adbc_connect(src.config, part.key, src.options.run_id)
     cur = conn.cursor()
@@ -102,8 +103,8 @@ def read_adbc(src: Readable, part: Partition, sent: SentBatches) -> Iterator[Any
             cur.execute(sql)
             reader = cur.fetch_record_batch()
         except Exception as exc:
-            raise translate(exc, src.config, f"reading {part.key}", part.key) from None
-        yield from rebatch(convert(src, reader, part.key), src.options.batch_size)
+            raise _refused(exc, [], arrays, part.key) or translate(exc, src.config, f"reading {part.key}", part.key) from None
+        yield from rebatch(convert(src, reader, part.key, arrays), src.options.batch_size)
         if relid is not None:
             try:
                 sent.sent = _scan_count(cur, relid) - before
@@ -122,12 +123,13 @@ def read_duckdb(src: Readable, part: Partition, sent: SentBatches) -> Iterator[A
     import pyarrow as pa
 
     numerics = [c for c in src.columns if c.typname == "numeric" and c.native and not c.unconstrained_numeric]
+    arrays = _array_columns(src)
     widths = [duckdecode.padded_width(c) for c in src.columns]
     relid = src.relid if scan_counts(src, part) else None
     try:
         with duckdecode.connection(src.config, src.snapshot_id) as con:
             before = duckdecode.scan_count(con, relid, first=True) if relid is not None else 0
-            reader = duckdecode.batches(con, nan_refusing_sql(src, part, numerics), src.options.batch_size)
+            reader = duckdecode.batches(con, refusing_sql(src, part, numerics, arrays), src.options.batch_size)
             for batch in reader:
                 arrays = []
                 for col, arr, field, width in zip(src.columns, batch.columns, src.schema, widths):
@@ -147,17 +149,39 @@ def read_duckdb(src: Readable, part: Partition, sent: SentBatches) -> Iterator[A
     except TransferError:
         raise
     except Exception as exc:
-        hit = _NAN_SEEN.search(str(exc))
-        if hit and int(hit.group(1)) < len(numerics):
-            col = numerics[int(hit.group(1))]
-            raise _unfit_decimal(col, numeric_arrow_type(col), "NaN", part.key) from None
-        raise translate(exc, src.config, f"reading {part.key}", part.key) from None
+        raise _refused(exc, numerics, arrays, part.key) or translate(exc, src.config, f"reading {part.key}", part.key) from None
 
 
-def nan_refusing_sql(src: Readable, part: Partition, numerics: list[PgColumn]) -> str:
-    """The partition's query for DuckDB's decoder, which reads a numeric NaN as 0: the server refuses
-    the read at a NaN in ``numerics`` instead, naming the column by its index there (the error
-    ``_NAN_SEEN`` finds). The check is a filter that never drops a row (0 <> 1), not a column:
+def _array_columns(src: Readable) -> list[PgColumn]:
+    """The array columns read as Arrow lists (not as their text form)."""
+    return [c for c in src.columns if c.elem and c.native]
+
+
+def _refused(exc: Exception, numerics: list[PgColumn], arrays: list[PgColumn], key: str) -> TransferError | None:
+    """The error the server raised at a value :func:`refusing_sql` refuses, by its column (None: another error)."""
+    text = str(exc)
+    hit = _NAN_SEEN.search(text)
+    if hit and int(hit.group(1)) < len(numerics):
+        col = numerics[int(hit.group(1))]
+        return _unfit_decimal(col, numeric_arrow_type(col), "NaN", key)
+    hit = _ARRAY_SEEN.search(text)
+    if hit and int(hit.group(1)) < len(arrays):
+        col = arrays[int(hit.group(1))]
+        return TransferError(
+            f"postgres column {col.name} ({col.type_sql}) holds an array of {hit.group(2)} dimension(s) or one whose indexes do not "
+            "start at 1, which an Arrow list cannot hold as it is (it would be flattened, its bounds lost)", partition=key,
+            hint=f"read it as text ({col.name}::text in source.query), or reshape it there (e.g. unnest); PostgreSQL to PostgreSQL: "
+                 "sink.copy_path=passthrough keeps it")
+    return None
+
+
+def refusing_sql(src: Readable, part: Partition, numerics: list[PgColumn], arrays: list[PgColumn]) -> str:
+    """The partition's query, made to fail on the server at a value the Arrow read would change without
+    a word: a numeric NaN in ``numerics`` (DuckDB's decoder reads it as 0), and in ``arrays`` an array
+    of more than one dimension or whose indexes do not start at 1 (both decoders flatten it into one
+    list and drop its bounds; PostgreSQL does not hold an array column to its declared dimensions).
+    The error names the column by its index there (what ``_NAN_SEEN`` and ``_ARRAY_SEEN`` find).
+    The check is a filter that never drops a row (0 <> 1), not a column:
     a computed column makes PostgreSQL project every row, which costs the server far more than the
     filter (benchmarks/results/design-measurements.md, "NaN check"). Written as ``<> 1``, which the planner
     estimates to keep 99.5% of the rows (an ``IS NULL`` of the same CASE: 0.5%, so a whole
@@ -168,10 +192,11 @@ def nan_refusing_sql(src: Readable, part: Partition, numerics: list[PgColumn]) -
     are fenced off (OFFSET 0: a projection again, as the flags cost). Only the branch that met a
     NaN casts text to int (its text holds the column's value, so the planner cannot fold it
     ahead; a cast for every row cost the server more)."""
-    if not numerics:
+    if not numerics and not arrays:
         return src.select_sql(part)
-    whens = " ".join(f"WHEN {ident(c.name)} = 'NaN' THEN ('{_NAN_MARK}{i}' || {ident(c.name)})::int"
-                     for i, c in enumerate(numerics))
+    whens = " ".join([*(f"WHEN {ident(c.name)} = 'NaN' THEN ('{_NAN_MARK}{i}' || {ident(c.name)})::int" for i, c in enumerate(numerics)),
+                      *(f"WHEN array_ndims({ident(c.name)}) > 1 OR array_lower({ident(c.name)}, 1) <> 1 "
+                        f"THEN ('{_ARRAY_MARK}{i}-' || array_ndims({ident(c.name)}))::int" for i, c in enumerate(arrays))])
     if not src.config.table:
         return f"SELECT * FROM ({src.select_sql(part)} OFFSET 0) AS _conveyor_rows WHERE (CASE {whens} ELSE 0 END) <> 1"
     window = src.window_sql()
@@ -181,7 +206,7 @@ def nan_refusing_sql(src: Readable, part: Partition, numerics: list[PgColumn]) -
     return f"SELECT {src.select_list()} FROM {src.from_sql()} WHERE " + (f"({where}) AND {check}" if where else check)
 
 
-def convert(src: Readable, reader: Any, key: str) -> Iterator[Any]:
+def convert(src: Readable, reader: Any, key: str, arrays: list[PgColumn] | None = None) -> Iterator[Any]:
     """numeric text -> decimal, extension metadata stripped; column by column, never per row."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -207,7 +232,7 @@ def convert(src: Readable, reader: Any, key: str) -> Iterator[Any]:
     except TransferError:
         raise
     except Exception as exc:
-        raise translate(exc, src.config, f"reading {key}", key) from None
+        raise _refused(exc, [], arrays or [], key) or translate(exc, src.config, f"reading {key}", key) from None
 
 
 def special(src: Readable, col: PgColumn, arr: Any, key: str) -> Any:
@@ -249,9 +274,12 @@ def _unfit_decimal(col: PgColumn, target: Any, why: Any, key: str) -> TransferEr
                          hint="NaN and Infinity have no Arrow decimal form; cast the column to text or float8 in source.query")
 
 
-#: the text the server fails to read as an integer at a numeric NaN (nan_refusing_sql), with the column's index
+#: the text the server fails to read as an integer at a numeric NaN (refusing_sql), with the column's index
 _NAN_MARK = "conveyor-nan-"
 _NAN_SEEN = re.compile(re.escape(_NAN_MARK) + r"(\d+)")
+#: the same at an array Arrow cannot hold as it is: the column's index, then the array's dimensions
+_ARRAY_MARK = "conveyor-array-"
+_ARRAY_SEEN = re.compile(re.escape(_ARRAY_MARK) + r"(\d+)-(\d+)")
 
 # ADBC reads PostgreSQL's dates and timestamps by adding the 1970-2000 offset, which wraps around
 # for infinity, -infinity and timestamps after 294247-01-10: every such value lands below PostgreSQL's
