@@ -445,3 +445,28 @@ def test_a_nan_stops_its_partition_on_both_runtimes_and_the_others_land_whole(re
     landed = sum(r.rows for r in report.results if r.ok and not r.cancelled)
     rows, nan_rows = (int(v) for v in pg_exec(pg_target, "SELECT count(*), count(*) FILTER (WHERE id = 39000) FROM ray_nan_dst")[0])
     assert rows == landed and nan_rows == 0
+
+
+def test_per_column_decoding_and_the_array_refusal_on_ray_workers(ray_instance, pg_source, tmp_path: Path) -> None:
+    """The read path's routes run on the worker as in the driver: char(n)'s padding restored by Arrow after
+    DuckDB's decoder, uuid and jsonb as ADBC gives them; a 2-D array refused by its column, nothing published."""
+    import pyarrow.parquet as pq
+
+    pg_exec(pg_source, "DROP TABLE IF EXISTS ray_cols", "DROP TABLE IF EXISTS ray_arr",
+            "CREATE TABLE ray_cols AS SELECT g AS id, left(md5(g::text), g % 4)::char(5) AS c, md5(g::text)::uuid AS u, "
+            "jsonb_build_object('g', g) AS j FROM generate_series(1, 3000) g",
+            "CREATE TABLE ray_arr AS SELECT g AS id, ARRAY[g, -g] AS a FROM generate_series(1, 3000) g",
+            "UPDATE ray_arr SET a = '{{1,2},{3,4}}' WHERE id = 2999")
+    out = tmp_path / "cols"
+    report = run_job(ray_spec({"type": "postgres", "port": pg_source.port, "table": "ray_cols"}, {"type": "parquet", "path": str(out)},
+                              {"type": "ctid", "partitions": 3}, load_mode="create"))
+    assert report.rows == 3000 and "char(n) padding restored by Arrow for c" in report.plan.info.reader, report.plan.info.reader
+    got = pq.read_table(out).sort_by("id")
+    expected = pg_exec(pg_source, "SELECT c::text || repeat(' ', 5 - length(c)), u::text, j::text FROM ray_cols ORDER BY id")
+    assert [len(c) for c in got.column("c").to_pylist()] == [5] * 3000
+    assert list(zip(got.column("c").to_pylist(), [str(u) for u in got.column("u").to_pylist()], got.column("j").to_pylist())) == \
+        [tuple(r) for r in expected]
+    with pytest.raises(Exception, match=r"postgres column a \(integer\[\]\) holds an array of 2 dimension"):
+        run_job(ray_spec({"type": "postgres", "port": pg_source.port, "table": "ray_arr"}, {"type": "parquet", "path": str(tmp_path / "arr")},
+                         {"type": "ctid", "partitions": 3}, load_mode="create"))
+    assert not list((tmp_path / "arr").glob("**/*.parquet"))
