@@ -71,6 +71,7 @@ def plan_table(plan: JobPlan) -> Any:
         f"degree={_degree(plan)}, sink={spec.names['sink']}, load_mode={spec.options.load_mode}",
         title_justify="left",
         caption="\n".join(x for x in (f"strategy: {plan.note}" if plan.note else "", f"path: {plan.path}" if plan.path else "",
+                                      f"source: {plan.info.reader}" if plan.info.reader and not plan.agreement.native else "",
                                       f"incremental: {plan.window.describe()}" if plan.window else "",
                                       *(_table_line(t) for t in plan.tables)) if x),
         caption_justify="left",

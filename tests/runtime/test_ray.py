@@ -460,7 +460,7 @@ def test_per_column_decoding_and_the_array_refusal_on_ray_workers(ray_instance, 
     out = tmp_path / "cols"
     report = run_job(ray_spec({"type": "postgres", "port": pg_source.port, "table": "ray_cols"}, {"type": "parquet", "path": str(out)},
                               {"type": "ctid", "partitions": 3}, load_mode="create"))
-    assert report.rows == 3000 and "char(n) padding restored by Arrow for c" in report.plan.info.reader, report.plan.info.reader
+    assert report.rows == 3000 and "DuckDB, padded back to 5 characters by Arrow: c" in report.plan.info.reader, report.plan.info.reader
     got = pq.read_table(out).sort_by("id")
     expected = pg_exec(pg_source, "SELECT c::text || repeat(' ', 5 - length(c)), u::text, j::text FROM ray_cols ORDER BY id")
     assert [len(c) for c in got.column("c").to_pylist()] == [5] * 3000

@@ -6,15 +6,19 @@ extension runs the partition's own SELECT (``postgres_query``) on a connection w
 first taken the job's exported snapshot (``postgres_execute`` of ``SET TRANSACTION SNAPSHOT`` as the
 transaction's first statement), so every partition still reads the one snapshot.
 
-Only columns whose DuckDB decoding is exactly ADBC's are read this way (``EXACT``: integers, floats,
-bool, text, varchar, bytea, date, timestamp(tz), uuid, json, jsonb, time, interval, enums,
-numeric(p<=38,s), char(n) with its padding restored, and every column read as its text form). DuckDB
-reads a numeric NaN as 0: the partition's query makes the server fail at a NaN in a numeric column,
-and the NaN is refused by name as on ADBC's path; each batch is then cast to the schema ADBC gives,
-so a job's batches are the same whichever decoder read them (tests/connectors/postgres/test_decoder.py
-compares the two on a type matrix with edge values).
-DuckDB writes infinity dates/timestamps as its own sentinels: they are mapped to ADBC's encodings,
-so ``source.special_values`` applies to both the same way.
+Each column takes its own exact route (:func:`route`, said per column in the plan): DuckDB's value as it
+is (``EXACT``: integers, floats, bool, text, varchar, bytea, date, timestamp(tz), uuid, json, jsonb,
+time, interval, enums, numeric(p<=38,s), and 1-D arrays of those but bytea); char(n) (and its arrays)
+with its padding restored by Arrow; numeric wider than 38 digits read as its text in the same query and
+cast to its decimal by Arrow; a bpchar of no length through its output function (a cast to text would
+trim it); every other column in its text form. Only a table with a column of none of these (bytea[],
+bpchar[] of no length, "char", oid, a domain over an array or a numeric) is read by ADBC. DuckDB reads a
+numeric NaN as 0: the partition's query makes the server fail at a NaN in a numeric column, and the NaN
+is refused by name as on ADBC's path; each column is then cast to the type ADBC gives, so a job's
+batches are the same whichever decoder read them (tests/connectors/postgres/test_decoder.py compares
+the two on a type matrix with edge values, arrays of each type included).
+DuckDB writes infinity dates/timestamps (in arrays too) as its own sentinels: they are mapped to ADBC's
+encodings, so ``source.special_values`` applies to both the same way.
 
 The extension comes from PyPI (``duckdb-extension-postgres``, pinned by itself to one duckdb
 version) and is installed offline into a per-user cache folder: no download.
@@ -25,62 +29,109 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from conveyor.connectors.postgres.types import PgColumn, numeric_precision_scale
+from conveyor.connectors.postgres.common import ident
+from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, numeric_precision_scale
 from conveyor.kit import duckext
 
 if TYPE_CHECKING:
     from conveyor.connectors.postgres.common import PgConnConfig
 
-#: base types DuckDB's extension decodes to the same values ADBC does (checked by test_decoder.py)
+#: base types DuckDB's extension decodes to the same values ADBC does, alone and as 1-D arrays (test_decoder.py)
 EXACT = {"int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar", "bytea", "date", "timestamp", "timestamptz",
          "uuid", "json", "jsonb", "time", "interval"}
-# and enums (as their labels). Not: bpchar without a length (DuckDB trims the trailing spaces it keeps); arrays
-# (PostgreSQL does not hold an array column to its declared dimensions, and DuckDB fails a read at a value of
-# other dimensions; arrays of dates and timestamps hold infinities DuckDB writes as its own sentinels)
+# and enums (as their labels). Not bytea[] (DuckDB reads it as its text form); arrays are read only where they have
+# one dimension and indexes from 1 (reading.refusing_sql makes the server fail at any other: both decoders would flatten it)
 
 
-def padded_width(col: PgColumn) -> int | None:
-    """n of a ``char(n)`` column (None for any other): DuckDB trims the trailing spaces of its values,
-    which PostgreSQL stores padded to exactly n characters, so Arrow's ``utf8_rpad`` to n characters
-    gives back every value as stored (only spaces are trimmed: a tab or a newline stays)."""
-    if col.typname == "bpchar" and not col.elem and col.typtype == "b" and col.typmod >= 5:
-        return col.typmod - 4
+@dataclass(frozen=True)
+class Route:
+    """How DuckDB's decoder reads one column exactly: its expression in the partition's query, what
+    Arrow does to DuckDB's value after (``pad``: a char(n)'s padding restored to n characters;
+    ``decimal``: the text cast to that decimal), and what the plan says of it."""
+
+    select: str
+    how: str
+    pad: int | None = None
+    decimal: Any = None
+
+
+def route(col: PgColumn) -> Route | None:
+    """The column's route through DuckDB's decoder; None: none is exact (the table is read by ADBC)."""
+    q = ident(col.name)
+    if col.typtype == "d":  # a domain reads as its base type: DuckDB's value is exact for the plain ones
+        return Route(col.select_expr(), "DuckDB") if col.typname in EXACT and col.typname != "bytea" else None
+    if col.unconstrained_numeric or not col.native:
+        return Route(col.select_expr(), "its text form")
+    if col.typtype == "e":
+        return Route(q, "DuckDB")
+    base = col.elem or col.typname
+    if base == "bpchar":
+        if col.typmod >= 5:  # char(n): DuckDB trims the trailing spaces PostgreSQL pads to n characters
+            return Route(q, f"DuckDB, padded back to {col.typmod - 4} characters by Arrow", pad=col.typmod - 4)
+        # a bpchar of no length keeps the spaces it was given: its output function keeps them, a cast to text would not
+        return None if col.elem else Route(f"textin(bpcharout({q})) AS {q}", "its text form (spaces kept)")
+    if base == "numeric":  # numeric[] is not native: read as text above
+        ps = numeric_precision_scale(col)
+        if ps is not None and ps[0] <= 38:
+            return Route(q, "DuckDB")
+        decimal = numeric_arrow_type(col)  # DuckDB reads a numeric wider than 38 digits as a double
+        return Route(f"{q}::text AS {q}", f"its text, cast to {decimal} by Arrow" if decimal is not None else "its text form",
+                     decimal=decimal)
+    if base == "name" and not col.elem:  # ("char" is not: ADBC reads its '' as a NUL, its text form is '')
+        return Route(f"{q}::text AS {q}", "its text form")
+    if base in EXACT and not (col.elem and base == "bytea"):
+        return Route(q, "DuckDB")
     return None
 
 
-def pad(arr: Any, width: int) -> Any:
-    """A ``char(width)`` column as DuckDB read it, its padding restored (column-wise, one kernel)."""
-    import pyarrow.compute as pc
-
-    return pc.utf8_rpad(arr, width=width, padding=" ")
-
-
 def routes(columns: tuple[PgColumn, ...]) -> str:
-    """What the plan says of the columns read through DuckDB that take a route of their own ("": none)."""
-    padded = [c.name for c in columns if padded_width(c) is not None]
-    return f"; char(n) padding restored by Arrow for {', '.join(padded)}" if padded else ""
-
+    """What the plan says of each column's route (grouped, in the columns' order)."""
+    groups: dict[str, list[str]] = {}
+    for col in columns:
+        r = route(col)
+        groups.setdefault(r.how if r else "ADBC", []).append(col.name)
+    return "; ".join(f"{how}: {', '.join(names)}" for how, names in groups.items())
 
 
 def unfit_column(columns: tuple[PgColumn, ...]) -> PgColumn | None:
     """The first column DuckDB would not decode exactly as ADBC does (None: all of them are fine)."""
-    for col in columns:
-        if col.unconstrained_numeric or not col.native:
-            continue  # read as its text form
-        if col.elem:
-            return col
-        if col.typtype == "e":
-            continue
-        if col.typname == "numeric":
-            ps = numeric_precision_scale(col)
-            if ps is None or ps[0] > 38:
-                return col
-            continue
-        if col.typname not in EXACT and padded_width(col) is None:
-            return col
-    return None
+    return next((col for col in columns if route(col) is None), None)
+
+
+def pad(arr: Any, width: int) -> Any:
+    """A ``char(width)`` column (or array of them) as DuckDB read it, its padding restored (column-wise, one
+    kernel): DuckDB trims only spaces, so a tab or a newline stays, and every value is again as stored."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(arr.type):
+        return relist(arr, pad(arr.values, width))
+    return pc.utf8_rpad(arr, width=width, padding=" ")
+
+
+def relist(arr: Any, values: Any, typ: Any = None) -> Any:
+    """A list column with its values replaced (same offsets and NULLs; ``values`` is ``arr.values`` changed)."""
+    import pyarrow as pa
+
+    return pa.ListArray.from_arrays(arr.offsets, values, type=typ or pa.list_(arr.type.value_field.with_type(values.type)),
+                                    mask=arr.is_null() if arr.null_count else None)
+
+
+def conform(arr: Any, typ: Any) -> Any:
+    """DuckDB's column as the Arrow type ADBC gives it: the same values (a time zone's name, bool8, an
+    extension type on the list's items, ...); a cast that would change a value is refused by Arrow."""
+    import pyarrow as pa
+
+    if arr.type == typ:
+        return arr
+    if pa.types.is_list(typ) and pa.types.is_list(arr.type):
+        return relist(arr, conform(arr.values, typ.value_type), typ)
+    if isinstance(typ, pa.BaseExtensionType):
+        return pa.ExtensionArray.from_storage(typ, conform(arr, typ.storage_type))
+    return arr.cast(typ)
 
 
 def unavailable() -> str | None:

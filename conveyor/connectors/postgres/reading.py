@@ -118,38 +118,54 @@ def read_adbc(src: Readable, part: Partition, sent: SentBatches) -> Iterator[Any
 
 
 def read_duckdb(src: Readable, part: Partition, sent: SentBatches) -> Iterator[Any]:
-    """The partition decoded by DuckDB's postgres extension, in the job's snapshot, cast to ADBC's
-    schema; ``sent.sent``: the rows the server's scan returned, where :meth:`_scan_counts`."""
+    """The partition decoded by DuckDB's postgres extension, in the job's snapshot, each column by its
+    route (:func:`duckdecode.route`) and cast to ADBC's schema; ``sent.sent``: the rows the server's
+    scan returned, where :meth:`_scan_counts`."""
     import pyarrow as pa
 
-    numerics = [c for c in src.columns if c.typname == "numeric" and c.native and not c.unconstrained_numeric]
+    routes = [duckdecode.route(c) for c in src.columns]
+    numerics = [c for c, r in zip(src.columns, routes) if c.typname == "numeric" and c.native and not c.unconstrained_numeric
+                and r is not None and r.decimal is None]
     arrays = _array_columns(src)
-    widths = [duckdecode.padded_width(c) for c in src.columns]
     relid = src.relid if scan_counts(src, part) else None
+    select = ", ".join(r.select for r in routes if r is not None)
     try:
         with duckdecode.connection(src.config, src.snapshot_id) as con:
             before = duckdecode.scan_count(con, relid, first=True) if relid is not None else 0
-            reader = duckdecode.batches(con, refusing_sql(src, part, numerics, arrays), src.options.batch_size)
+            reader = duckdecode.batches(con, refusing_sql(src, part, numerics, arrays, select), src.options.batch_size)
             for batch in reader:
-                arrays = []
-                for col, arr, field, width in zip(src.columns, batch.columns, src.schema, widths):
-                    if width is not None:
-                        arr = duckdecode.pad(arr, width)
-                    if col.typname in _OUT_OF_RANGE and not col.elem and col.native:
-                        arr = arr.cast(field.type)
-                        if not duckdecode.in_range(col.typname, arr, _OUT_OF_RANGE[col.typname][0]):
-                            arr = special(src, col, duckdecode.as_adbc_infinity(col.typname, arr), part.key)
-                    if arr.type != field.type:
-                        arr = arr.cast(field.type)  # same values (tz name, int width): safe casts, refused if not
-                    arrays.append(arr)
                 if batch.num_rows:
-                    yield pa.RecordBatch.from_arrays(arrays, schema=src.schema)
+                    yield pa.RecordBatch.from_arrays([_duck_column(src, col, arr, field.type, r, part.key) for col, arr, field, r
+                                                      in zip(src.columns, batch.columns, src.schema, routes)], schema=src.schema)
             if relid is not None:
                 sent.sent = duckdecode.scan_count(con, relid) - before
     except TransferError:
         raise
     except Exception as exc:
         raise _refused(exc, numerics, arrays, part.key) or translate(exc, src.config, f"reading {part.key}", part.key) from None
+
+
+def _duck_column(src: Readable, col: PgColumn, arr: Any, typ: Any, route: Any, key: str) -> Any:
+    """One column of DuckDB's batch as ADBC gives it: its route's fix-up, DuckDB's infinities as ADBC's
+    (then ``source.special_values``, as on ADBC's path), the same values in ADBC's Arrow type."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if route.pad is not None:
+        arr = duckdecode.pad(arr, route.pad)
+    if route.decimal is not None:
+        try:
+            arr = pc.cast(arr, route.decimal)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise _unfit_decimal(col, route.decimal, exc, key) from None
+    kind = col.elem or col.typname
+    if kind in _OUT_OF_RANGE and (col.native or col.typtype == "d"):
+        arr = duckdecode.conform(arr, typ)
+        values = arr.values if col.elem else arr
+        if not duckdecode.in_range(kind, values, _OUT_OF_RANGE[kind][0]):
+            values = special(src, col, duckdecode.as_adbc_infinity(kind, values), key, kind)
+            arr = duckdecode.relist(arr, values, typ) if col.elem else values
+    return duckdecode.conform(arr, typ)  # same values (tz name, int width, bool8): safe casts, refused if not
 
 
 def _array_columns(src: Readable) -> list[PgColumn]:
@@ -175,7 +191,7 @@ def _refused(exc: Exception, numerics: list[PgColumn], arrays: list[PgColumn], k
     return None
 
 
-def refusing_sql(src: Readable, part: Partition, numerics: list[PgColumn], arrays: list[PgColumn]) -> str:
+def refusing_sql(src: Readable, part: Partition, numerics: list[PgColumn], arrays: list[PgColumn], select: str | None = None) -> str:
     """The partition's query, made to fail on the server at a value the Arrow read would change without
     a word: a numeric NaN in ``numerics`` (DuckDB's decoder reads it as 0), and in ``arrays`` an array
     of more than one dimension or whose indexes do not start at 1 (both decoders flatten it into one
@@ -193,17 +209,17 @@ def refusing_sql(src: Readable, part: Partition, numerics: list[PgColumn], array
     NaN casts text to int (its text holds the column's value, so the planner cannot fold it
     ahead; a cast for every row cost the server more)."""
     if not numerics and not arrays:
-        return src.select_sql(part)
+        return src.select_sql(part, select)
     whens = " ".join([*(f"WHEN {ident(c.name)} = 'NaN' THEN ('{_NAN_MARK}{i}' || {ident(c.name)})::int" for i, c in enumerate(numerics)),
                       *(f"WHEN array_ndims({ident(c.name)}) > 1 OR array_lower({ident(c.name)}, 1) <> 1 "
                         f"THEN ('{_ARRAY_MARK}{i}-' || array_ndims({ident(c.name)}))::int" for i, c in enumerate(arrays))])
     if not src.config.table:
-        return f"SELECT * FROM ({src.select_sql(part)} OFFSET 0) AS _conveyor_rows WHERE (CASE {whens} ELSE 0 END) <> 1"
+        return f"SELECT * FROM ({src.select_sql(part, select)} OFFSET 0) AS _conveyor_rows WHERE (CASE {whens} ELSE 0 END) <> 1"
     window = src.window_sql()
     guard = f"WHEN ({window}) IS NOT TRUE THEN 0 " if window else ""
     check = f"(CASE {guard}{whens} ELSE 0 END) <> 1"
     where = src.where(part).removeprefix(" WHERE ")
-    return f"SELECT {src.select_list()} FROM {src.from_sql()} WHERE " + (f"({where}) AND {check}" if where else check)
+    return f"SELECT {select or src.select_list()} FROM {src.from_sql()} WHERE " + (f"({where}) AND {check}" if where else check)
 
 
 def convert(src: Readable, reader: Any, key: str, arrays: list[PgColumn] | None = None) -> Iterator[Any]:
@@ -219,6 +235,8 @@ def convert(src: Readable, reader: Any, key: str, arrays: list[PgColumn] | None 
             for col, arr, target in zip(src.columns, batch.columns, targets):
                 if col.typname in _OUT_OF_RANGE and not col.elem:
                     arr = special(src, col, arr, key)
+                elif col.elem in _OUT_OF_RANGE and col.native and pa.types.is_list(arr.type):
+                    arr = duckdecode.relist(arr, special(src, col, arr.values, key, col.elem), arr.type)
                 if target is not None:
                     storage = arr.storage if isinstance(arr.type, pa.BaseExtensionType) else arr
                     try:
@@ -235,18 +253,20 @@ def convert(src: Readable, reader: Any, key: str, arrays: list[PgColumn] | None 
         raise _refused(exc, [], arrays or [], key) or translate(exc, src.config, f"reading {key}", key) from None
 
 
-def special(src: Readable, col: PgColumn, arr: Any, key: str) -> Any:
-    """Dates and timestamps Arrow cannot hold: refused by name, or NULL / clamped as configured."""
+def special(src: Readable, col: PgColumn, arr: Any, key: str, kind: str | None = None) -> Any:
+    """Dates and timestamps Arrow cannot hold: refused by name, or NULL / clamped as configured
+    (``kind``: the type of ``arr``'s values, an array column's element type)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    low, inf, neg_inf = _OUT_OF_RANGE[col.typname]
-    ints = arr.view(pa.int32() if col.typname == "date" else pa.int64())
+    kind = kind or col.typname
+    low, inf, neg_inf = _OUT_OF_RANGE[kind]
+    ints = arr.view(pa.int32() if kind == "date" else pa.int64())
     smallest = pc.min(ints).as_py()
     if smallest is None or smallest >= low:
         return arr  # the usual case: one pass over the column, nothing to do
     if src.keep_infinity:
-        top = INFINITY_DAYS if col.typname == "date" else INFINITY_TICKS
+        top = INFINITY_DAYS if kind == "date" else INFINITY_TICKS
         ints = pc.if_else(pc.equal(ints, inf), top, pc.if_else(pc.equal(ints, neg_inf), -top, ints)).cast(ints.type)
         bad = pc.and_(pc.less(ints, low), pc.not_equal(ints, -top))
         if not pc.any(bad).as_py():
@@ -262,7 +282,7 @@ def special(src: Readable, col: PgColumn, arr: Any, key: str) -> Any:
                                 "or (PostgreSQL to PostgreSQL) use sink.copy_path=passthrough, which keeps it")
     if src.config.special_values == "null":
         return pc.if_else(bad, pa.scalar(None, arr.type), arr)
-    high, lowest = _CLAMP["date" if col.typname == "date" else "timestamp"]
+    high, lowest = _CLAMP["date" if kind == "date" else "timestamp"]
     clamped = pc.if_else(pc.equal(ints, neg_inf), lowest, high).cast(ints.type)
     return pc.if_else(bad, clamped, ints).view(arr.type)
 

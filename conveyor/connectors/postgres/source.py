@@ -172,7 +172,8 @@ class PostgresSource(PgPlanning):
                                   hint="pip install 'conveyor[postgres]' (duckdb-extension-postgres, the same version as duckdb), "
                                        "or source.decoder=adbc")
             return "adbc", f"Arrow batches decoded by ADBC's COPY reader (DuckDB's postgres extension does not load: {why})"
-        return "duckdb", f"Arrow batches decoded by DuckDB's postgres extension (source.decoder={asked}{duckdecode.routes(self.columns)})"
+        return "duckdb", (f"Arrow batches decoded by DuckDB's postgres extension (source.decoder={asked}); "
+                          f"columns by route: {duckdecode.routes(self.columns)}")
 
     def _arrow_schema(self) -> Any:
         """The Arrow schema of the batches ``read`` yields (ADBC's, with numerics as decimals): from

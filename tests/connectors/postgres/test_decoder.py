@@ -77,6 +77,12 @@ def _values(table: pa.Table, name: str) -> list:
     """A column's values; floats, dates and timestamps as their bits (NaN equals NaN, -0.0 differs from 0.0,
     years Python's datetime cannot hold compare too)."""
     col = table[name].combine_chunks()
+    return _plain(col)
+
+
+def _plain(col: pa.Array) -> list:
+    if pa.types.is_list(col.type):  # an array: its items as above, where each list starts, which lists are NULL
+        return [_plain(col.values), col.offsets.to_pylist(), col.is_null().to_pylist()]
     if pa.types.is_interval(col.type):
         return col.to_pylist()  # (months, days, nanoseconds)
     if pa.types.is_floating(col.type) or pa.types.is_temporal(col.type):
@@ -126,6 +132,81 @@ def test_infinity_and_far_timestamps_follow_the_same_policy_on_both_decoders(mat
         assert _values(duck, "d")[4:6] == [None, None]
 
 
+ARRAYS = """CREATE TABLE dec_arrays_all (id int, i2 int2[], i4 int4[], i8 int8[], f4 float4[], f8 float8[], b bool[], t text[],
+  vc varchar(5)[], ch char(3)[], by bytea, d date[], ts timestamp[], tz timestamptz[], u uuid[], j json[], jb jsonb[], tm time[],
+  iv interval[], e dec_mood[], n numeric(10,2)[], bp bpchar, nb numeric(50,2), ns numeric(5,-2), nm name, dd dec_day)"""
+ARRAY_ROWS = [
+    "(1, '{1,NULL,-32768,32767}', '{-2147483648,2147483647}', '{-9223372036854775808,9223372036854775807}', '{NaN,-0,Infinity,-Infinity,1.4e-45}', "
+    "'{4.9e-324,NULL,-0}', '{t,f,NULL}', '{\"a b\",NULL,\"é🦆\",\"\",\"{x}\",\"NULL\"}', '{αβγδε,\"\"}', '{\"a\",\"ab \",NULL,\" \t\"}', '\\x00', "
+    "'{2020-01-01,\"4713-01-01 BC\",5874897-12-31,NULL}', '{\"2020-01-01 00:00:00\",\"294247-01-09 04:00:54.775806\"}', "
+    "'{\"1999-12-31 23:59:59.5-08\",NULL}', '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,NULL}', ARRAY['{\"a\":  1}'::json, NULL], "
+    "ARRAY['{\"é\": [1, 2.50]}'::jsonb, 'null'], '{00:00:00,24:00:00,23:59:59.999999}', '{\"1 year 2 days\",\"-1 days -00:00:00.000001\",NULL}', "
+    "'{sad,happy}', '{1.50,NULL,NaN}', 'ab  ', 123456789012345678901234567890123456789012345678.99, 12300, 'pg_class', '2024-02-29')",
+    "(2, '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '\\x', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', ' ', "
+    "-0.01, -99900, '', '4713-01-01 BC')",
+    "(3" + ", NULL" * 25 + ")",
+]
+
+
+@pytest.fixture(scope="module")
+def arrays(matrix):
+    pg_exec(matrix, "DROP TABLE IF EXISTS dec_arrays_all", "DROP DOMAIN IF EXISTS dec_day", "CREATE DOMAIN dec_day AS date",
+            ARRAYS, f"INSERT INTO dec_arrays_all VALUES {', '.join(ARRAY_ROWS)}")
+    return matrix
+
+
+def test_arrays_wide_numerics_and_loose_bpchar_take_their_own_routes_and_decode_as_adbc_does(arrays) -> None:
+    """Per column, not per table: on the main this started from, one array, numeric(50,2) or bpchar column sent the
+    whole table to ADBC's reader. Now arrays of each type go through DuckDB (char(n) items padded back, DuckDB's
+    infinities mapped), numeric(50,2) as its text cast to decimal256 by Arrow, a bpchar of no length through its
+    output function; every column equals ADBC's, and the plan says each column's route."""
+    src = PostgresSource(PostgresSourceConfig(port=arrays.port, table="dec_arrays_all"), JobOptions())
+    reader = src.describe().reader
+    assert src.decoder == "duckdb", reader
+    assert "DuckDB: id, i2, i4, i8, f4, f8, b, t, vc, by, d, ts, tz, u, j, jb, tm, iv, dd;" in reader
+    assert "DuckDB, padded back to 3 characters by Arrow: ch" in reader and "its text, cast to decimal256(50, 2) by Arrow: nb" in reader
+    assert "its text form (spaces kept): bp" in reader and "its text form: e, n, ns, nm" in reader
+    duck, adbc = _read(arrays, "dec_arrays_all", "duckdb"), _read(arrays, "dec_arrays_all", "adbc")
+    assert duck.schema == adbc.schema and duck.num_rows == adbc.num_rows == len(ARRAY_ROWS)
+    for name in adbc.column_names:
+        assert _values(duck, name) == _values(adbc, name), name
+    row = duck.select(["ch", "bp", "nb", "i2", "t", "b"]).to_pydict()  # and they are PostgreSQL's values
+    assert row["ch"][0] == ["a  ", "ab ", None, " \t "] and row["bp"] == ["ab  ", " ", None]
+    assert str(row["nb"][0]) == "123456789012345678901234567890123456789012345678.99" and row["i2"][1] == []
+    assert row["t"][0] == ["a b", None, "é🦆", "", "{x}", "NULL"] and row["b"][0] == [True, False, None]
+
+
+@pytest.mark.parametrize("policy", ["error", "null", "clamp"])
+def test_infinity_in_an_array_follows_the_policy_on_both_decoders(arrays, policy: str) -> None:
+    """On the main this started from, ADBC's reader gave an infinity inside a date[] as a date 5.9 million
+    years BC, with exit 0 (its wrapped encoding: only plain columns were checked)."""
+    pg_exec(arrays, "DROP TABLE IF EXISTS dec_arrays_inf", "CREATE TABLE dec_arrays_inf (id int, d date[], ts timestamptz[])",
+            "INSERT INTO dec_arrays_inf VALUES (1, '{2020-01-01,infinity,NULL}', '{-infinity}'), (2, NULL, '{}')")
+    kw = {} if policy == "error" else {"special_values": policy}
+    outcomes = []
+    for decoder in ("duckdb", "adbc"):
+        try:
+            outcomes.append(_read(arrays, "dec_arrays_inf", decoder, **kw))
+        except TransferError as exc:
+            outcomes.append(str(exc))
+    duck, adbc = outcomes
+    if policy == "error":
+        assert isinstance(duck, str) and duck == adbc and "column d (date[]) holds infinity" in duck
+        return
+    assert all(_values(duck, n) == _values(adbc, n) for n in adbc.column_names)
+    days = _values(duck, "d")[0][:2]
+    assert days == ([18262, None] if policy == "null" else [18262, 2145042905])  # NULL, or 5874897-12-31
+
+
+def test_a_bytea_array_is_read_by_adbc_and_said_so(pg_source) -> None:
+    """DuckDB's extension reads a bytea[] as its text form: that table stays with ADBC's reader, and the plan names the column."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS dec_bytea_arr", "CREATE TABLE dec_bytea_arr (id int, ba bytea[])",
+            "INSERT INTO dec_bytea_arr VALUES (1, '{\"\\\\x00ff\",NULL}')")
+    src = PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_bytea_arr"), JobOptions())
+    assert "column ba, bytea[]" in src.describe().reader and src.decoder == "adbc"
+    assert _read(pg_source, "dec_bytea_arr", "adbc")["ba"].to_pylist() == [[b"\x00\xff", None]]
+
+
 def test_a_duckdb_read_sees_the_jobs_snapshot_not_later_rows(pg_source) -> None:
     pg_exec(pg_source, "DROP TABLE IF EXISTS dec_snap", "CREATE TABLE dec_snap AS SELECT g AS id FROM generate_series(1, 1000) g")
     src = PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_snap", decoder="duckdb"), JobOptions())
@@ -145,20 +226,17 @@ def test_a_duckdb_read_sees_the_jobs_snapshot_not_later_rows(pg_source) -> None:
 
 
 def test_auto_takes_adbc_for_a_type_duckdb_does_not_decode_exactly_and_duckdb_refuses_it_by_name(pg_source) -> None:
-    pg_exec(pg_source, "DROP TABLE IF EXISTS dec_unfit", "CREATE TABLE dec_unfit (id int, iv int4[])",
+    pg_exec(pg_source, "DROP TABLE IF EXISTS dec_unfit", "CREATE TABLE dec_unfit (id int, ba bytea[])",
             "DROP TABLE IF EXISTS dec_char", "CREATE TABLE dec_char (id int, ch char(5))")
     auto = PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_unfit"), JobOptions())
     info = auto.describe()
-    assert auto.decoder == "adbc" and "column iv, integer[]" in info.reader
-    with pytest.raises(SchemaError, match=r"column iv \(integer\[\]\)"):
+    assert auto.decoder == "adbc" and "column ba, bytea[]" in info.reader
+    with pytest.raises(SchemaError, match=r"column ba \(bytea\[\]\)"):
         PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_unfit", decoder="duckdb"), JobOptions()).describe()
-    # DuckDB trims the trailing spaces PostgreSQL keeps: in char(n) they are padding to n characters, which
-    # Arrow restores; a bpchar of no length keeps the spaces it was given, which nothing can restore
+    # DuckDB trims the trailing spaces PostgreSQL keeps: in char(n) they are padding to n characters, which Arrow restores
     padded = PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_char"), JobOptions())
-    assert padded.describe().reader.endswith("char(n) padding restored by Arrow for ch)") and padded.decoder == "duckdb"
-    pg_exec(pg_source, "DROP TABLE IF EXISTS dec_bpchar", "CREATE TABLE dec_bpchar (id int, b bpchar)")
-    loose = PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_bpchar"), JobOptions())
-    assert "column b, bpchar" in loose.describe().reader and loose.decoder == "adbc"
+    assert padded.describe().reader.endswith("columns by route: DuckDB: id; DuckDB, padded back to 5 characters by Arrow: ch")
+    assert padded.decoder == "duckdb"
     fine = PostgresSource(PostgresSourceConfig(port=pg_source.port, table="dec_matrix"), JobOptions())
     assert "DuckDB" in fine.describe().reader and fine.decoder == "duckdb"
 
@@ -417,3 +495,15 @@ def test_an_array_an_arrow_list_cannot_hold_as_it_is_is_refused_by_name(pg_sourc
         with pytest.raises(TransferError, match=rf"postgres column a \(integer\[\]\) holds an array of {dims} dimension") as caught:
             read()
         assert "a::text" in caught.value.hint
+
+
+def test_conveyor_plan_says_each_columns_route(arrays, cli, tmp_path) -> None:
+    """`conveyor plan` prints the route of every column (on the main this started from, the plan did not say how a
+    column is decoded, and the job's log said only which decoder read the whole table)."""
+    res = cli("plan", "pipeline=postgres_to_parquet", f"source.port={arrays.port}", "source.table=dec_arrays_all",
+              f"sink.path={tmp_path / 'out'}")
+    assert res.code == 0, res.err
+    text = " ".join(res.out.split())  # the plan's caption wraps at the terminal's width
+    assert "source: Arrow batches decoded by DuckDB's postgres extension (source.decoder=auto); columns by route:" in text
+    assert "DuckDB, padded back to 3 characters by Arrow: ch;" in text and "its text, cast to decimal256(50, 2) by Arrow: nb" in text
+    assert not (tmp_path / "out").exists()
