@@ -377,8 +377,8 @@ class Bench:
 
     def awkward(self, rows: int, degree: int) -> None:
         """PostgreSQL -> Parquet of a table of the types a real schema has (uuid, jsonb, char(n), time, an enum,
-        int4[]) beside the same values in plain types (text, varchar, bigint): what each decoding route costs.
-        interval is left out: Parquet has no type for it (the sink refuses it by name)."""
+        int4[]) beside the same values in plain types (text, varchar, bigint): what each decoding route costs, with
+        the server's own binary COPY of each table as its floor. interval is left out: Parquet has no type for it (the sink refuses it by name)."""
         psql(self.src, "DROP TABLE IF EXISTS awk_types, awk_plain; DROP TYPE IF EXISTS awk_mood; "
                        "CREATE TYPE awk_mood AS ENUM ('sad', 'ok', 'happy'); "
                        "CREATE TABLE awk_types AS SELECT g::int8 AS id, md5(g::text)::uuid AS u, "
@@ -390,7 +390,17 @@ class Bench:
         psql(self.src, "VACUUM ANALYZE awk_types")
         psql(self.src, "VACUUM ANALYZE awk_plain")
         plain_cell = None
+        program, program_env = psql_program() or ("psql", {})
         for table in ("awk_plain", "awk_types"):
+            # the floor of each: the server's binary COPY of the table into /dev/null (jsonb and enums cost the
+            # server more to send than their text does)
+            def raw(t: str = table) -> None:
+                subprocess.run([program, "-X", "-q", "-h", "127.0.0.1", "-p", str(self.src.port), "-U", "postgres", "-c",
+                                f"COPY {t} TO STDOUT (FORMAT binary)"], env={**os.environ, **program_env, "PGPASSWORD": self.src.password},
+                               stdout=subprocess.DEVNULL, check=True)
+
+            self.measure("awkward types -> parquet", f"baseline psql binary COPY of {table} to /dev/null", raw, lambda: None, lambda: True,
+                         method="pipe", degree=1)
             out = self.work / f"out_{table}"
 
             def reset(o: Path = out) -> None:
