@@ -76,6 +76,13 @@ def pg_servers():
             server.stop()
 
 
+@pytest.fixture
+def pg_password(monkeypatch):
+    """PGPASSWORD set to the test servers' password for one test (``password_env``'s default), whatever
+    a test before it did to the environment: a module takes it with ``pytestmark = pytest.mark.usefixtures("pg_password")``."""
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+
+
 @pytest.fixture(scope="session")
 def pg_source(pg_servers):
     return pg_servers[0]

@@ -14,12 +14,9 @@ from pathlib import Path
 import pytest
 
 from conveyor.errors import ConfigError, SchemaError, TransferError
-from tests.helpers import PG_PASSWORD, checksum, job, pg_exec
+from tests.helpers import checksum, job, pg_exec
 
-
-@pytest.fixture(autouse=True)
-def _password(monkeypatch):
-    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+pytestmark = pytest.mark.usefixtures("pg_password")
 
 
 COLUMNS = "id int, t text, n numeric(15,2), wide numeric(38,10), f float8, d date, b bool"

@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 
 from conveyor.errors import VerificationError
-from tests.helpers import PG_PASSWORD, job, pg_exec
+from tests.helpers import job, pg_exec
 
 ROWS = 6000
 
 
-@pytest.fixture(autouse=True)
-def _password(monkeypatch):
-    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+pytestmark = pytest.mark.usefixtures("pg_password")
 
 
 @pytest.fixture(scope="module")

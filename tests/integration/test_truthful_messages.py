@@ -14,12 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from conveyor.errors import ConfigError, ConnectError, PluginError, SchemaError, TransferError
-from tests.helpers import BIN, PG_PASSWORD, job, pg_exec, run_cli
+from tests.helpers import BIN, job, pg_exec, run_cli
 
-
-@pytest.fixture(autouse=True)
-def _password(monkeypatch):
-    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+pytestmark = pytest.mark.usefixtures("pg_password")
 
 
 def _compose(*overrides: str):

@@ -23,9 +23,7 @@ from tests.helpers import PG_PASSWORD, Relayed, checksum, job, pg_exec
 ROWS = 20000
 
 
-@pytest.fixture(autouse=True)
-def _password(monkeypatch):
-    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+pytestmark = pytest.mark.usefixtures("pg_password")
 
 
 @pytest.fixture(scope="module")

@@ -41,9 +41,7 @@ def same(a: pa.Field, b: pa.Field) -> bool:
     return pa.schema([a]).serialize().to_pybytes() == pa.schema([b]).serialize().to_pybytes()
 
 
-@pytest.fixture(autouse=True)
-def _password(monkeypatch):
-    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+pytestmark = pytest.mark.usefixtures("pg_password")
 
 
 @pytest.fixture(scope="module")

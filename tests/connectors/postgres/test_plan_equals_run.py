@@ -17,12 +17,9 @@ from omegaconf import OmegaConf
 from conveyor.config import build_job
 from conveyor.connectors.postgres.sink import PostgresSink
 from conveyor.pipelines.job import plan_job, run_job
-from tests.helpers import PG_PASSWORD, pg_exec
+from tests.helpers import pg_exec
 
-
-@pytest.fixture(autouse=True)
-def _password(monkeypatch):
-    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+pytestmark = pytest.mark.usefixtures("pg_password")
 
 
 @pytest.fixture(scope="module")

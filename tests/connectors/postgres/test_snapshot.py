@@ -14,12 +14,9 @@ import pytest
 
 from conveyor.connectors.postgres.source import PostgresSource, PostgresSourceConfig
 from conveyor.core import JobOptions
-from tests.helpers import PG_PASSWORD, pg_exec
+from tests.helpers import pg_exec
 
-
-@pytest.fixture(autouse=True)
-def _password(monkeypatch):
-    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+pytestmark = pytest.mark.usefixtures("pg_password")
 
 
 def test_the_snapshot_is_exported_by_a_read_only_repeatable_read_transaction(pg_source) -> None:

@@ -16,12 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from conveyor.errors import SchemaError, TransferError
-from tests.helpers import PG_PASSWORD, job, pg_exec
+from tests.helpers import job, pg_exec
 
-
-@pytest.fixture(autouse=True)
-def _password(monkeypatch):
-    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+pytestmark = pytest.mark.usefixtures("pg_password")
 
 
 def _tables(src, dst, values: str, target_type: str = "varchar(3)") -> tuple[dict, dict]:

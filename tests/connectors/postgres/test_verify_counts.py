@@ -18,14 +18,12 @@ import pytest
 from conveyor.connectors.postgres.common import row_hash_sql
 from conveyor.connectors.postgres.source import PostgresSource, PostgresSourceConfig
 from conveyor.core import JobOptions, PageRange
-from tests.helpers import PG_PASSWORD, pg_exec
+from tests.helpers import pg_exec
 
 RANGES = [(0, 40), (40, 41), (41, 90), (90, 200), (200, None)]  # uneven, one a single page, the last open-ended
 
 
-@pytest.fixture(autouse=True)
-def _password(monkeypatch):
-    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+pytestmark = pytest.mark.usefixtures("pg_password")
 
 
 @pytest.fixture(scope="module")
