@@ -11,8 +11,9 @@ is (``EXACT``: integers, floats, bool, text, varchar, bytea, date, timestamp(tz)
 time, interval, enums, numeric(p<=38,s), and 1-D arrays of those but bytea); char(n) (and its arrays)
 with its padding restored by Arrow; numeric wider than 38 digits read as its text in the same query and
 cast to its decimal by Arrow; a bpchar of no length through its output function (a cast to text would
-trim it); every other column in its text form. Only a table with a column of none of these (bytea[],
-bpchar[] of no length, "char", oid, a domain over an array or a numeric) is read by ADBC. DuckDB reads a
+trim it); every other column in its text form. A table's column of a domain is described by the server as
+the domain's base type and routed as that. Only a table with a column of none of these (bytea[], bpchar[]
+of no length, "char", oid) is read by ADBC. DuckDB reads a
 numeric NaN as 0: the partition's query makes the server fail at a NaN in a numeric column, and the NaN
 is refused by name as on ADBC's path; each column is then cast to the type ADBC gives, so a job's
 batches are the same whichever decoder read them (tests/connectors/postgres/test_decoder.py compares
@@ -61,7 +62,7 @@ class Route:
 def route(col: PgColumn) -> Route | None:
     """The column's route through DuckDB's decoder; None: none is exact (the table is read by ADBC)."""
     q = ident(col.name)
-    if col.typtype == "d":  # a domain reads as its base type: DuckDB's value is exact for the plain ones
+    if col.typtype == "d":  # a domain the server named as such (a query's cast to it): read as its base type, plain ones only
         return Route(col.select_expr(), "DuckDB") if col.typname in EXACT and col.typname != "bytea" else None
     if col.unconstrained_numeric or not col.native:
         return Route(col.select_expr(), "its text form")

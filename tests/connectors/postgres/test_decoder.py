@@ -132,23 +132,24 @@ def test_infinity_and_far_timestamps_follow_the_same_policy_on_both_decoders(mat
 
 ARRAYS = """CREATE TABLE dec_arrays_all (id int, i2 int2[], i4 int4[], i8 int8[], f4 float4[], f8 float8[], b bool[], t text[],
   vc varchar(5)[], ch char(3)[], by bytea, d date[], ts timestamp[], tz timestamptz[], u uuid[], j json[], jb jsonb[], tm time[],
-  iv interval[], e dec_mood[], n numeric(10,2)[], bp bpchar, nb numeric(50,2), ns numeric(5,-2), nm name, dd dec_day)"""
+  iv interval[], e dec_mood[], n numeric(10,2)[], bp bpchar, nb numeric(50,2), ns numeric(5,-2), nm name, dd dec_day, dc dec_chars, di dec_ints)"""
 ARRAY_ROWS = [
     "(1, '{1,NULL,-32768,32767}', '{-2147483648,2147483647}', '{-9223372036854775808,9223372036854775807}', '{NaN,-0,Infinity,-Infinity,1.4e-45}', "
     "'{4.9e-324,NULL,-0}', '{t,f,NULL}', '{\"a b\",NULL,\"é🦆\",\"\",\"{x}\",\"NULL\"}', '{αβγδε,\"\"}', '{\"a\",\"ab \",NULL,\" \t\"}', '\\x00', "
     "'{2020-01-01,\"4713-01-01 BC\",5874897-12-31,NULL}', '{\"2020-01-01 00:00:00\",\"294247-01-09 04:00:54.775806\"}', "
     "'{\"1999-12-31 23:59:59.5-08\",NULL}', '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,NULL}', ARRAY['{\"a\":  1}'::json, NULL], "
     "ARRAY['{\"é\": [1, 2.50]}'::jsonb, 'null'], '{00:00:00,24:00:00,23:59:59.999999}', '{\"1 year 2 days\",\"-1 days -00:00:00.000001\",NULL}', "
-    "'{sad,happy}', '{1.50,NULL,NaN}', 'ab  ', 123456789012345678901234567890123456789012345678.99, 12300, 'pg_class', '2024-02-29')",
+    "'{sad,happy}', '{1.50,NULL,NaN}', 'ab  ', 123456789012345678901234567890123456789012345678.99, 12300, 'pg_class', '2024-02-29', 'ab', '{1,NULL}')",
     "(2, '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '\\x', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', ' ', "
-    "-0.01, -99900, '', '4713-01-01 BC')",
-    "(3" + ", NULL" * 25 + ")",
+    "-0.01, -99900, '', '4713-01-01 BC', ' ', '{}')",
+    "(3" + ", NULL" * 27 + ")",
 ]
 
 
 @pytest.fixture(scope="module")
 def arrays(matrix):
-    pg_exec(matrix, "DROP TABLE IF EXISTS dec_arrays_all", "DROP DOMAIN IF EXISTS dec_day", "CREATE DOMAIN dec_day AS date",
+    pg_exec(matrix, "DROP TABLE IF EXISTS dec_arrays_all", "DROP DOMAIN IF EXISTS dec_day, dec_chars, dec_ints", "CREATE DOMAIN dec_day AS date",
+            "CREATE DOMAIN dec_chars AS char(4)", "CREATE DOMAIN dec_ints AS int4[]",
             ARRAYS, f"INSERT INTO dec_arrays_all VALUES {', '.join(ARRAY_ROWS)}")
     return matrix
 
@@ -161,15 +162,15 @@ def test_arrays_wide_numerics_and_loose_bpchar_take_their_own_routes_and_decode_
     src = PostgresSource(PostgresSourceConfig(port=arrays.port, table="dec_arrays_all"), JobOptions())
     reader = src.describe().reader
     assert src.decoder == "duckdb", reader
-    assert "DuckDB: id, i2, i4, i8, f4, f8, b, t, vc, by, d, ts, tz, u, j, jb, tm, iv, dd;" in reader
-    assert "DuckDB, padded back to 3 characters by Arrow: ch" in reader and "its text, cast to decimal256(50, 2) by Arrow: nb" in reader
+    assert "DuckDB: id, i2, i4, i8, f4, f8, b, t, vc, by, d, ts, tz, u, j, jb, tm, iv, dd, di;" in reader
+    assert "DuckDB, padded back to 3 characters by Arrow: ch;" in reader and "padded back to 4 characters by Arrow: dc" in reader and "its text, cast to decimal256(50, 2) by Arrow: nb" in reader
     assert "its text form (spaces kept): bp" in reader and "its text form: e, n, ns, nm" in reader
     duck, adbc = _read(arrays, "dec_arrays_all", "duckdb"), _read(arrays, "dec_arrays_all", "adbc")
     assert duck.schema == adbc.schema and duck.num_rows == adbc.num_rows == len(ARRAY_ROWS)
     for name in adbc.column_names:
         assert _values(duck, name) == _values(adbc, name), name
-    row = duck.select(["ch", "bp", "nb", "i2", "t", "b"]).to_pydict()  # and they are PostgreSQL's values
-    assert row["ch"][0] == ["a  ", "ab ", None, " \t "] and row["bp"] == ["ab  ", " ", None]
+    row = duck.select(["ch", "bp", "nb", "i2", "t", "b", "dc"]).to_pydict()  # and they are PostgreSQL's values
+    assert row["ch"][0] == ["a  ", "ab ", None, " \t "] and row["bp"] == ["ab  ", " ", None] and row["dc"] == ["ab  ", "    ", None]
     assert str(row["nb"][0]) == "123456789012345678901234567890123456789012345678.99" and row["i2"][1] == []
     assert row["t"][0] == ["a b", None, "é🦆", "", "{x}", "NULL"] and row["b"][0] == [True, False, None]
 
@@ -505,3 +506,14 @@ def test_conveyor_plan_says_each_columns_route(arrays, cli, tmp_path) -> None:
     assert "source: Arrow batches decoded by DuckDB's postgres extension (source.decoder=auto); columns by route:" in text
     assert "DuckDB, padded back to 3 characters by Arrow: ch;" in text and "its text, cast to decimal256(50, 2) by Arrow: nb" in text
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("decoder", ["duckdb", "adbc"])
+def test_a_domain_over_an_array_is_held_to_one_dimension_as_its_base_type(pg_source, decoder: str) -> None:
+    """A column of a domain over int4[] is read as its base type, dimension check included, on both decoders."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS dec_dom_arr", "DROP DOMAIN IF EXISTS dec_dom_ints", "CREATE DOMAIN dec_dom_ints AS int4[]",
+            "CREATE TABLE dec_dom_arr (id int, a dec_dom_ints)", "INSERT INTO dec_dom_arr VALUES (1, '{1,2}'), (2, '{{1,2},{3,4}}')")
+    with pytest.raises(TransferError, match=r"postgres column a \(integer\[\]\) holds an array of 2 dimension"):
+        _read(pg_source, "dec_dom_arr", decoder)
+    pg_exec(pg_source, "DELETE FROM dec_dom_arr WHERE id = 2")
+    assert _read(pg_source, "dec_dom_arr", decoder)["a"].to_pylist() == [[1, 2]]
