@@ -53,6 +53,42 @@ class ForeignKey:
         return f"{self.schema}.{self.table}"
 
 
+@dataclass(frozen=True)
+class SequenceDef:
+    """An identity or serial column of a source table and where its sequence stands."""
+
+    column: str
+    #: "always" / "by default" (an identity column), "" (a serial: a default taking its own sequence's next value)
+    identity: str
+    #: the sequence's options in SQL (START, INCREMENT, MINVALUE, MAXVALUE, CACHE, CYCLE)
+    options: str
+    #: the last value the source's sequence gave out (None: none yet)
+    last_value: int | None
+
+
+@dataclass(frozen=True)
+class TableDefinition:
+    """What a source table is beyond its columns' types and its keys (``SourceInfo.primary_key`` /
+    ``foreign_keys``): a sink creating its target carries what it can and says what it did not. The
+    expressions and definitions are SQL of ``dialect``'s engine."""
+
+    dialect: str
+    #: the source table's own name (an index named after it is named after the target)
+    table: str = ""
+    not_null: tuple[str, ...] = ()
+    comment: str | None = None
+    column_comments: tuple[tuple[str, str], ...] = ()
+    #: (column, default expression), serial columns' aside (``sequences``)
+    defaults: tuple[tuple[str, str], ...] = ()
+    sequences: tuple[SequenceDef, ...] = ()
+    #: (name, definition) of CHECK, UNIQUE and EXCLUDE constraints
+    constraints: tuple[tuple[str, str], ...] = ()
+    #: (name, definition after ``ON <table>``: "USING btree (a, lower(b)) WHERE ...") of the other indexes
+    indexes: tuple[tuple[str, str], ...] = ()
+    #: what the table has that no sink carries (its triggers, row security, generated expressions, ...)
+    not_carried: tuple[str, ...] = ()
+
+
 class DeferredSchema:
     """An Arrow schema made the first time something reads it, with its column names known before.
 
@@ -128,6 +164,8 @@ class SourceInfo:
     primary_key: tuple[str, ...] = ()
     #: the source table's foreign keys (a job over several tables may make them between its targets)
     foreign_keys: tuple[ForeignKey, ...] = ()
+    #: the rest of the source table's definition (defaults, sequences, constraints, indexes, comments)
+    definition: TableDefinition | None = None
     #: the kinds of partition (``Partition.kind``) whose reads report the rows the source's server sent for
     #: them (:class:`SentBatches`: ``sent``), over the whole table (not within an incremental window):
     #: a sink that checks each partition before its commit checks against that count, and the job does not
@@ -322,6 +360,8 @@ class NativeStream(Protocol):
 __all__ = [
     "SupportsChangeCheck",
     "ForeignKey",
+    "SequenceDef",
+    "TableDefinition",
     "SourceTable",
     "NativeExport",
     "SourceInfo",

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from conveyor.connectors.postgres import commits, decide, encoding, partitioned, passthrough, writers
+from conveyor.connectors.postgres import commits, decide, definition, encoding, partitioned, passthrough, writers
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.types import column_ddl, read_columns
@@ -70,7 +70,9 @@ class Preparer:
         using = f" USING {ident(am)}" if am else ""
         if d.new_table:
             source_cols = passthrough.source_columns(request.info.native)
-            ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}" for f in request.schema)
+            made = self._definition(request)
+            ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}{definition.not_null(made, f.name)}"
+                            for f in request.schema)
             unlogged = "UNLOGGED " if self.config.unlogged or self.config.unlogged_load else ""
             con.execute(f"CREATE {unlogged}TABLE {self._qualified(stage)} ({ddl}){using}")
         elif mode in ("truncate", "replace", "merge") and not d.in_place:
@@ -119,6 +121,11 @@ class Preparer:
             native=d.native, checks_before_commit=self.options.load_mode == "append" or d.in_place, path=d.path,
             path_reason="; ".join(details), keeps=(INFINITY,) if load.writer == "pgpq" else (), own=load)
 
+    def _definition(self, request: PrepareRequest) -> Any:
+        """The PostgreSQL source table's definition this new table takes (None: none, or sink.definition=false)."""
+        made = request.info.definition
+        return made if self.config.definition and made is not None and made.dialect == "postgres" else None
+
     def _one_transaction(self, con: Any, target: targets.Target) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
         """A truncate in the partition's own transaction: (statements before its rows, after them, COPY
         FREEZE). TRUNCATE first, so COPY may freeze the rows (a plain table) and a wal_level=minimal server
@@ -137,6 +144,8 @@ class Preparer:
         key = request.info.primary_key
         if d.new_table and self.config.primary_key and key and set(key) <= set(request.column_names):
             own = dataclasses.replace(own, primary_key=tuple(key))
+        if d.new_table and self._definition(request) is not None:
+            own = dataclasses.replace(own, definition=self._definition(request))
         if mode == "merge":
             own = dataclasses.replace(own, merge=merging.plan(self.config, list(ins.primary_key), [t for _, t in d.pairs],
                                                                 [c.name for c in ins.target.columns], self.where))

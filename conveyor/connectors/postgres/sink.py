@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.connectors.postgres import commits, decide, partitioned, passthrough, writers
+from conveyor.connectors.postgres import commits, decide, definition, partitioned, passthrough, writers
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.prepare import Preparer
@@ -114,6 +114,11 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
     #: create / replace making a new table from a source table with a primary key: make the same key
     #: (built after the rows, before the table is swapped in)
     primary_key: bool = True
+    #: create / replace making a new table from a PostgreSQL source table: the rest of its definition too:
+    #: NOT NULL (with the table), defaults, identity and serial columns with their sequences set past the
+    #: copied values, CHECK / UNIQUE / EXCLUDE constraints, the other indexes, comments (built after the
+    #: rows, before the table is swapped in; the log says what was carried and what was not)
+    definition: bool = True
     #: a job over several tables creating its targets (create / replace): make the source's foreign
     #: keys between them after every table is loaded (each checks every row)
     foreign_keys: bool = False
@@ -365,6 +370,8 @@ class PostgresSink(SinkBase):
         if plan.load_mode == "truncate" and self.config.rebuild_indexes:
             drop, build = targets.loose_indexes(con, target)
             steps = [steps[0], *drop, steps[1], *build, *steps[2:]]  # empty, drop, insert, build, drop stage
+        if plan.own.definition is not None:  # the source table's definition, built over the loaded rows
+            definition.carry(con, plan, self.config.schema, self.config.table, self.where, self.name)
         for step in steps:
             done = con.execute(step)
             if step is insert:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.connectors.postgres import changes, duckdecode, passthrough, reading
+from conveyor.connectors.postgres import changes, definition, duckdecode, passthrough, reading
 from conveyor.connectors.postgres.common import PG_DIALECT, PgConnConfig, adbc_connect, connect, ident, literal, translate
 from conveyor.connectors.postgres.planning import KIND_NAMES, PgPlanning, relation_info
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_arrow_type, read_columns
@@ -118,11 +118,12 @@ class PostgresSource(PgPlanning):
         con = connect(self.config, autocommit=True)
         try:
             self.server_version = con.info.server_version
-            estimate, size, keys = None, None, ((), ())
+            estimate, size, keys, made = None, None, ((), ()), None
             if self.config.table:
                 kind, _, oid, reltuples = relation_info(con, self.config)
                 self.relid, self.relkind = int(oid), kind
                 keys = _keys(con, oid)
+                made = definition.read(con, oid) if kind in ("r", "p") else None
                 estimate = int(reltuples) if reltuples and reltuples > 0 else None
                 # and whether the server counts each scan's rows for the read's own transaction (not every
                 # server that speaks PostgreSQL's protocol has the function, or counts: track_counts)
@@ -143,7 +144,7 @@ class PostgresSource(PgPlanning):
         self.decoder, reader = self._pick_decoder()
         return SourceInfo(schema=self._schema, label=label, estimated_rows=estimate, estimated_bytes=size,
                           native=passthrough.offer(self.columns), reader=reader, primary_key=keys[0], foreign_keys=keys[1],
-                          reads_count=reading.counted_kinds(self), checksums=True)
+                          definition=made, reads_count=reading.counted_kinds(self), checksums=True)
 
     @property
     def schema(self) -> Any:

@@ -48,6 +48,9 @@ class PgLoad:
     #: create / replace making a new table: the source's primary key, added to the staged table
     #: after its rows (one index build instead of one insert per row) and before it is swapped in
     primary_key: tuple[str, ...] = ()
+    #: create / replace making a new table, sink.definition: the PostgreSQL source table's definition
+    #: (TableDefinition), built on the staged table with the primary key
+    definition: Any = None
     #: sink.routing=leaves: the target's partition tree (parttree.Tree), each row COPYed into its leaf
     route: Any = None
     #: the Arrow bytes a routed partition holds before it COPYs every leaf's share (routing_buffer_mb)

@@ -1,0 +1,119 @@
+"""create / replace of a new PostgreSQL table from a PostgreSQL source table carries the table's definition
+(sink.definition): NOT NULL, defaults, identity and serial columns with their sequences past the copied values,
+CHECK / UNIQUE / EXCLUDE constraints, the other indexes, comments; and says what it did not carry (triggers,
+generated expressions, ...). On the main this started from, only the primary key (and, on request, the foreign
+keys) was made: the copy of a table lost its defaults, its sequences and every secondary index.
+
+Each test compares the two tables through the catalogs, names aside (an index's name is unique per schema, so a
+copy's are the target's: ``dt_src_code_key`` -> ``dt_copy_code_key``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conveyor.errors import SchemaError
+from tests.helpers import job, pg_exec
+
+pytestmark = pytest.mark.usefixtures("pg_password")
+
+SOURCE = [
+    "DROP TABLE IF EXISTS dt_src CASCADE", "DROP FUNCTION IF EXISTS dt_touch() CASCADE",
+    """CREATE TABLE dt_src (
+        id bigint GENERATED ALWAYS AS IDENTITY (START WITH 10 INCREMENT BY 5) PRIMARY KEY,
+        ser serial,
+        code text NOT NULL UNIQUE,
+        qty int NOT NULL DEFAULT 1 CHECK (qty > 0),
+        price numeric(12,2) DEFAULT 0.00,
+        made timestamptz NOT NULL DEFAULT now(),
+        tag text DEFAULT 'none'::text,
+        lo int, hi int,
+        doubled int GENERATED ALWAYS AS (qty * 2) STORED,
+        CONSTRAINT dt_src_range CHECK (lo <= hi),
+        CONSTRAINT dt_src_pair UNIQUE (lo, hi),
+        CONSTRAINT dt_src_excl EXCLUDE USING btree (tag WITH =) WHERE (tag <> 'none'))""",
+    "CREATE INDEX dt_src_lower_code ON dt_src (lower(code))",
+    "CREATE INDEX dt_src_cheap ON dt_src (price DESC NULLS LAST) INCLUDE (qty) WHERE price < 100",
+    "CREATE INDEX by_hash ON dt_src USING hash (tag)",
+    "COMMENT ON TABLE dt_src IS 'the source''s table'", "COMMENT ON COLUMN dt_src.code IS 'a code, é'",
+    "CREATE FUNCTION dt_touch() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END'",
+    "CREATE TRIGGER dt_src_touch BEFORE UPDATE ON dt_src FOR EACH ROW EXECUTE FUNCTION dt_touch()",
+    "INSERT INTO dt_src (code, qty, price, tag, lo, hi) SELECT 'c' || g, 1 + g % 7, g / 3.0, CASE WHEN g % 100 = 0 THEN 't' || g ELSE 'none' END, "
+    "g, g + 1 FROM generate_series(1, 3000) g",
+    "SELECT nextval('dt_src_ser_seq') FROM generate_series(1, 50)",  # the serial's sequence runs ahead of the rows
+]
+
+
+def _definition(server, table: str) -> dict:
+    """The table's definition from the catalogs, its own name replaced by T (and sequence names by S)."""
+    def norm(text: str | None) -> str | None:
+        return None if text is None else re.sub(r"\w*_seq\b", "S", text.replace(table, "T"))
+
+    rows = lambda sql: pg_exec(server, sql.replace("%T", f"'{table}'::regclass"))  # noqa: E731
+    return {
+        "columns": [tuple(norm(str(v)) if v is not None else None for v in r) for r in rows(
+            "SELECT attname, format_type(atttypid, atttypmod), attnotnull, attidentity, pg_get_expr(adbin, adrelid), "
+            "col_description(attrelid, attnum) FROM pg_attribute LEFT JOIN pg_attrdef ON adrelid = attrelid AND adnum = attnum "
+            "WHERE attrelid = %T AND attnum > 0 ORDER BY attnum")],
+        "constraints": sorted((norm(n), t, d) for n, t, d in rows(
+            "SELECT conname, contype, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %T")),
+        "indexes": sorted(norm(re.sub(r"^CREATE (UNIQUE )?INDEX \S+ ON \S+", r"\1", d)) for (d,) in rows(
+            "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %T")),
+        "index_names": sorted(norm(n) for (n,) in rows("SELECT relname FROM pg_index JOIN pg_class ON oid = indexrelid WHERE indrelid = %T")),
+        "comment": rows("SELECT obj_description(%T, 'pg_class')")[0][0],
+    }
+
+
+@pytest.mark.parametrize("where", ["another server", "the same schema"])
+def test_create_carries_the_whole_definition_and_sets_sequences_past_the_rows(pg_source, pg_target, where: str) -> None:
+    target = pg_target if where == "another server" else pg_source
+    pg_exec(pg_source, *SOURCE)
+    pg_exec(target, "DROP TABLE IF EXISTS dt_copy")
+    report = job({"type": "postgres", "port": pg_source.port, "table": "dt_src"},
+                 {"type": "postgres", "port": target.port, "table": "dt_copy"}, "ctid", {"partitions": 3}, degree=2, load_mode="create")
+    assert report.rows == 3000
+    src, got = _definition(pg_source, "dt_src"), _definition(target, "dt_copy")
+    generated = [c for c in src["columns"] if c[0] == "doubled"][0]
+    # every element but the generated column's expression (its values are copied: a generated column takes none)
+    assert [c for c in got["columns"] if c[0] != "doubled"] == [c for c in src["columns"] if c[0] != "doubled"]
+    assert [c for c in got["columns"] if c[0] == "doubled"] == [(*generated[:4], None, None)]
+    assert got["constraints"] == src["constraints"] and got["indexes"] == src["indexes"] and got["comment"] == src["comment"]
+    assert got["index_names"] == sorted(["T_cheap", "T_code_key", "T_excl", "T_lower_code", "T_pair", "T_pkey", "T_by_hash"])
+    # the sequences stand past the copied values and the source's own: a new row takes the next free key
+    id_max, ser_next = pg_exec(pg_source, "SELECT max(id), nextval('dt_src_ser_seq') FROM dt_src")[0]
+    new = pg_exec(target, "INSERT INTO dt_copy (code, lo, hi) VALUES ('new', 0, 0) RETURNING id, ser, qty, tag, made IS NOT NULL")[0]
+    assert new == (id_max + 5, ser_next, 1, "none", True)
+    with pytest.raises(Exception, match="cannot insert a non-DEFAULT value into column \"id\""):
+        pg_exec(target, "INSERT INTO dt_copy (id, code) VALUES (1, 'x')")  # GENERATED ALWAYS, as on the source
+
+
+def test_what_is_not_carried_is_said_and_definition_false_makes_columns_and_key_only(pg_source, pg_target, cli) -> None:
+    pg_exec(pg_source, *SOURCE)
+    pg_exec(pg_target, "DROP TABLE IF EXISTS dt_copy", "DROP TABLE IF EXISTS dt_bare")
+    res = cli("run", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=dt_src", f"sink.port={pg_target.port}",
+              "sink.table=dt_copy", "load_mode=create")
+    assert res.code == 0, res.err
+    text = " ".join((res.out + res.err).split())
+    assert "definition carried: 5 NOT NULL, 4 default(s), 2 sequence(s), 5 constraint(s), 3 index(es), 2 comment(s)" in text, text[-3000:]
+    assert "not carried: column doubled's generation expression ((qty * 2)): its values are copied into a plain column; trigger dt_src_touch" in text
+    res = cli("run", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=dt_src", f"sink.port={pg_target.port}",
+              "sink.table=dt_bare", "load_mode=create", "sink.definition=false")
+    assert res.code == 0, res.err
+    bare = _definition(pg_target, "dt_bare")
+    assert bare["index_names"] == ["T_pkey"] and all(c[2] == "False" or c[0] == "id" for c in bare["columns"])
+
+
+def test_a_definition_the_target_cannot_take_is_one_line_and_leaves_no_table(pg_source, pg_target) -> None:
+    """A default calling a function the target's database lacks: refused by name at the finalize, nothing made."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS dt_fn", "DROP FUNCTION IF EXISTS dt_only_here()",
+            "CREATE FUNCTION dt_only_here() RETURNS int LANGUAGE sql AS 'SELECT 7'",
+            "CREATE TABLE dt_fn (id int PRIMARY KEY, v int DEFAULT dt_only_here())", "INSERT INTO dt_fn VALUES (1, 1), (2, 2)")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS dt_fn_copy", "DROP FUNCTION IF EXISTS dt_only_here()")
+    with pytest.raises(SchemaError, match=r"the source table's definition could not be carried: function dt_only_here\(\) does not exist") as caught:
+        job({"type": "postgres", "port": pg_source.port, "table": "dt_fn"}, {"type": "postgres", "port": pg_target.port, "table": "dt_fn_copy"},
+            load_mode="create")
+    assert "sink.definition=false" in caught.value.hint
+    assert pg_exec(pg_target, "SELECT to_regclass('dt_fn_copy') IS NULL, count(*) FROM pg_class WHERE relname LIKE '%conveyor%stage%'")[0] == \
+        (True, 0)
