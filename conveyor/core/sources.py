@@ -81,8 +81,9 @@ class TableDefinition:
     #: (column, default expression), serial columns' aside (``sequences``)
     defaults: tuple[tuple[str, str], ...] = ()
     sequences: tuple[SequenceDef, ...] = ()
-    #: (name, definition) of CHECK, UNIQUE and EXCLUDE constraints
-    constraints: tuple[tuple[str, str], ...] = ()
+    #: (name, definition, its index after ``ON <table>`` for a UNIQUE constraint else "", "DEFERRABLE ..." or "")
+    #: of CHECK, UNIQUE and EXCLUDE constraints
+    constraints: tuple[tuple[str, str, str, str], ...] = ()
     #: (name, definition after ``ON <table>``: "USING btree (a, lower(b)) WHERE ...") of the other indexes
     indexes: tuple[tuple[str, str], ...] = ()
     #: what the table has that no sink carries (its triggers, row security, generated expressions, ...)

@@ -46,9 +46,10 @@ def read(con: Any, oid: int) -> TableDefinition:
             sequences.append(_sequence(con, name, {"a": "always", "d": "by default"}.get(identity, ""), seq))
         elif default is not None:
             defaults.append((name, default))
-    constraints = con.execute(
-        "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s AND contype IN ('c', 'u', 'x') "
-        "ORDER BY conname", [oid]).fetchall()
+    constraints = [(name, sql, _after_on(index) if index else "", later) for name, sql, index, later in con.execute(
+        "SELECT conname, pg_get_constraintdef(oid), CASE WHEN contype = 'u' THEN pg_get_indexdef(conindid) END, "
+        "CASE WHEN condeferrable THEN 'DEFERRABLE' || CASE WHEN condeferred THEN ' INITIALLY DEFERRED' ELSE '' END ELSE '' END "
+        "FROM pg_constraint WHERE conrelid = %s AND contype IN ('c', 'u', 'x') ORDER BY conname", [oid]).fetchall()]
     indexes = con.execute(
         "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
         "WHERE i.indrelid = %s AND NOT EXISTS (SELECT FROM pg_constraint k WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid) "
@@ -92,11 +93,25 @@ def object_name(name: str, source_table: str, target_table: str) -> str:
     return index_name(target_table, suffix)
 
 
+def index_builds(d: TableDefinition, stage: str, schema: str) -> list[str]:
+    """The indexes of the definition (UNIQUE constraints' included), built on the staging table once its
+    rows are in, before the finalize's transaction, several at once (:func:`build_indexes`); IF NOT
+    EXISTS: a finalize run again after its driver died finds those it built (an unfinished build is
+    rolled back whole)."""
+    table = ident(schema, stage)
+    named = [(name, index) for name, _, index, _ in d.constraints if index] + list(d.indexes)
+    out = []
+    for name, sql in named:
+        unique, _, using = sql.partition("USING ")
+        out.append(f"CREATE {unique}INDEX IF NOT EXISTS {ident(object_name(name, d.table, stage))} ON {table} USING {using}")
+    return out
+
+
 def steps(d: TableDefinition, stage: str, target_table: str, schema: str, columns: set[str]) -> list[str]:
-    """The statements that give the staging table ``schema.stage`` the definition once its rows are in (NOT
-    NULL is made with the table: :func:`not_null`), only for the columns it has (a job's column subset).
-    Defaults, identity and CHECK constraints go in one ALTER TABLE: one scan of the rows checks every
-    constraint; each index is one build."""
+    """The statements, in the finalize's transaction, that give the staging table ``schema.stage`` the
+    rest of the definition once its rows and indexes are in (NOT NULL is made with the table:
+    :func:`not_null`), for the columns it has. Defaults, identity and CHECK constraints go in one ALTER
+    TABLE: one scan of the rows checks every constraint; a UNIQUE constraint takes its built index."""
     table, source_table = ident(schema, stage), d.table
     first: list[str] = []
     alter: list[str] = []
@@ -114,18 +129,46 @@ def steps(d: TableDefinition, stage: str, target_table: str, schema: str, column
         # past the source's last value and every value copied (a sequence behind the rows would hand out taken keys)
         past = f"greatest({'NULL' if s.last_value is None else int(s.last_value)}, (SELECT max({ident(s.column)}) FROM {table}))"
         after.append(f"SELECT setval({literal(seq)}, {past}) WHERE {past} IS NOT NULL")
-    for name, sql in d.constraints:
+    for name, sql, index, later in d.constraints:
         if sql.startswith("CHECK "):  # the table's own name space: only a name made of the source table's changes
             alter.append(f"ADD CONSTRAINT {ident(object_name(name, source_table, target_table) if name.startswith(source_table) else name)} {sql}")
-        else:  # an index of the schema's: named for the stage, renamed for the target with it
-            after.append(f"ALTER TABLE {table} ADD CONSTRAINT {ident(object_name(name, source_table, stage))} {sql}")
-    for name, sql in d.indexes:
-        unique, _, using = sql.partition("USING ")
-        after.append(f"CREATE {unique}INDEX {ident(object_name(name, source_table, stage))} ON {table} USING {using}")
+            continue
+        named = ident(object_name(name, source_table, stage))  # an index of the schema's: named for the stage, renamed with it
+        after.append(f"ALTER TABLE {table} ADD CONSTRAINT {named} UNIQUE USING INDEX {named} {later}".rstrip() if index else
+                     f"ALTER TABLE {table} ADD CONSTRAINT {named} {sql}")
     if d.comment is not None:
         after.append(f"COMMENT ON TABLE {table} IS {literal(d.comment)}")
     after += [f"COMMENT ON COLUMN {table}.{ident(c)} IS {literal(text)}" for c, text in d.column_comments if c in columns]
     return first + ([f"ALTER TABLE {table} " + ", ".join(alter)] if alter else []) + after
+
+
+def build_indexes(connect: Any, plan: SinkPlan, schema: str, degree: int, where: str) -> None:
+    """:func:`index_builds` of ``plan``'s definition, ``degree`` at once, each on its own connection
+    (``connect()``, autocommit): CREATE INDEX takes a lock that lets other builds on the table run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    builds = index_builds(plan.own.definition, plan.write_target, schema)
+
+    def build(sql: str) -> None:
+        con = connect()
+        try:
+            _run(con, sql, where)
+        finally:
+            con.close()
+
+    if builds:
+        with ThreadPoolExecutor(max(1, min(degree, len(builds))), thread_name_prefix="conveyor-index") as pool:
+            for done in [pool.submit(build, sql) for sql in builds]:
+                done.result()
+
+
+def _run(con: Any, step: str, where: str) -> None:
+    try:
+        con.execute(step)
+    except Exception as exc:
+        raise SchemaError(f"{where}: the source table's definition could not be carried: {first_line(exc)} (at: {step[:300]})",
+                          hint="sink.definition=false makes the table with its columns and primary key only; the target is as "
+                               "it was") from None
 
 
 def not_null(d: TableDefinition | None, column: str) -> str:
@@ -139,12 +182,7 @@ def carry(con: Any, plan: SinkPlan, schema: str, target_table: str, where: str, 
     d = plan.own.definition
     say(f"{name}: {said(d)}")
     for step in steps(d, plan.write_target, target_table, schema, set(plan.columns)):
-        try:
-            con.execute(step)
-        except Exception as exc:
-            raise SchemaError(f"{where}: the source table's definition could not be carried: {first_line(exc)} (at: {step[:300]})",
-                              hint="sink.definition=false makes the table with its columns and primary key only; the target is as "
-                                   "it was") from None
+        _run(con, step, where)
 
 
 def said(d: TableDefinition) -> str:

@@ -6,8 +6,9 @@ nothing. Load modes:
 - append: COPY into the target, one transaction per partition.
 - truncate: COPY into an UNLOGGED staging table copied from the target's definition; at
   the end, in one transaction, TRUNCATE the target and INSERT the staged rows.
-- create: COPY into a new staging table made from the source schema, renamed to the target
-  at the end (fails, before any row moves, if the target exists).
+- create: COPY into a new staging table made from the source schema (and a PostgreSQL source
+  table's definition: ``definition``), renamed to the target at the end (fails, before any row
+  moves, if the target exists).
 - replace: like create (or, if the target exists, a staging table LIKE the target INCLUDING
   ALL), then DROP the old target and rename the staging table in one transaction.
 
@@ -262,17 +263,14 @@ class PostgresSink(SinkBase):
 
     def leftovers(self, remove: bool) -> list[str]:
         """Conveyor's staging tables in the target's schema; with ``remove``, drop those whose run is gone."""
-        con = connect(self.config, autocommit=True)
-        try:
+        def listed(con: Any) -> list[str]:
             found = commits.stages(con, self.config.schema)
             if remove:
                 dropped = {s.name for s in commits.drop_stale(con, self.config.schema)}
                 return [("dropped " if s.name in dropped else "kept (in use) ") + s.describe() for s in found]
             return [s.describe() for s in found]
-        except Exception as exc:
-            raise translate(exc, self.config, "listing staging tables") from None
-        finally:
-            con.close()
+
+        return self._on("listing staging tables", listed)
 
     def add_foreign_keys(self, plan: SinkPlan, keys: Sequence[tuple[ForeignKey, Any]]) -> list[str]:
         """``sink.foreign_keys``: the source's foreign keys between targets this job created, in one transaction."""
@@ -297,24 +295,22 @@ class PostgresSink(SinkBase):
         once: commits.Once = plan.own.once
         if not once.markers:
             return None
+        return self._on("reading commit markers", lambda con: commits.committed(con, once.schema, once.load_id, once.target))
+
+    def _on(self, what: str, read: Any) -> Any:
+        """``read(con)`` on a connection of its own (autocommit), its error the connector's, said as ``what``."""
         con = connect(self.config, autocommit=True)
         try:
-            return commits.committed(con, once.schema, once.load_id, once.target)
+            return read(con)
         except Exception as exc:
-            raise translate(exc, self.config, "reading commit markers") from None
+            raise translate(exc, self.config, what) from None
         finally:
             con.close()
 
     # --- verification ---------------------------------------------------------------------------
 
     def _one(self, sql: str) -> tuple[Any, ...]:
-        con = connect(self.config, autocommit=True)
-        try:
-            return con.execute(sql).fetchone()
-        except Exception as exc:
-            raise translate(exc, self.config, "verifying") from None
-        finally:
-            con.close()
+        return self._on("verifying", lambda con: con.execute(sql).fetchone())
 
     def target_rows(self, plan: SinkPlan) -> int:
         return int(self._one(f"SELECT count(*) FROM {self._qualified(plan.write_target)}")[0])
@@ -327,6 +323,8 @@ class PostgresSink(SinkBase):
     # --- finalize / abort -----------------------------------------------------------------------
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        if plan.own.definition is not None:  # its indexes over the staged rows, several at once, before the swap's transaction
+            definition.build_indexes(lambda: connect(self.config, autocommit=True), plan, self.config.schema, self.options.degree, self.where)
         con = connect(self.config)
         target = Target(self.config.schema, self.config.table, True)
         try:

@@ -32,7 +32,7 @@ SOURCE = [
         lo int, hi int,
         doubled int GENERATED ALWAYS AS (qty * 2) STORED,
         CONSTRAINT dt_src_range CHECK (lo <= hi),
-        CONSTRAINT dt_src_pair UNIQUE (lo, hi),
+        CONSTRAINT dt_src_pair UNIQUE (lo, hi) DEFERRABLE INITIALLY DEFERRED,
         CONSTRAINT dt_src_excl EXCLUDE USING btree (tag WITH =) WHERE (tag <> 'none'))""",
     "CREATE INDEX dt_src_lower_code ON dt_src (lower(code))",
     "CREATE INDEX dt_src_cheap ON dt_src (price DESC NULLS LAST) INCLUDE (qty) WHERE price < 100",
