@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
 from conveyor import registry
-from conveyor.core import LOAD_MODES, MAP_METHODS, JobOptions
+from conveyor.core import LOAD_MODES, MAP_METHODS, SCHEMA_DRIFTS, JobOptions
 from conveyor.errors import ConfigError
 from conveyor.log import warn
 
@@ -50,6 +50,10 @@ class JobConfig:
     load_mode: str = "append"
     #: name: match columns by name (exact, else a unique case-insensitive match); position: i-th to i-th
     map_method: str = "name"
+    #: source columns an existing target lacks (append, merge, truncate): fail (named, before a row
+    #: moves); evolve (added to the target as nullable columns first: PostgreSQL and DuckDB sinks);
+    #: ignore (loaded without them, said in the log)
+    schema_drift: str = "fail"
     #: rows per Arrow record batch
     batch_size: int = 65536
     #: tasks at once: N > 0 runs N; N < 0 uses CPUs / |N| (-2 = half the CPUs)
@@ -361,6 +365,7 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
     job = to_dataclass(top, JobConfig, "")
     check_choice(job.load_mode, LOAD_MODES, "load_mode")
     check_choice(job.map_method, MAP_METHODS, "map_method")
+    check_choice(job.schema_drift, SCHEMA_DRIFTS, "schema_drift")
     check_choice(job.verify, ("count", "checksum", "none"), "verify")
     if job.batch_size <= 0:
         raise ConfigError(f"batch_size: {job.batch_size} must be > 0", key="batch_size")
@@ -369,6 +374,7 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
     options = JobOptions(
         load_mode=job.load_mode,
         map_method=job.map_method,
+        schema_drift=job.schema_drift,
         batch_size=job.batch_size,
         degree=job.degree,
         verify=job.verify,

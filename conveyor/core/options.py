@@ -25,12 +25,19 @@ LOAD_MODES: tuple[str, ...] = ("truncate", "append", "create", "replace", "merge
 MAP_METHODS: tuple[str, ...] = ("name", "position")
 
 
+#: what a load into an existing target does with source columns the target lacks (``schema_drift``)
+SCHEMA_DRIFTS: tuple[str, ...] = ("fail", "evolve", "ignore")
+
+
 @dataclass(frozen=True)
 class JobOptions:
     """The job-wide settings every plugin may read (built from the top level of the config)."""
 
     load_mode: LoadMode = "append"
     map_method: MapMethod = "name"
+    #: source columns an existing target lacks: fail (named, before a row moves), evolve (the sink adds
+    #: them as nullable columns first, where it can), ignore (loaded without them, said in the log)
+    schema_drift: str = "fail"
     batch_size: int = 65536
     #: as configured: N > 0 tasks at once, N < 0 a fraction of the runtime's CPUs (the job resolves
     #: it once, against the runtime, see :func:`resolve_degree`; plugins get the resolved number)
@@ -85,6 +92,7 @@ __all__ = [
     "MapMethod",
     "LOAD_MODES",
     "MAP_METHODS",
+    "SCHEMA_DRIFTS",
     "JobOptions",
     "request_cancel",
     "cancel_requested",

@@ -7,6 +7,10 @@ column maps onto the i-th target column, and the counts must agree.
 
 Every problem is reported at once, before a row moves: source columns with no target column,
 and target columns the source does not fill that have neither a default nor allow NULL.
+
+Source columns the target lacks follow ``schema_drift``: ``fail`` (the default) names them;
+``ignore`` maps the others and says which were left out; ``evolve`` maps them onto columns of
+their own name, which the sink adds to the target (a sink that cannot is refused by name).
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from conveyor.errors import SchemaError
+from conveyor.errors import ConfigError, SchemaError
+from conveyor.log import say
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,10 @@ def _by_name(source: Sequence[str], target: Sequence[TargetColumn]) -> tuple[lis
 
 
 def map_columns(
-    source: Sequence[str], target: Sequence[TargetColumn], method: str, where: str
+    source: Sequence[str], target: Sequence[TargetColumn], method: str, where: str, drift: str = "fail", evolves: bool = False
 ) -> list[tuple[str, str]]:
-    """Pairs (source column, target column), or a SchemaError listing every mismatch."""
+    """Pairs (source column, target column), or a SchemaError listing every mismatch. ``drift``: what
+    source columns the target lacks do (``evolves``: the sink adds the columns ``evolve`` maps)."""
     if method == "position":
         if len(source) != len(target):
             raise SchemaError(
@@ -53,6 +59,15 @@ def map_columns(
             )
         return [(s, t.name) for s, t in zip(source, target)]
     pairs, unmatched = _by_name(source, target)
+    if unmatched and drift == "evolve":
+        if not evolves:
+            raise ConfigError(f"schema_drift=evolve: {where} cannot add the source's new columns ({', '.join(unmatched)})",
+                              key="schema_drift", hint="schema_drift=ignore loads the others; or add them to the target first")
+        pairs += [(n, n) for n in unmatched]  # the sink adds them before the load
+        unmatched = []
+    elif unmatched and drift == "ignore":
+        say(f"{where}: schema_drift=ignore: source columns the target lacks are not loaded: {', '.join(unmatched)}")
+        unmatched = []
     used = {t for _, t in pairs}
     dupes = sorted({t for _, t in pairs if sum(1 for _, u in pairs if u == t) > 1})
     required = [c.name for c in target if c.name not in used and not c.nullable and not c.has_default]
@@ -66,7 +81,8 @@ def map_columns(
     if problems:
         hint = f"target columns are: {', '.join(c.name for c in target)}"
         if unmatched and len(source) > len(target):
-            hint += f"; the source has {len(source) - len(target)} more: select the ones to load in source.query"
+            hint += (f"; the source has {len(source) - len(target)} more: schema_drift=evolve adds them to the target, "
+                     "schema_drift=ignore loads without them, or select the ones to load in source.query")
         elif len(source) == len(target) and not dupes:  # a rename, one for one: the same count maps by position
             hint += "; or, to map the i-th source column onto the i-th target column, map_method=position"
         raise SchemaError(f"{where}: " + "; ".join(problems), hint=hint)

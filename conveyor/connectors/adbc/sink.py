@@ -102,7 +102,7 @@ class AdbcSink(AdbcBase, StagedSink):
         if mode in ("create", "replace") or target is None:
             pairs = [(n, n) for n in schema.names]
         else:
-            pairs = map_columns(schema.names, target, self.options.map_method, where)
+            pairs = map_columns(schema.names, target, self.options.map_method, where, self.options.schema_drift)
             if self.config.driver != "sqlite":  # typed columns: the cast policy applies
                 from conveyor.kit.casts import ColumnType, check_casts
 

@@ -40,7 +40,7 @@ from conveyor.kit.arrowutil import CountingBatches
 from conveyor.kit.mapping import TargetColumn, map_columns
 from conveyor.kit.merge import MergeOptions
 from conveyor.kit.staged import StagedSink, check_mode, staged_path, swap_steps
-from conveyor.log import note
+from conveyor.log import note, say
 
 
 @dataclass
@@ -71,6 +71,8 @@ class DuckPlan:
     window: CursorWindow | None = None
     #: the database file did not exist before this run: a failed run that leaves nothing in it removes it
     made_file: bool = False
+    #: schema_drift=evolve: the columns this run added to the target (a failed run that left nothing drops them)
+    added: tuple[str, ...] = ()
 
 
 class DuckDBSink(StagedSink):
@@ -145,6 +147,7 @@ class DuckDBSink(StagedSink):
 
         mode = self.options.load_mode
         where = f"duckdb table {self.config.schema}.{self.config.table}"
+        added: tuple[str, ...] = ()
         made = new_file(self.config.database)
         con = connect(self.config.database)
         try:
@@ -159,7 +162,8 @@ class DuckDBSink(StagedSink):
                 pairs = [(n, n) for n in schema.names]
                 write_target = self._stage_name()
             else:
-                pairs = map_columns(schema.names, target_cols, self.options.map_method, where)
+                pairs = map_columns(schema.names, target_cols, self.options.map_method, where, self.options.schema_drift, evolves=True)
+                added = self._evolve(con, pairs, target_cols, where)
                 write_target = self.config.table
                 if mode in ("truncate", "merge"):
                     con.execute(f"CREATE TABLE {stage} AS SELECT * FROM {self._target} LIMIT 0")
@@ -186,7 +190,7 @@ class DuckDBSink(StagedSink):
             raise
         close(con)
         return SinkPlan(
-            own=DuckPlan(merge, request.window, made),
+            own=DuckPlan(merge, request.window, made, added),
             rows_before=before,
             target=f"{self.config.database}:{self.config.schema}.{self.config.table}",
             write_target=write_target,
@@ -196,6 +200,21 @@ class DuckDBSink(StagedSink):
             schema=schema,
             keeps=(INFINITY,),  # DuckDB's own date and timestamp infinity
         )
+
+    def _evolve(self, con: Any, pairs: list[tuple[str, str]], target_cols: Any, where: str) -> tuple[str, ...]:
+        """schema_drift=evolve: the source's columns the target lacks added to it, nullable, of the type
+        DuckDB gives the source's Arrow type (one transaction); their names."""
+        have = {c.name for c in target_cols}
+        new = [t for _, t in pairs if t not in have]
+        if not new:
+            return ()
+        types = dict(con.execute("SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM __conveyor_empty)").fetchall())
+        con.execute("BEGIN")
+        for name in new:
+            con.execute(f"ALTER TABLE {self._target} ADD COLUMN {qident(name)} {types[name]}")
+        con.execute("COMMIT")
+        say(f"{where}: schema_drift=evolve: added column(s) {', '.join(f'{n} {types[n]}' for n in new)}")
+        return tuple(new)
 
     def _create_from_arrow(self, con: Any, stage: str, where: str) -> None:
         import duckdb
@@ -312,6 +331,13 @@ class DuckDBSink(StagedSink):
         if own.made_file and (plan.write_target != self.config.table or self.committed(plan) == {}):
             remove_file(self.config.database)  # this run made the file, and nothing of it stays
             return
+        if own.added and (plan.write_target != self.config.table or self.committed(plan) == {}):
+            con = connect(self.config.database)  # nothing of this run stayed: nor do the columns it added
+            try:
+                for name in own.added:
+                    con.execute(f"ALTER TABLE {self._target} DROP COLUMN {qident(name)}")
+            finally:
+                close(con)
         if plan.write_target == self.config.table:
             return
         con = connect(self.config.database)

@@ -110,7 +110,7 @@ class MySqlSink(StagedSink):
             write_target = stage
         else:
             assert target is not None
-            pairs = map_columns(schema.names, target, self.options.map_method, where)
+            pairs = map_columns(schema.names, target, self.options.map_method, where, self.options.schema_drift)
             merge = targets.merge_plan(self.config, self._where(), pairs, target) if mode == "merge" else None
             if mode == "truncate":  # the target's indexes too: a duplicate key fails its partition, as it would the target
                 self.config.run(f"CREATE TABLE {self._qualified(stage)} LIKE {self._qualified()}", doing=f"load_mode={mode}")

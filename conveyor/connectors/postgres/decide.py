@@ -17,7 +17,7 @@ from conveyor.connectors.postgres import encoding, parttree, passthrough
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.encoding import pg_column_type
 from conveyor.connectors.postgres.target import Target
-from conveyor.connectors.postgres.types import PgColumn, adbc_field
+from conveyor.connectors.postgres.types import PgColumn, adbc_field, column_ddl
 from conveyor.core import JobOptions, PrepareRequest, TargetInfo, TargetLayout
 from conveyor.errors import ConfigError, SchemaError
 from conveyor.kit.casts import ColumnType, check_casts
@@ -123,6 +123,8 @@ class Decision:
     #: the partition tree each row is routed into on the client (None: the server routes, or no partitions)
     tree: parttree.Tree | None
     path: str
+    #: schema_drift=evolve: (column, SQL type) of the source's columns the target lacks, added before the load
+    added: tuple[tuple[str, str], ...] = ()
 
 
 def decide(ins: Inspected, request: PrepareRequest, config: Any, options: JobOptions, where: str, partitions: int) -> Decision:
@@ -138,14 +140,18 @@ def decide(ins: Inspected, request: PrepareRequest, config: Any, options: JobOpt
     in_place = mode == "truncate" and in_place_ok(config, options, partitions)
     new_table = mode in ("create", "replace") and not target.exists
     names = request.column_names
+    added: tuple[tuple[str, str], ...] = ()
     if new_table:  # a new table gets the source's built-in types (made from the source's columns in prepare)
         pairs = [(n, n) for n in names]
         src = passthrough.source_columns(request.info.native)
         tcols = [src[n] if n in src and src[n].type_oid < 16384 else PgColumn(n, 0, -1, "", "", "", "") for n in names]
         forced: list[str] = []
     else:
-        pairs = map_columns(names, target.mapping, options.map_method, where)
+        pairs = map_columns(names, target.mapping, options.map_method, where, options.schema_drift, evolves=True)
         by_name = {c.name: c for c in target.columns}
+        src = passthrough.source_columns(request.info.native)
+        added = tuple((t, column_ddl(request.schema.field(s), src.get(s))) for s, t in pairs if t not in by_name)
+        pairs = [(s, t) for s, t in pairs if t in by_name]  # the added columns are mapped once they are made (prepare)
         tcols = [by_name[t] for _, t in pairs]
         forced = check_target_casts(request, pairs, tcols, config, where)
     route = ins.route if ins.route is not None and (mode == "append" or in_place) else (None, "")
@@ -159,7 +165,9 @@ def decide(ins: Inspected, request: PrepareRequest, config: Any, options: JobOpt
         reason += f"; cast by PostgreSQL (sink.allow_cast): {', '.join(forced)}"
     if mode == "truncate":
         reason += "; " + (IN_PLACE if in_place else STAGED)
-    return Decision(in_place, new_table, tuple(pairs), tuple(tcols), tuple(forced), native, tree, reason)
+    if added:
+        reason += f"; schema_drift=evolve adds to the target: {', '.join(f'{n} {t}' for n, t in added)}"
+    return Decision(in_place, new_table, tuple(pairs), tuple(tcols), tuple(forced), native, tree, reason, added)
 
 
 def in_place_ok(config: Any, options: JobOptions, partitions: int) -> bool:

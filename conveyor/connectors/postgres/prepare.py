@@ -20,7 +20,7 @@ from conveyor.connectors.postgres.writers import PgLoad
 from conveyor.core import INFINITY, PrepareRequest, SinkPlan
 from conveyor.errors import ConveyorError, SchemaError
 from conveyor.kit import merge as merging
-from conveyor.log import warn
+from conveyor.log import say, warn
 
 
 class Preparer:
@@ -36,7 +36,7 @@ class Preparer:
     def run(self, request: PrepareRequest) -> SinkPlan:
         stage = commits.stage_name(self.options.run_id)
         con = connect(self.config, autocommit=True)
-        made = False
+        made, added = False, ()
         try:
             commits.hold_guard(self.config, self.options.run_id)
             for stale in commits.drop_stale(con, self.config.schema, self.sink.name):
@@ -46,17 +46,26 @@ class Preparer:
             if request.agreement is not None and request.agreement.native != d.native:
                 raise SchemaError(f"{self.where}: the target changed between the plan and the load (the agreed path was "
                                   f"{request.agreement.path!r})", hint="run it again")
+            if d.added:  # schema_drift=evolve: the new columns first (nullable: no rewrite), then the load as into any target
+                con.execute(f"ALTER TABLE {self._qualified()} " + ", ".join(f"ADD COLUMN {ident(n)} {t}" for n, t in d.added))
+                added = tuple(n for n, _ in d.added)
+                say(f"{self.where}: schema_drift=evolve: added column(s) {', '.join(f'{n} {t}' for n, t in d.added)}")
+                ins = decide.inspect(con, self.config, self.options, self.where)
+                d = decide.decide(ins, request, self.config, self.options, self.where, request.partitions)
             write_table, made = self._stage(con, request, d, ins, stage)
             if self.config.commit_markers:
                 commits.ensure_markers(con, self.config.schema)
             if request.window is not None:
                 self.sink.record_window(con, request.window)
             plan = self._plan(request, d, ins, write_table, con)
+            plan = dataclasses.replace(plan, own=dataclasses.replace(plan.own, added=added))
             return self._extras(con, plan, request, d, ins)
         except BaseException as exc:
             if made:
                 with contextlib.suppress(Exception):
                     con.execute(f"DROP TABLE IF EXISTS {self._qualified(stage)}")
+            with contextlib.suppress(Exception):
+                drop_added(con, self._qualified(), added)
             commits.release_guard(self.options.run_id)
             if isinstance(exc, ConveyorError) or not isinstance(exc, Exception):
                 raise
@@ -158,4 +167,10 @@ class Preparer:
         return plan
 
 
-__all__ = ["Preparer"]
+def drop_added(con: Any, table: str, added: tuple[str, ...]) -> None:
+    """The columns schema_drift=evolve added, dropped again: a run that left nothing in the target leaves it as it was."""
+    if added:
+        con.execute(f"ALTER TABLE {table} " + ", ".join(f"DROP COLUMN IF EXISTS {ident(n)}" for n in added))
+
+
+__all__ = ["Preparer", "drop_added"]

@@ -30,7 +30,7 @@ from typing import Any
 from conveyor.connectors.postgres import commits, decide, definition, partitioned, passthrough, writers
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, row_hash_sql, translate
-from conveyor.connectors.postgres.prepare import Preparer
+from conveyor.connectors.postgres.prepare import Preparer, drop_added
 from conveyor.connectors.postgres.target import Target
 from conveyor.core import (
     CursorState,
@@ -384,6 +384,8 @@ class PostgresSink(SinkBase):
 
     def abort(self, plan: SinkPlan) -> None:
         try:
+            if plan.own.added and (plan.write_target != self.config.table or self.committed(plan) == {}):  # nothing of it stayed
+                self._on("dropping the columns this run added", lambda con: drop_added(con, self._qualified(), plan.own.added))
             if plan.write_target == self.config.table:
                 return
             con = connect(self.config, autocommit=True)

@@ -51,6 +51,8 @@ class PgLoad:
     #: create / replace making a new table, sink.definition: the PostgreSQL source table's definition
     #: (TableDefinition), built on the staged table with the primary key
     definition: Any = None
+    #: schema_drift=evolve: the columns prepare added to the target (dropped again by a run that leaves nothing)
+    added: tuple[str, ...] = ()
     #: sink.routing=leaves: the target's partition tree (parttree.Tree), each row COPYed into its leaf
     route: Any = None
     #: the Arrow bytes a routed partition holds before it COPYs every leaf's share (routing_buffer_mb)
