@@ -10,14 +10,15 @@ them, so ``conveyor plan`` and ``conveyor run`` take the same path by constructi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.connectors.postgres import encoding, parttree, passthrough
 from conveyor.connectors.postgres import target as targets
+from conveyor.connectors.postgres.common import ident
 from conveyor.connectors.postgres.encoding import pg_column_type
 from conveyor.connectors.postgres.target import Target
-from conveyor.connectors.postgres.types import PgColumn, adbc_field, column_ddl
+from conveyor.connectors.postgres.types import PgColumn, adbc_field, column_ddl, read_columns
 from conveyor.core import JobOptions, PrepareRequest, TargetInfo, TargetLayout
 from conveyor.errors import ConfigError, SchemaError
 from conveyor.kit.casts import ColumnType, check_casts
@@ -45,6 +46,8 @@ class Inspected:
     layout: TargetLayout | None = None
     #: its primary key (merge's keys by default)
     primary_key: tuple[str, ...] = ()
+    #: sink.column_types of a table this load makes: {column: the type, as the target server knows it}
+    typed: dict[str, PgColumn] = field(default_factory=dict)
 
 
 def inspect(con: Any, config: Any, options: JobOptions, where: str) -> Inspected:
@@ -63,7 +66,25 @@ def inspect(con: Any, config: Any, options: JobOptions, where: str) -> Inspected
             bounds = sorted({b for lo, hi, _, _ in leaves for b in (lo, hi) if b is not None})
             layout = TargetLayout(column, tuple(bounds), len(leaves))
     key = tuple(targets.primary_key(con, target)) if mode == "merge" and target.exists else ()
-    return Inspected(target, am, stripe, route, layout, key)
+    return Inspected(target, am, stripe, route, layout, key, _typed(con, config, mode, target))
+
+
+def _typed(con: Any, config: Any, mode: str, target: Target) -> dict[str, PgColumn]:
+    """``sink.column_types``, each type resolved by the target's server (a name it does not know is refused by name)."""
+    types = dict(config.column_types or {})
+    if not types:
+        return {}
+    if mode not in ("create", "replace") or target.exists:
+        raise ConfigError(f"sink.column_types: applies to a table the load makes (load_mode=create, or replace of a table that does "
+                          f"not exist yet); {config.where()} keeps its own column types", key="sink.column_types")
+    made = {}
+    for name, sql in types.items():
+        try:
+            made[name] = read_columns(con, f"SELECT NULL::{sql} AS {ident(name)}")[0]
+        except Exception as exc:
+            raise ConfigError(f"sink.column_types: {name}: {sql!r} is not a type the target's server has: {str(exc).splitlines()[0]}",
+                              key="sink.column_types") from None
+    return made
 
 
 def _check_access_method(con: Any, config: Any, mode: str) -> None:
@@ -144,8 +165,14 @@ def decide(ins: Inspected, request: PrepareRequest, config: Any, options: JobOpt
     if new_table:  # a new table gets the source's built-in types (made from the source's columns in prepare)
         pairs = [(n, n) for n in names]
         src = passthrough.source_columns(request.info.native)
-        tcols = [src[n] if n in src and src[n].type_oid < 16384 else PgColumn(n, 0, -1, "", "", "", "") for n in names]
-        forced: list[str] = []
+        unknown = sorted(set(ins.typed) - set(names))
+        if unknown:
+            raise ConfigError(f"sink.column_types: the source has no column {', '.join(unknown)}", key="sink.column_types",
+                              hint=f"its columns: {', '.join(names)}")
+        tcols = [ins.typed.get(n) or (src[n] if n in src and src[n].type_oid < 16384 else PgColumn(n, 0, -1, "", "", "", ""))
+                 for n in names]
+        typed = [(p, t) for p, t in zip(pairs, tcols) if t.name in ins.typed]  # judged as a cast into an existing column
+        forced: list[str] = check_target_casts(request, [p for p, _ in typed], [t for _, t in typed], config, where) if typed else []
     else:
         pairs = map_columns(names, target.mapping, options.map_method, where, options.schema_drift, evolves=True)
         by_name = {c.name: c for c in target.columns}

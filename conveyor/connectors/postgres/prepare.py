@@ -80,7 +80,8 @@ class Preparer:
         if d.new_table:
             source_cols = passthrough.source_columns(request.info.native)
             made = self._definition(request)
-            ddl = ", ".join(f"{ident(f.name)} {column_ddl(f, source_cols.get(f.name))}{definition.not_null(made, f.name)}"
+            typed = {c.name: c.type_sql for c in d.tcols if c.name in (self.config.column_types or {})}
+            ddl = ", ".join(f"{ident(f.name)} {typed.get(f.name) or column_ddl(f, source_cols.get(f.name))}{definition.not_null(made, f.name)}"
                             for f in request.schema)
             unlogged = "UNLOGGED " if self.config.unlogged or self.config.unlogged_load else ""
             con.execute(f"CREATE {unlogged}TABLE {self._qualified(stage)} ({ddl}){using}")

@@ -115,11 +115,12 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
     #: create / replace making a new table from a source table with a primary key: make the same key
     #: (built after the rows, before the table is swapped in)
     primary_key: bool = True
-    #: create / replace making a new table from a PostgreSQL source table: the rest of its definition too:
-    #: NOT NULL (with the table), defaults, identity and serial columns with their sequences set past the
-    #: copied values, CHECK / UNIQUE / EXCLUDE constraints, the other indexes, comments (built after the
-    #: rows, before the table is swapped in; the log says what was carried and what was not)
+    #: the same from a PostgreSQL source table: the rest of its definition too (NOT NULL, defaults, sequences,
+    #: CHECK / UNIQUE / EXCLUDE, indexes, comments: definition.py); the log says what was not carried
     definition: bool = True
+    #: create / replace making a new table: {column: PostgreSQL type} instead of the source's (e.g. {price:
+    #: "numeric(20,4)", ip: text}), checked like a load into an existing column (sink.allow_cast for a lossy one)
+    column_types: dict[str, str] = field(default_factory=dict)
     #: a job over several tables creating its targets (create / replace): make the source's foreign
     #: keys between them after every table is loaded (each checks every row)
     foreign_keys: bool = False
@@ -309,14 +310,12 @@ class PostgresSink(SinkBase):
 
     # --- verification ---------------------------------------------------------------------------
 
-    def _one(self, sql: str) -> tuple[Any, ...]:
-        return self._on("verifying", lambda con: con.execute(sql).fetchone())
-
     def target_rows(self, plan: SinkPlan) -> int:
-        return int(self._one(f"SELECT count(*) FROM {self._qualified(plan.write_target)}")[0])
+        return int(self._on("verifying", lambda con: con.execute(f"SELECT count(*) FROM {self._qualified(plan.write_target)}").fetchone())[0])
 
     def checksum(self, plan: SinkPlan) -> str:
-        n, h = self._one(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified(plan.write_target)}")
+        sql = f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified(plan.write_target)}"
+        n, h = self._on("verifying", lambda con: con.execute(sql).fetchone())
         n0, h0 = plan.own.checksum_before
         return f"{n - n0}:{h - h0}"
 
