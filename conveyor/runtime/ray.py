@@ -137,7 +137,9 @@ class Workers:
     def __init__(self, ray: Any, tasks: Sequence[Task], config: RayRuntimeConfig, progress: Progress) -> None:
         self.ray, self.config = ray, config
         retries = retries_allowed(tasks[0].sink, config.max_retries) if tasks else 0
-        self.remote = ray.remote(remote_run).options(num_cpus=config.num_cpus_per_task, max_retries=retries, retry_exceptions=False)
+        # each task named by its partition (Ray's dashboard and `ray list tasks` show that, not the function's name)
+        self.remote, self.task_options = ray.remote(remote_run), {"num_cpus": config.num_cpus_per_task, "max_retries": retries,
+                                                                   "retry_exceptions": False}
         # An actor is a worker process of its own: made only when something shows progress and the
         # tasks have run progress_actor_after seconds (the tasks find it by its name), and polled
         # without blocking the scheduling loop.
@@ -176,7 +178,8 @@ class Workers:
 
     def submit(self, task: Task) -> Any:
         self.progress.started(task.partition.key)
-        return self.remote.remote(task, self.config.max_retries, self.config.prefetch_batches, self.name, self.env_ref, self.stop_name,
+        named = self.remote.options(**self.task_options, name=f"conveyor {task.partition.key}")
+        return named.remote(task, self.config.max_retries, self.config.prefetch_batches, self.name, self.env_ref, self.stop_name,
                                   prefetch_bytes=self.config.prefetch_bytes)
 
     def wait(self, handles: list[Any]) -> list[Any]:

@@ -37,6 +37,8 @@ class SequenceConfig:
     #: child caused, the race seen in CI)
     fail_stalling_raylet: int = -1
     stall_seconds: float = 2.0
+    #: a folder where each read leaves a file named as Ray names its task (what the dashboard shows)
+    names_to: str = ""
 
 
 class SequenceSource(SourceBase):
@@ -62,6 +64,10 @@ class SequenceSource(SourceBase):
             subprocess.Popen(["sh", "-c", f"sleep {self.config.stall_seconds}; kill -CONT {raylet}"], start_new_session=True)
             os.kill(raylet, signal.SIGSTOP)
             raise TransferError(f"partition {part.key}: the failure that stops the run", partition=part.key)
+        if self.config.names_to:
+            import ray
+
+            (Path(self.config.names_to) / ray.get_runtime_context().get_task_name()).write_text(part.key)
         lo_all = self.config.rows * part.index // part.count
         hi_all = self.config.rows * (part.index + 1) // part.count
         for i, lo in enumerate(range(lo_all, hi_all, self.config.batch)):

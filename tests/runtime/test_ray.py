@@ -88,6 +88,23 @@ def test_merge_and_a_stream_cap_on_ray_workers(ray_instance, pg_source, pg_targe
     assert checksum(pg_target, "ray_mg_dst") == checksum(pg_target, "ray_mg_exp")
 
 
+def test_each_ray_task_is_named_by_its_partition(ray_instance, tmp_path: Path) -> None:
+    """Ray's dashboard and `ray list tasks` show a task's name: each is "conveyor <partition key>" (on the main this
+    started from, every task was `remote_run`). Read inside each task from Ray's own runtime context."""
+    from conveyor.pipelines.job import JobPlan
+
+    names = tmp_path / "names"
+    names.mkdir()
+    # read in the task's own thread (no read-ahead thread: Ray's runtime context names the task there)
+    spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / "out")}, {"type": "none"},
+                    prefetch_batches=0)
+    spec = with_fault_source(spec, rows=3000, batch=1000, names_to=str(names))
+    plan = JobPlan(spec, spec.source.describe(), [ModuloBucket(index=i, count=3) for i in range(3)])
+    report = execute(plan)
+    assert report.error is None and report.rows == 3000, report.error
+    assert sorted((p.name, p.read_text()) for p in names.iterdir()) == [(f"conveyor {p.key}", p.key) for p in plan.partitions]
+
+
 def test_progress_reaches_the_driver_while_tasks_run(ray_instance, pg_target, tmp_path: Path) -> None:
     spec = ray_spec({"type": "parquet", "path": "unused"}, {"type": "parquet", "path": str(tmp_path / "out")}, {"type": "none"})
     # 8 batches of 0.4 s per partition, about 6 s in all: longer than the progress actor takes to
