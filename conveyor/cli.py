@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"conveyor {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and debug logging (anywhere on the line)")
     parser.add_argument("--report", metavar="PATH", help="run: also write report.json to PATH (anywhere on the line)")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="json: every line on stderr one JSON object, for log shippers (also CONVEYOR_LOG_FORMAT=json)")
     sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for name, text in HYDRA_COMMANDS.items():
         sub.add_parser(name, help=text, add_help=False)
@@ -98,6 +100,14 @@ def _global_flags(args: list[str]) -> tuple[list[str], bool, str | None]:
             i += 1
         elif arg.startswith("--report="):
             report = arg.split("=", 1)[1]
+        elif arg == "--log-format" or arg.startswith("--log-format="):
+            fmt = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            i += 0 if "=" in arg else 1
+            if fmt not in ("text", "json"):
+                raise ConfigError(f"--log-format: {fmt!r} is not text or json", key="--log-format")
+            from conveyor.log import set_format
+
+            set_format(fmt)
         else:
             rest.append(arg)
         i += 1

@@ -92,6 +92,7 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     """One composed config: plan it, or run it (conveyor.pipelines.run owns the run); print the outcome."""
     from pathlib import Path
 
+    from conveyor.log import event, json_lines
     from conveyor.pipelines.report import plan_table, summary_table
     from conveyor.pipelines.run import RunPlace, plan_run, run
     from conveyor.submit import emit_run_files
@@ -109,7 +110,13 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
                 report = run(cfg, place, progress=lambda plan: _progress(console, plan))
         finally:
             emit_run_files(place.run_dir)  # a job sent by conveyor submit: its files go back with the log
-        console.print(summary_table(report))
+        if json_lines():  # the summary as one event (report.json has the rest)
+            verified = report.verification.as_dict() if report.verification is not None else None
+            event("summary", f"{report.rows:,} rows into {report.target} in {report.seconds:.2f} s", status="ok", rows=report.rows,
+                  bytes=report.bytes, partitions=len(report.results), seconds=round(report.seconds, 3), target=report.target,
+                  verification=verified, phases=report.phases)
+        else:
+            console.print(summary_table(report))
         return 0
     except Exception as exc:  # the CLI's boundary: one line, an exit code
         return report_error(exc, verbose)

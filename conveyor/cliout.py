@@ -14,6 +14,15 @@ EXIT_CONFIG = 2
 
 
 def stderr_line(msg: str) -> None:
+    from conveyor.log import json_lines, line
+
+    if json_lines():
+        level, _, text = msg.partition(": ")
+        if level in ("error", "hint"):
+            line(level if level == "error" else "info", text, **({"hint": True} if level == "hint" else {}))
+        else:
+            line("info", msg)
+        return
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -28,6 +37,15 @@ def report_error(exc: BaseException, verbose: bool) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a process ended by SIGPIPE
     exc = missing_extra(exc) or exc
+    from conveyor.log import json_lines, line
+
+    if json_lines():  # one JSON line: the message, its hint and the exit code (the traceback with --verbose)
+        ours = isinstance(exc, ConveyorError)
+        code = exc.exit_code if isinstance(exc, ConveyorError) else EXIT_INTERNAL
+        message = exc.message if isinstance(exc, ConveyorError) else f"internal error: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        line("error", message, event="error", exit_code=code, hint=exc.hint if ours else "run again with --verbose for the traceback",
+             **({"traceback": "".join(traceback.format_exception(exc))} if verbose else {}))
+        return code
     if isinstance(exc, ConveyorError):
         if verbose:
             stderr_line("".join(traceback.format_exception(exc)).rstrip())

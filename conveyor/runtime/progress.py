@@ -9,11 +9,13 @@ the ETA move with the stream instead of jumping at each partition's end.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
 
 from conveyor.core import TaskResult
+from conveyor.log import event, json_lines
 
 
 class _Tally:
@@ -155,8 +157,12 @@ class LogProgress:
             rows = t.shown_rows
             pct = f" ({100 * rows / t.total:.0f}%)" if t.total else ""
             about = "about " if t.uncounted else ""
-            print(f"progress: {about}{rows:,.0f} rows{pct}, {t.bytes / 1e6:,.1f} MB, {t.rate()}, {t.done}/{t.partitions} partitions done",
-                  file=self._out, flush=True)
+            text = f"progress: {about}{rows:,.0f} rows{pct}, {t.bytes / 1e6:,.1f} MB, {t.rate()}, {t.done}/{t.partitions} partitions done"
+            if json_lines() and self._out is sys.stderr:
+                event("progress", text, rows=int(rows), rows_total=t.total, bytes=t.bytes, partitions_done=t.done, partitions=t.partitions,
+                      rows_counted=not t.uncounted)
+            else:
+                print(text, file=self._out, flush=True)
 
     def started(self, key: str) -> None:
         with self._lock:
