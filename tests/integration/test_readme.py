@@ -74,6 +74,14 @@ def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders:
     con.close()
     assert checksum(pg_source, "orders_copy") == checksum(pg_source, "orders") and checksum(pg_source, "orders")[0] == 15000
     assert ds.dataset(box / "out" / "orders").count_rows() == 15000
+    # and its Python blocks, with the same server (the Python API reads PGHOST / PGPORT as the command line does)
+    python = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert python, "the README's Python block moved: check this test still runs it"
+    for block in python:
+        proc = subprocess.run([str(BIN / "python"), "-c", block], cwd=box, env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, f"README Python block failed:\n{block}\n--- stderr:\n{proc.stderr[-3000:]}"
+    assert ds.dataset(box / "out" / "from_python").count_rows() == 15000
 
 
 def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3, mysql_server, tmp_path: Path) -> None:
