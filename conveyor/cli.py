@@ -302,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         if first in ("-sc", "--shell-completion") or first.startswith("--shell-completion="):
             return _cmd_completion(args, verbose)
         if first in HYDRA_COMMANDS:
-            return cmd_hydra(first, args[1:], verbose)
+            from conveyor.telemetry import from_environment
+
+            with from_environment():  # OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER: the job's trace and metrics
+                return cmd_hydra(first, args[1:], verbose)
         if not args:
             build_parser().print_help(sys.stderr)
             return EXIT_CONFIG

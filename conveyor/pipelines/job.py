@@ -117,12 +117,22 @@ def execute(plan: JobPlan, progress: Progress | None = None, start: float | None
     aborted). ``source`` is the session's source from :func:`opened`; without it a session is
     opened here.
     """
+    from conveyor.telemetry import Traced
+
     start = time.perf_counter() if start is None else start
-    progress = progress or NullProgress()
-    if source is not None:
-        return _execute(plan, source, progress, start)
-    with plan.spec.source.session() as session:
-        return _execute(plan, session, progress, start)
+    traced = Traced(plan, start)  # OpenTelemetry's spans and metrics of the job, where it is installed
+    progress = traced.progress(progress or NullProgress())
+    try:
+        if source is not None:
+            report = _execute(plan, source, progress, start)
+        else:
+            with plan.spec.source.session() as session:
+                report = _execute(plan, session, progress, start)
+    except BaseException:
+        traced.done(JobReport(plan=plan, error=RuntimeError("the job's process is leaving")))
+        raise
+    traced.done(report)
+    return report
 
 
 def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> JobReport:
