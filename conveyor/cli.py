@@ -29,6 +29,7 @@ exit codes: 0 ok, 1 internal error, 2 config/plugin/planning, 3 connection, 4 sc
 HYDRA_COMMANDS = {
     "run": "run a job: conveyor run pipeline=demo degree=4 (-m sweeps: -m strategy=none,files)",
     "plan": "print the partitions and what each reads; moves nothing",
+    "verify": "compare a job's target with its source, row for row by key and checksum (any engines); moves nothing",
 }
 
 

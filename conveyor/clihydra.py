@@ -103,6 +103,10 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
         if mode == "plan":
             console.print(plan_table(plan_run(cfg)))
             return 0
+        if mode == "verify":
+            from conveyor.pipelines.compare import verify_job
+
+            return verify_job(cfg, console)
         place = RunPlace(run_dir=_hydra_dir(), report_path=Path(REPORT_PATH[0]) if REPORT_PATH else None)
         _keep_config(cfg, place.run_dir)
         try:
@@ -221,7 +225,7 @@ def cmd_hydra(mode: str, overrides: list[str], verbose: bool) -> int:
         codes.append(_run_one(cfg, mode, verbose))
 
     flags, overrides = _hydra_flags(overrides)
-    if mode == "plan":  # planning writes nothing: no run directory, no log file
+    if mode in ("plan", "verify"):  # planning and verifying write nothing: no run directory, no log file
         overrides = ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none", "hydra/hydra_logging=none", *overrides]
     overrides = [*flags, *hydra_overrides(overrides)]  # Hydra's parser takes its flags before the overrides, not among them
     if verbose:

@@ -62,6 +62,10 @@ class JobConfig:
     #: where the source can count); checksum: also a content checksum computed by both databases
     #: (PostgreSQL on both sides); none
     verify: str = "count"
+    #: conveyor verify: the key rows are matched by (default: the primary key), the differing keys named, -0.0 = 0.0 or not
+    verify_key: list[str] | None = None
+    verify_keys: int = 20
+    verify_zero: str = "equal"
     #: a previous run's directory: re-run only its partitions that did not finish (load_mode=append)
     resume: str | None = None
     #: free-form values that pipeline configs interpolate as ${vars.name} (a bucket, a glob, ...)

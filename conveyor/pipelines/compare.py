@@ -1,0 +1,342 @@
+"""``conveyor verify``: does a target hold exactly its source? Any pair of engines, after the fact.
+
+Each side is read once, in parallel, by its own partitions (the job's strategy on the source; the
+target read as a source of its engine, split as ``strategy=auto`` splits it), in its snapshot where it
+has one. Every row is hashed on the client by DuckDB over the Arrow batch (``hash`` of the row's
+values in a canonical Arrow form, so that equal values give equal hashes whatever the engine:
+integers as int64, floats as float64, decimals at one scale, timestamps as UTC microseconds, strings
+and binaries in one layout) and summed into buckets by a hash of the row's key: the two sides agree
+when every bucket has the same count and the same sum. Where buckets differ, the rows of those buckets
+only are read again on both sides and joined by key, naming up to ``verify_keys`` keys that are missing,
+extra, or whose values differ. With no key (no primary key, no ``verify_key``), one bucket: equal or
+not, no keys named.
+
+Choices stated: -0.0 and 0.0 are equal (``verify_zero=equal``; ``distinct`` tells them apart), every NaN
+equals every NaN, NULL and an empty string differ. A column whose types cannot be compared (a uuid
+on one side, a text on the other) is refused by name; columns on one side only are named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.errors import ConfigError, SchemaError
+
+#: buckets of the first pass (a differing bucket is read again, so more buckets read less the second time)
+BUCKETS = 1024
+
+
+@dataclass
+class Side:
+    """One end as read: its label, rows, and per bucket the rows and the sum of their hashes."""
+
+    label: str
+    partitions: int = 0
+    rows: int = 0
+    counts: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    sums: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+
+
+@dataclass
+class Comparison:
+    source: Side
+    target: Side
+    key: tuple[str, ...]
+    columns: tuple[str, ...]
+    #: columns one side has and the other lacks ("source only: x", ...)
+    unmatched: tuple[str, ...] = ()
+    #: (key values, what differs) of up to max_keys keys
+    keys: list[tuple[tuple[Any, ...], str]] = field(default_factory=list)
+    differing_buckets: int = 0
+
+    @property
+    def equal(self) -> bool:
+        return not self.differing_buckets and not self.unmatched and self.source.rows == self.target.rows
+
+
+def target_as_source(spec: Any) -> Any:
+    """The job's target read as a source of its engine: the sink's keys the source of that type has."""
+    from omegaconf import OmegaConf
+
+    from conveyor import registry
+    from conveyor.config import build_plugin
+
+    name = spec.names["sink"]
+    try:
+        cls = registry.load("source", name)
+    except Exception:
+        raise ConfigError(f"conveyor verify: a {name} target cannot be read back (there is no {name} source)", key="sink") from None
+    wanted = {f.name for f in dataclasses.fields(cls.config_class)}
+    values = {k: getattr(spec.sink.config, k) for k in wanted if hasattr(spec.sink.config, k)}
+    values = {k: (OmegaConf.create(v) if isinstance(v, dict | list) else v) for k, v in values.items()}
+    options = dataclasses.replace(spec.options, run_id=f"{spec.options.run_id}-target")
+    return build_plugin("source", OmegaConf.create({"source": {"type": name, **values}}), options)[1]
+
+
+def canonical_types(source: Any, target: Any, columns: list[tuple[str, str]]) -> list[Any]:
+    """The Arrow type both sides' values of each column are hashed in (refused by name where none is)."""
+    import pyarrow as pa
+
+    out = []
+    for s, t in columns:
+        a, b = source.field(s).type, target.field(t).type
+        common = _canon(a, b)
+        if common is None:
+            raise SchemaError(f"conveyor verify: column {s} cannot be compared: {a} on the source, {b} on the target",
+                              hint="cast one side in source.query to the other's type")
+        out.append(common)
+    return out if out else [pa.int64()]
+
+
+def _canon(a: Any, b: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.types as t
+
+    if isinstance(a, pa.BaseExtensionType):
+        a = a.storage_type
+    if isinstance(b, pa.BaseExtensionType):
+        b = b.storage_type
+    if t.is_integer(a) and t.is_integer(b):
+        return pa.int64()
+    if t.is_floating(a) and t.is_floating(b):
+        return pa.float64()
+    if t.is_decimal(a) and t.is_decimal(b):
+        scale = max(a.scale, b.scale)
+        whole = max(a.precision - a.scale, b.precision - b.scale)
+        return pa.decimal128(whole + scale, scale) if whole + scale <= 38 else pa.decimal256(min(whole + scale, 76), scale)
+    text = (t.is_string, t.is_large_string, t.is_string_view)
+    if any(f(a) for f in text) and any(f(b) for f in text):
+        return pa.string()
+    raw = (t.is_binary, t.is_large_binary, t.is_fixed_size_binary)
+    if any(f(a) for f in raw) and any(f(b) for f in raw):
+        return pa.binary()
+    if t.is_timestamp(a) and t.is_timestamp(b):
+        return pa.timestamp("us", tz="UTC")
+    if t.is_date(a) and t.is_date(b):
+        return pa.date32()
+    if t.is_time(a) and t.is_time(b):
+        return pa.time64("us")
+    if t.is_boolean(a) and t.is_boolean(b):
+        return pa.bool_()
+    if (t.is_list(a) or t.is_large_list(a)) and (t.is_list(b) or t.is_large_list(b)):
+        inner = _canon(a.value_type, b.value_type)
+        return None if inner is None else pa.list_(inner)
+    return a if a == b else None
+
+
+def _canonical(arr: Any, typ: Any, zero: str) -> Any:
+    """A column as ``typ`` (the same values); floats as their bits where -0.0 and 0.0 are told apart."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(arr.type, pa.BaseExtensionType):
+        arr = arr.storage
+    if pa.types.is_timestamp(arr.type) and arr.type.tz is None:
+        arr = arr.cast(pa.timestamp(arr.type.unit, tz="UTC"))  # a naive timestamp is read as UTC's wall clock
+    if pa.types.is_list(typ) and (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+        values = _canonical(arr.values, typ.value_type, zero)
+        return pa.ListArray.from_arrays(pa.array(arr.offsets, pa.int32()), values, mask=arr.is_null() if arr.null_count else None)
+    if arr.type != typ:
+        arr = arr.cast(typ)
+    if pa.types.is_floating(typ) and zero == "distinct":  # DuckDB's hash makes -0.0 and 0.0 one: hash the bits (one NaN)
+        arr = pc.if_else(pc.is_nan(arr), pa.scalar(float("nan"), typ), arr).view(pa.int64())
+    return arr
+
+
+class _Hasher:
+    """Rows of one side hashed into buckets, each batch in a DuckDB connection of its own thread."""
+
+    def __init__(self, columns: list[str], key: list[int], types: list[Any], zero: str) -> None:
+        self.columns, self.key, self.types, self.zero = columns, key, types, zero
+        self.local = threading.local()
+
+    def table(self, batch: Any) -> Any:
+        import pyarrow as pa
+
+        arrays = [_canonical(batch.column(name), typ, self.zero) for name, typ in zip(self.columns, self.types)]
+        return pa.table(arrays, names=[f"c{i}" for i in range(len(arrays))])
+
+    def _con(self) -> Any:
+        con = getattr(self.local, "con", None)
+        if con is None:
+            import duckdb
+
+            con = self.local.con = duckdb.connect(config={"threads": 1})
+        return con
+
+    def exprs(self) -> tuple[str, str]:
+        cols = ", ".join(f"c{i}" for i in range(len(self.columns)))
+        key = ", ".join(f"c{i}" for i in self.key) if self.key else "1"
+        return f"hash({key}) % {BUCKETS}", f"hash({cols})"
+
+    def add(self, side: Side, batch: Any, lock: threading.Lock) -> None:
+        bucket, row = self.exprs()
+        con = self._con()
+        con.register("b", self.table(batch))
+        got = con.execute(f"SELECT {bucket} AS k, count(*), sum({row}::HUGEINT) FROM b GROUP BY k").fetchall()
+        con.unregister("b")
+        with lock:
+            for k, n, s in got:
+                side.counts[int(k)] += n
+                side.sums[int(k)] += int(s)
+                side.rows += n
+
+    def rows_of(self, batch: Any, buckets: list[int]) -> Any:
+        """(key columns..., row hash) of the batch's rows in ``buckets``, as an Arrow table."""
+        bucket, row = self.exprs()
+        con = self._con()
+        con.register("b", self.table(batch))
+        keys = ", ".join(f"c{i}" for i in self.key)
+        picked = con.execute(f"SELECT {keys}, {row} AS h FROM b WHERE {bucket} IN ({', '.join(map(str, buckets))})").to_arrow_table()
+        con.unregister("b")
+        return picked
+
+
+def _read_all(source: Any, partitions: list[Any], degree: int, each: Any) -> None:
+    """Every partition's batches, ``degree`` partitions at once, in the source's session (its snapshot)."""
+    with source.session() as session:
+        def one(part: Any) -> None:
+            for batch in session.read(part):
+                each(batch)
+
+        with ThreadPoolExecutor(max(1, degree), thread_name_prefix="conveyor-verify") as pool:
+            for done in [pool.submit(one, p) for p in partitions]:
+                done.result()
+
+
+def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: str = "equal") -> Comparison:
+    """Read both ends of ``spec`` and compare them (see the module's docstring)."""
+    import os
+
+    from conveyor.core import JobOptions, PlanRequest
+    from conveyor.strategies.auto import AutoStrategy
+    from conveyor.strategies.basic import FilesStrategy
+
+    degree = JobOptions.resolve_degree(spec.options.degree, os.cpu_count())
+    target = target_as_source(spec)
+    sinfo, tinfo = spec.source.describe(), target.describe()
+    tnames = {n.lower(): n for n in tinfo.schema.names}
+    pairs = [(n, tnames[n.lower()]) for n in sinfo.schema.names if n.lower() in tnames]
+    snames = {n.lower() for n in sinfo.schema.names}
+    unmatched = tuple([f"source only: {n}" for n in sinfo.schema.names if n.lower() not in tnames]
+                      + [f"target only: {n}" for n in tinfo.schema.names if n.lower() not in snames])
+    key_cols = list(key or sinfo.primary_key or _one_column_key(spec.source))
+    missing = [k for k in key_cols if k not in dict(pairs)]
+    if missing:
+        raise ConfigError(f"verify_key: {', '.join(missing)} is not a column both sides have", key="verify_key")
+    types = canonical_types(sinfo.schema, tinfo.schema, pairs)
+    key_index = [i for i, (s, _) in enumerate(pairs) if s in key_cols]
+    key_index.sort(key=lambda i: key_cols.index(pairs[i][0]))
+    result = Comparison(Side(sinfo.label), Side(tinfo.label), tuple(key_cols), tuple(s for s, _ in pairs), unmatched)
+    sides = []
+    for side, source, info, names, strategy in (
+            (result.source, spec.source, sinfo, [s for s, _ in pairs], spec.strategy),
+            (result.target, target, tinfo, [t for _, t in pairs],
+             FilesStrategy(FilesStrategy.config_class(), spec.options) if hasattr(target, "list_files")
+             else AutoStrategy(AutoStrategy.config_class(), spec.options))):
+        with source.session() as session:
+            parts = list(strategy.plan(PlanRequest(source=session, info=info, degree=degree)).partitions)
+        side.partitions = len(parts)
+        hasher = _Hasher(names, key_index, types, zero)
+        lock = threading.Lock()
+        _read_all(source, parts, degree, lambda b, h=hasher, s=side, lk=lock: h.add(s, b, lk))
+        sides.append((source, parts, hasher))
+    differing = [k for k in range(BUCKETS) if (result.source.counts[k], result.source.sums[k]) != (result.target.counts[k], result.target.sums[k])]
+    result.differing_buckets = len(differing)
+    if differing and key_cols:
+        result.keys = _differing_keys(sides, differing, degree, key_cols, max_keys)
+    return result
+
+
+def _one_column_key(source: Any) -> list[str]:
+    """A source's one-column primary key where it says it only that way (``primary_key()``: MySQL, DuckDB)."""
+    with_key = getattr(source, "primary_key", None)
+    try:
+        found = with_key() if callable(with_key) else None
+    except Exception:  # a query source, a table with none
+        found = None
+    return [found] if isinstance(found, str) else []
+
+
+def _differing_keys(sides: list[tuple[Any, list[Any], _Hasher]], buckets: list[int], degree: int, key_cols: list[str],
+                    max_keys: int) -> list[tuple[tuple[Any, ...], str]]:
+    """The rows of the differing buckets, read again on both sides and joined by key."""
+    import duckdb
+    import pyarrow as pa
+
+    tables = []
+    for source, parts, hasher in sides:
+        got: list[Any] = []
+        lock = threading.Lock()
+
+        def keep(batch: Any, h: _Hasher = hasher, out: list[Any] = got, lk: threading.Lock = lock) -> None:
+            picked = h.rows_of(batch, buckets)
+            with lk:
+                out.append(picked)
+
+        _read_all(source, parts, degree, keep)
+        tables.append(pa.concat_tables(got) if got else None)
+    con = duckdb.connect()
+    try:
+        keys = [f"c{i}" for i in sides[0][2].key]
+        for name, table in zip(("s", "t"), tables):
+            if table is None:
+                con.execute(f"CREATE TABLE {name} AS SELECT {', '.join(f'NULL AS {k}' for k in keys)}, NULL::UBIGINT AS h WHERE false")
+            else:
+                con.register(f"{name}_arrow", table)
+                con.execute(f"CREATE TABLE {name} AS SELECT * FROM {name}_arrow")
+        on = " AND ".join(f"s.{k} IS NOT DISTINCT FROM t.{k}" for k in keys)
+        rows = con.execute(
+            f"SELECT {', '.join(f'coalesce(s.{k}, t.{k})' for k in keys)}, "
+            "CASE WHEN t.h IS NULL THEN 'missing from the target' WHEN s.h IS NULL THEN 'not in the source' ELSE 'values differ' END "
+            f"FROM (SELECT {', '.join(keys)}, h, count(*) AS n FROM s GROUP BY ALL) s "
+            f"FULL JOIN (SELECT {', '.join(keys)}, h, count(*) AS n FROM t GROUP BY ALL) t ON {on} AND s.h = t.h AND s.n = t.n "
+            f"WHERE s.h IS NULL OR t.h IS NULL ORDER BY 1 LIMIT {int(max_keys) * 2}").fetchall()
+    finally:
+        con.close()
+    found: dict[tuple[Any, ...], str] = {}
+    for row in rows:  # a key whose values differ is in both lists: once, as that
+        k, what = tuple(row[:-1]), row[-1]
+        found[k] = "values differ" if k in found else what
+    return list(found.items())[:max_keys]
+
+
+def verify_job(cfg: Any, console: Any) -> int:
+    """``conveyor verify``: the comparison of the job ``cfg`` describes, printed; 0 when equal, else a
+    VerificationError (exit 6) naming what differs."""
+    from rich.table import Table
+
+    from conveyor.config import build_job
+    from conveyor.errors import VerificationError
+
+    if cfg.get("verify_zero", "equal") not in ("equal", "distinct"):
+        raise ConfigError(f"verify_zero: {cfg.get('verify_zero')!r} is not equal or distinct", key="verify_zero")
+    spec = build_job(cfg)
+    key = list(cfg.get("verify_key") or []) or None
+    result = compare(spec, key=key, max_keys=int(cfg.get("verify_keys", 20)), zero=str(cfg.get("verify_zero", "equal")))
+    table = Table(title="conveyor verify", title_justify="left")
+    for name in ("side", "read as", "partitions", "rows"):
+        table.add_column(name, justify="right" if name in ("partitions", "rows") else "left")
+    for name, side in (("source", result.source), ("target", result.target)):
+        table.add_row(name, side.label, str(side.partitions), f"{side.rows:,}")
+    console.print(table)
+    keyed = f"by key ({', '.join(result.key)})" if result.key else "as one multiset (no key: no primary key, no verify_key)"
+    if result.equal:
+        console.print(f"equal: {result.source.rows:,} rows, {len(result.columns)} columns compared {keyed}")
+        return 0
+    what = []
+    if result.unmatched:
+        what.append("columns on one side only: " + ", ".join(result.unmatched))
+    if result.source.rows != result.target.rows:
+        what.append(f"{result.source.rows:,} rows in the source, {result.target.rows:,} in the target")
+    if result.differing_buckets:
+        what.append(f"rows differ ({keyed})")
+    for key_values, how in result.keys:
+        console.print(f"  key {', '.join(map(str, key_values))}: {how}")
+    raise VerificationError("the target differs from the source: " + "; ".join(what),
+                            hint=(f"the first {len(result.keys)} differing key(s) are listed above" if result.keys else
+                                  "set verify_key=[columns] to name the rows that differ"))
