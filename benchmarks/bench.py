@@ -375,6 +375,37 @@ class Bench:
                      degree=degrees[-1])
 
 
+    def verify(self, table: str, degree: int) -> None:
+        """conveyor verify of a PostgreSQL table against its Parquet copy, against reading both once (the raw binary
+        COPY of the table into /dev/null, then pyarrow reading the Parquet files whole)."""
+        from conveyor.pipelines.compare import compare
+
+        out = self.work / f"verify_{table}"
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+        conveyor({"source": {"type": "postgres", "port": self.src.port, "table": table}, "sink": {"type": "parquet", "path": str(out)},
+                  "strategy": {"type": "ctid"}, "load_mode": "create", "degree": degree})
+        program, program_env = psql_program() or ("psql", {})
+
+        def read_both() -> None:
+            import pyarrow.parquet as pq
+
+            subprocess.run([program, "-X", "-q", "-h", "127.0.0.1", "-p", str(self.src.port), "-U", "postgres", "-c",
+                            f"COPY {table} TO STDOUT (FORMAT binary)"], env={**os.environ, **program_env, "PGPASSWORD": self.src.password},
+                           stdout=subprocess.DEVNULL, check=True)
+            pq.read_table(out)
+
+        key = {"orders": ["o_orderkey"], "lineitem": ["l_orderkey", "l_linenumber"]}.get(table)
+        spec = build_job(OmegaConf.create({"source": {"type": "postgres", "port": self.src.port, "table": table},
+                                           "sink": {"type": "parquet", "path": str(out)}, "strategy": {"type": "ctid"},
+                                           "runtime": {"type": "local"}, "degree": degree}))
+        results: list[Any] = []
+        group = f"verify {table} postgres <-> parquet"
+        base = self.measure(group, "baseline psql binary COPY to /dev/null, then pyarrow reads the Parquet copy", read_both,
+                            lambda: None, lambda: True, method="pipe", degree=1)
+        self.measure(group, f"conveyor verify degree={degree}", lambda: results.append(compare(spec, key=key)), lambda: None,
+                     lambda: all(r.equal for r in results), method="ctid", degree=degree,
+                     goal={"against": base["name"], "at_most": 1.5, "what": "within 1.5x of reading both sides once"})
+
     def awkward(self, rows: int, degree: int) -> None:
         """PostgreSQL -> Parquet of a table of the types a real schema has (uuid, jsonb, char(n), time, an enum,
         int4[]) beside the same values in plain types (text, varchar, bigint): what each decoding route costs, with
@@ -916,7 +947,7 @@ def main() -> int:
                          "merge (the last three lineitem only), runtime, memory, mysql (MariaDB <-> PostgreSQL), "
                          "schema (TPC-H's 8 tables in one job against pg_dump | pg_restore and one job per table; not in the default list), "
                          "awkward (uuid, jsonb, char(n), time, enum, int4[] against the same values in plain types, into Parquet; "
-                         "not in the default list)")
+                         "not in the default list), verify (conveyor verify of a table against its Parquet copy; not in the default list)")
     ap.add_argument("--layouts", default="", help="partitioned group: the layouts to run, by name (default: all)")
     ap.add_argument("--memory-sfs", default="1,3", help="scale factors of lineitem for the memory group")
     ap.add_argument("--awkward-rows", type=int, default=1_000_000, help="awkward group: rows of its two tables")
@@ -976,6 +1007,8 @@ def main() -> int:
                     bench.merge(t, max(d for d in degrees if d <= 2))
                 if "mysql" in groups:
                     bench.mysql(t, work / t, [d for d in degrees if d <= 2], duck, keys.get(t, "1"))
+                if "verify" in groups:
+                    bench.verify(t, max(d for d in degrees if d <= 2))
             if "runtime" in groups:
                 bench.runtime(tables[0], 8)
             if "awkward" in groups:

@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", metavar="DIR", help="where the run's report.json and manifest.json come back to "
                    "(default: outputs/submitted/<job id>; resume=DIR submits a resume of that run)")
     p.add_argument("overrides", nargs="*", help="the job's overrides, as for run")
+    p = sub.add_parser("init", help="write a job of your own as YAML: conveyor init jobs/nightly.yaml pipeline=pg_to_pg ...")
+    p.add_argument("path", help="the YAML file to write (its folder is the --config-dir that runs it)")
+    p.add_argument("overrides", nargs="*", help="the job's overrides, as for run")
+    p.add_argument("--force", action="store_true", help="replace the file if it exists")
     p = sub.add_parser("new", help="start a package: conveyor new connector NAME")
     p.add_argument("what", choices=["connector"], help="what to create")
     p.add_argument("name", help="the connector's name (a Python identifier)")
@@ -216,7 +220,7 @@ def _cmd_plugins() -> int:
 
 
 
-OTHER_COMMANDS = ("plugins", "report", "clean", "serve", "submit", "new")
+OTHER_COMMANDS = ("plugins", "report", "clean", "serve", "submit", "init", "new")
 
 
 def arrow_allocator_default() -> None:
@@ -333,6 +337,11 @@ def _dispatch(ns: argparse.Namespace) -> int:
         return 0
     if ns.command == "clean":
         return _cmd_clean(ns.overrides, ns.drop)
+    if ns.command == "init":
+        from conveyor.scaffold import new_job
+
+        print(new_job(ns.path, ns.overrides, ns.force))
+        return 0
     if ns.command == "new":
         from conveyor.scaffold import new_connector
 

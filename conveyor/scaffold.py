@@ -292,3 +292,34 @@ def new_connector(name: str, where: str = ".", sink: bool = False) -> str:
         path.write_text(text.format(**fields))
     return (f"created {root}\nnext: cd {root} && pip install -e '.[test]' && python -m pytest\n"
             f"then: conveyor run source={name} strategy=none sink=parquet sink.path=out load_mode=create runtime=local")
+
+
+def new_job(path: str, overrides: list[str], force: bool = False) -> str:
+    """``conveyor init``: the job the overrides compose, written as a YAML of the user's own (every key
+    explicit, the plugin groups chosen in its defaults list); what to type to run it."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from conveyor.errors import ConfigError
+    from conveyor.submit import compose
+
+    target = Path(path)
+    if target.suffix not in (".yaml", ".yml"):
+        raise ConfigError(f"conveyor init: {path} is not a .yaml file", hint="name it like jobs/nightly.yaml")
+    if target.exists() and not force:
+        raise ConfigError(f"conveyor init: {path} exists", hint="--force replaces it")
+    cfg = OmegaConf.to_container(compose(overrides), resolve=False)
+    assert isinstance(cfg, dict)
+    cfg.pop("hydra", None)
+    cfg.pop("pipeline", None)
+    groups = [f"  - override /{kind}: {cfg[kind]['type']}" for kind in ("source", "sink", "strategy", "runtime")
+              if isinstance(cfg.get(kind), dict) and cfg[kind].get("type")]
+    run = f"conveyor run --config-dir {target.parent or '.'} --config-name {target.stem}"
+    text = (f"# A Conveyor job ({' '.join(overrides) or 'the defaults'}), written by conveyor init.\n"
+            f"# Run it:   {run}   (any key can still be overridden after it)\n"
+            "# Passwords never go here: password_env / password_file name where they come from.\n"
+            "defaults:\n  - config\n" + "\n".join(groups) + "\n  - _self_\n\n" + OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return f"wrote {target}: run it with `{run}`"
