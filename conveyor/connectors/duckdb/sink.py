@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.connectors.duckdb import state
+from conveyor.connectors.duckdb import carry, state
 from conveyor.connectors.duckdb.common import close, connect, new_file, qident, qualified, remove_file, swap_blocker, target_schema
 from conveyor.core import (
     INFINITY,
@@ -56,6 +56,8 @@ class DuckDBSinkConfig(MergeOptions):
     #: record each partition's commit in <schema>._conveyor_commits, in the partition's own
     #: transaction: a retried or resumed partition that had committed is not written again
     commit_markers: bool = True
+    #: create / replace: the source table's NOT NULL, primary key and comments (carry.py); the log says the rest
+    definition: bool = True
 
     def __post_init__(self) -> None:
         self.check_merge_options()
@@ -73,6 +75,8 @@ class DuckPlan:
     made_file: bool = False
     #: schema_drift=evolve: the columns this run added to the target (a failed run that left nothing drops them)
     added: tuple[str, ...] = ()
+    #: create / replace: the source's primary key and comment, in the transaction that swaps the table in (carry.py)
+    before_swap: tuple[str, ...] = ()
 
 
 class DuckDBSink(StagedSink):
@@ -148,6 +152,7 @@ class DuckDBSink(StagedSink):
         mode = self.options.load_mode
         where = f"duckdb table {self.config.schema}.{self.config.table}"
         added: tuple[str, ...] = ()
+        before_swap: tuple[str, ...] = ()
         made = new_file(self.config.database)
         con = connect(self.config.database)
         try:
@@ -159,6 +164,7 @@ class DuckDBSink(StagedSink):
             check_mode(mode, bool(target_cols), where)
             if mode in ("create", "replace"):
                 self._create_from_arrow(con, stage, where)
+                before_swap = carry.made(con, request.info, schema.names, stage, where) if self.config.definition else ()
                 pairs = [(n, n) for n in schema.names]
                 write_target = self._stage_name()
             else:
@@ -190,7 +196,7 @@ class DuckDBSink(StagedSink):
             raise
         close(con)
         return SinkPlan(
-            own=DuckPlan(merge, request.window, made, added),
+            own=DuckPlan(merge, request.window, made, added, before_swap),
             rows_before=before,
             target=f"{self.config.database}:{self.config.schema}.{self.config.table}",
             write_target=write_target,
@@ -367,6 +373,8 @@ class DuckDBSink(StagedSink):
             con.execute("BEGIN")
             if first is not None:  # a check inside the transaction, before the steps (merge: the staged keys)
                 first(con)
+            for step in own.before_swap:  # create / replace: the key over the loaded rows, the comment
+                con.execute(step)
             for step in steps(con) if callable(steps) else steps:
                 con.execute(step)
             if own.window is not None:

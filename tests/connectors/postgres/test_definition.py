@@ -152,3 +152,25 @@ def test_column_types_set_a_new_tables_types_checked_like_any_cast(pg_source, pg
     assert pg_exec(pg_target, "SELECT price::text FROM dt_typed_copy WHERE id = 1")[0][0] == "1.3"  # PostgreSQL's own rounding, as allowed
     with pytest.raises(ConfigError, match="sink.column_types: applies to a table the load makes"):
         job(src, {**sink, "column_types": {"price": "text"}}, load_mode="append")
+
+
+def test_duckdb_takes_the_keys_not_null_and_comments_and_says_the_rest(pg_source, tmp_path, cli) -> None:
+    """Across engines (PostgreSQL -> DuckDB): NOT NULL, the primary key (built over the rows, in the swap's transaction)
+    and the comments; the rest is named as not carried (on the main this started from, a DuckDB table made from any
+    source had none of them, and nothing said so)."""
+    import duckdb
+
+    pg_exec(pg_source, *SOURCE)
+    db = tmp_path / "t.duckdb"
+    res = cli("run", "source=postgres", f"source.port={pg_source.port}", "source.table=dt_src", "sink=duckdb", f"sink.database={db}",
+              "sink.table=copy", "strategy=ctid", "load_mode=create")
+    assert res.code == 0, res.err
+    text = " ".join(res.err.split())
+    assert "definition carried: 5 NOT NULL, 1 primary key, 2 comment(s); not carried: 4 default(s); 2 identity/serial column(s)" in text
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT constraint_column_names FROM duckdb_constraints() WHERE table_name = 'copy' "
+                           "AND constraint_type = 'PRIMARY KEY'").fetchall() == [(["id"],)]
+        nullable = dict(con.execute("SELECT column_name, is_nullable FROM duckdb_columns() WHERE table_name = 'copy'").fetchall())
+        assert [c for c, n in nullable.items() if not n] == ["id", "ser", "code", "qty", "made"]
+        assert con.execute("SELECT comment FROM duckdb_tables() WHERE table_name = 'copy'").fetchone()[0] == "the source's table"
+        assert con.execute("SELECT count(*), count(DISTINCT id) FROM copy").fetchone() == (3000, 3000)
