@@ -132,17 +132,17 @@ def test_infinity_and_far_timestamps_follow_the_same_policy_on_both_decoders(mat
 
 ARRAYS = """CREATE TABLE dec_arrays_all (id int, i2 int2[], i4 int4[], i8 int8[], f4 float4[], f8 float8[], b bool[], t text[],
   vc varchar(5)[], ch char(3)[], by bytea, d date[], ts timestamp[], tz timestamptz[], u uuid[], j json[], jb jsonb[], tm time[],
-  iv interval[], e dec_mood[], n numeric(10,2)[], bp bpchar, nb numeric(50,2), ns numeric(5,-2), nm name, dd dec_day, dc dec_chars, di dec_ints)"""
+  iv interval[], e dec_mood[], n numeric(10,2)[], bp bpchar, nb numeric(50,2), ns numeric(5,-2), nm name, dd dec_day, dc dec_chars, di dec_ints, c1 "char")"""
 ARRAY_ROWS = [
     "(1, '{1,NULL,-32768,32767}', '{-2147483648,2147483647}', '{-9223372036854775808,9223372036854775807}', '{NaN,-0,Infinity,-Infinity,1.4e-45}', "
     "'{4.9e-324,NULL,-0}', '{t,f,NULL}', '{\"a b\",NULL,\"é🦆\",\"\",\"{x}\",\"NULL\"}', '{αβγδε,\"\"}', '{\"a\",\"ab \",NULL,\" \t\"}', '\\x00', "
     "'{2020-01-01,\"4713-01-01 BC\",5874897-12-31,NULL}', '{\"2020-01-01 00:00:00\",\"294247-01-09 04:00:54.775806\"}', "
     "'{\"1999-12-31 23:59:59.5-08\",NULL}', '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,NULL}', ARRAY['{\"a\":  1}'::json, NULL], "
     "ARRAY['{\"é\": [1, 2.50]}'::jsonb, 'null'], '{00:00:00,24:00:00,23:59:59.999999}', '{\"1 year 2 days\",\"-1 days -00:00:00.000001\",NULL}', "
-    "'{sad,happy}', '{1.50,NULL,NaN}', 'ab  ', 123456789012345678901234567890123456789012345678.99, 12300, 'pg_class', '2024-02-29', 'ab', '{1,NULL}')",
+    "'{sad,happy}', '{1.50,NULL,NaN}', 'ab  ', 123456789012345678901234567890123456789012345678.99, 12300, 'pg_class', '2024-02-29', 'ab', '{1,NULL}', '')",
     "(2, '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '\\x', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', ' ', "
-    "-0.01, -99900, '', '4713-01-01 BC', ' ', '{}')",
-    "(3" + ", NULL" * 27 + ")",
+    "-0.01, -99900, '', '4713-01-01 BC', ' ', '{}', 'x')",
+    "(3" + ", NULL" * 28 + ")",
 ]
 
 
@@ -162,15 +162,16 @@ def test_arrays_wide_numerics_and_loose_bpchar_take_their_own_routes_and_decode_
     src = PostgresSource(PostgresSourceConfig(port=arrays.port, table="dec_arrays_all"), JobOptions())
     reader = src.describe().reader
     assert src.decoder == "duckdb", reader
-    assert "DuckDB: id, i2, i4, i8, f4, f8, b, t, vc, by, d, ts, tz, u, j, jb, tm, iv, dd, di;" in reader
+    assert "DuckDB: id, i2, i4, i8, f4, f8, b, t, vc, by, d, ts, tz, u, j, jb, tm, iv, dd, di, c1" in reader
     assert "DuckDB, padded back to 3 characters by Arrow: ch;" in reader and "padded back to 4 characters by Arrow: dc" in reader and "its text, cast to decimal256(50, 2) by Arrow: nb" in reader
     assert "its text form (spaces kept): bp" in reader and "its text form: e, n, ns, nm" in reader
     duck, adbc = _read(arrays, "dec_arrays_all", "duckdb"), _read(arrays, "dec_arrays_all", "adbc")
     assert duck.schema == adbc.schema and duck.num_rows == adbc.num_rows == len(ARRAY_ROWS)
     for name in adbc.column_names:
         assert _values(duck, name) == _values(adbc, name), name
-    row = duck.select(["ch", "bp", "nb", "i2", "t", "b", "dc"]).to_pydict()  # and they are PostgreSQL's values
+    row = duck.select(["ch", "bp", "nb", "i2", "t", "b", "dc", "c1"]).to_pydict()  # and they are PostgreSQL's values
     assert row["ch"][0] == ["a  ", "ab ", None, " \t "] and row["bp"] == ["ab  ", " ", None] and row["dc"] == ["ab  ", "    ", None]
+    assert row["c1"] == ["\x00", "x", None]  # the one-byte "char": '' is stored as a NUL byte
     assert str(row["nb"][0]) == "123456789012345678901234567890123456789012345678.99" and row["i2"][1] == []
     assert row["t"][0] == ["a b", None, "é🦆", "", "{x}", "NULL"] and row["b"][0] == [True, False, None]
 
