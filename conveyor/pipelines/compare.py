@@ -1,6 +1,6 @@
 """``conveyor verify``: does a target hold exactly its source? Any pair of engines, after the fact.
 
-Each side is read once, in parallel, by its own partitions (the job's strategy on the source; the
+Each side is read once, in parallel (threads, or Ray tasks with ``runtime=ray``), by its own partitions (the job's strategy on the source; the
 target read as a source of its engine, split as ``strategy=auto`` splits it), in its snapshot where it
 has one. Every row is hashed on the client by DuckDB over the Arrow batch (``hash`` of the row's
 values in a canonical Arrow form, so that equal values give equal hashes whatever the engine:
@@ -19,7 +19,7 @@ on one side, a text on the other) is refused by name; columns on one side only a
 from __future__ import annotations
 
 import dataclasses
-import threading
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,12 +147,15 @@ def _canonical(arr: Any, typ: Any, zero: str) -> Any:
     return arr
 
 
+@dataclass(frozen=True)
 class _Hasher:
-    """Rows of one side hashed into buckets, each batch in a DuckDB connection of its own thread."""
+    """How one side's rows are hashed: its columns (in the pairs' order), the key's positions among
+    them, the canonical types, the zero choice. Picklable: a Ray worker hashes with it too."""
 
-    def __init__(self, columns: list[str], key: list[int], types: list[Any], zero: str) -> None:
-        self.columns, self.key, self.types, self.zero = columns, key, types, zero
-        self.local = threading.local()
+    columns: tuple[str, ...]
+    key: tuple[int, ...]
+    types: tuple[Any, ...]
+    zero: str
 
     def table(self, batch: Any) -> Any:
         import pyarrow as pa
@@ -160,52 +163,70 @@ class _Hasher:
         arrays = [_canonical(batch.column(name), typ, self.zero) for name, typ in zip(self.columns, self.types)]
         return pa.table(arrays, names=[f"c{i}" for i in range(len(arrays))])
 
-    def _con(self) -> Any:
-        con = getattr(self.local, "con", None)
-        if con is None:
-            import duckdb
-
-            con = self.local.con = duckdb.connect(config={"threads": 1})
-        return con
-
     def exprs(self) -> tuple[str, str]:
         cols = ", ".join(f"c{i}" for i in range(len(self.columns)))
         key = ", ".join(f"c{i}" for i in self.key) if self.key else "1"
         return f"hash({key}) % {BUCKETS}", f"hash({cols})"
 
-    def add(self, side: Side, batch: Any, lock: threading.Lock) -> None:
-        bucket, row = self.exprs()
-        con = self._con()
-        con.register("b", self.table(batch))
-        got = con.execute(f"SELECT {bucket} AS k, count(*), sum({row}::HUGEINT) FROM b GROUP BY k").fetchall()
-        con.unregister("b")
-        with lock:
-            for k, n, s in got:
-                side.counts[int(k)] += n
-                side.sums[int(k)] += int(s)
-                side.rows += n
 
-    def rows_of(self, batch: Any, buckets: list[int]) -> Any:
-        """(key columns..., row hash) of the batch's rows in ``buckets``, as an Arrow table."""
-        bucket, row = self.exprs()
-        con = self._con()
-        con.register("b", self.table(batch))
-        keys = ", ".join(f"c{i}" for i in self.key)
-        picked = con.execute(f"SELECT {keys}, {row} AS h FROM b WHERE {bucket} IN ({', '.join(map(str, buckets))})").to_arrow_table()
-        con.unregister("b")
-        return picked
+def _sums(hasher: _Hasher, session: Any, part: Any) -> tuple[int, dict[int, tuple[int, int]]]:
+    """One partition's rows, and per bucket its rows and the sum of their hashes (DuckDB over each Arrow batch)."""
+    import duckdb
+
+    bucket, row = hasher.exprs()
+    rows, out = 0, {}
+    con = duckdb.connect(config={"threads": 1})
+    try:
+        for batch in session.read(part):
+            con.register("b", hasher.table(batch))
+            for k, n, total in con.execute(f"SELECT {bucket} AS k, count(*), sum({row}::HUGEINT) FROM b GROUP BY k").fetchall():
+                had = out.get(int(k), (0, 0))
+                out[int(k)] = (had[0] + n, had[1] + int(total))
+                rows += n
+            con.unregister("b")
+    finally:
+        con.close()
+    return rows, out
 
 
-def _read_all(source: Any, partitions: list[Any], degree: int, each: Any) -> None:
-    """Every partition's batches, ``degree`` partitions at once, in the source's session (its snapshot)."""
+def _rows_in(hasher: _Hasher, buckets: tuple[int, ...], session: Any, part: Any) -> Any:
+    """(key columns..., row hash) of one partition's rows in ``buckets``, as an Arrow table (None: none)."""
+    import duckdb
+    import pyarrow as pa
+
+    bucket, row = hasher.exprs()
+    keys = ", ".join(f"c{i}" for i in hasher.key)
+    got = []
+    con = duckdb.connect(config={"threads": 1})
+    try:
+        for batch in session.read(part):
+            con.register("b", hasher.table(batch))
+            got.append(con.execute(f"SELECT {keys}, {row} AS h FROM b WHERE {bucket} IN ({', '.join(map(str, buckets))})").to_arrow_table())
+            con.unregister("b")
+    finally:
+        con.close()
+    return pa.concat_tables(got) if got else None
+
+
+def _call(work: Any, session: Any, part: Any) -> Any:
+    """A Ray task: ``work`` (a picklable partial) of one partition."""
+    return work(session, part)
+
+
+def _each_partition(source: Any, partitions: list[Any], degree: int, work: Any, ray_runtime: Any = None) -> list[Any]:
+    """``work(session, partition)`` of every partition, in the source's session (its snapshot): ``degree`` at once
+    in this process's threads, or as Ray tasks (each named by its partition) on the Ray runtime's instance."""
     with source.session() as session:
-        def one(part: Any) -> None:
-            for batch in session.read(part):
-                each(batch)
-
-        with ThreadPoolExecutor(max(1, degree), thread_name_prefix="conveyor-verify") as pool:
-            for done in [pool.submit(one, p) for p in partitions]:
-                done.result()
+        if ray_runtime is None:
+            with ThreadPoolExecutor(max(1, degree), thread_name_prefix="conveyor-verify") as pool:
+                return list(pool.map(lambda p: work(session, p), partitions))
+        ray, started = ray_runtime.instance.init()
+        try:
+            remote = ray.remote(_call)
+            refs = [remote.options(name=f"conveyor verify {p.key}", num_cpus=1, max_retries=1).remote(work, session, p) for p in partitions]
+            return ray.get(refs)
+        finally:
+            ray_runtime.instance.done(ray, started)
 
 
 def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: str = "equal") -> Comparison:
@@ -232,6 +253,9 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     key_index = [i for i, (s, _) in enumerate(pairs) if s in key_cols]
     key_index.sort(key=lambda i: key_cols.index(pairs[i][0]))
     result = Comparison(Side(sinfo.label), Side(tinfo.label), tuple(key_cols), tuple(s for s, _ in pairs), unmatched)
+    from conveyor.runtime.ray import RayRuntime
+
+    on_ray = spec.runtime if isinstance(spec.runtime, RayRuntime) else None
     sides = []
     for side, source, info, names, strategy in (
             (result.source, spec.source, sinfo, [s for s, _ in pairs], spec.strategy),
@@ -241,14 +265,17 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
         with source.session() as session:
             parts = list(strategy.plan(PlanRequest(source=session, info=info, degree=degree)).partitions)
         side.partitions = len(parts)
-        hasher = _Hasher(names, key_index, types, zero)
-        lock = threading.Lock()
-        _read_all(source, parts, degree, lambda b, h=hasher, s=side, lk=lock: h.add(s, b, lk))
+        hasher = _Hasher(tuple(names), tuple(key_index), tuple(types), zero)
+        for rows, buckets in _each_partition(source, parts, degree, functools.partial(_sums, hasher), on_ray):
+            side.rows += rows
+            for k, (n, total) in buckets.items():
+                side.counts[k] += n
+                side.sums[k] += total
         sides.append((source, parts, hasher))
     differing = [k for k in range(BUCKETS) if (result.source.counts[k], result.source.sums[k]) != (result.target.counts[k], result.target.sums[k])]
     result.differing_buckets = len(differing)
     if differing and key_cols:
-        result.keys = _differing_keys(sides, differing, degree, key_cols, max_keys)
+        result.keys = _differing_keys(sides, tuple(differing), degree, max_keys, on_ray)
     return result
 
 
@@ -262,23 +289,15 @@ def _one_column_key(source: Any) -> list[str]:
     return [found] if isinstance(found, str) else []
 
 
-def _differing_keys(sides: list[tuple[Any, list[Any], _Hasher]], buckets: list[int], degree: int, key_cols: list[str],
-                    max_keys: int) -> list[tuple[tuple[Any, ...], str]]:
+def _differing_keys(sides: list[tuple[Any, list[Any], _Hasher]], buckets: tuple[int, ...], degree: int, max_keys: int,
+                    on_ray: Any) -> list[tuple[tuple[Any, ...], str]]:
     """The rows of the differing buckets, read again on both sides and joined by key."""
     import duckdb
     import pyarrow as pa
 
     tables = []
     for source, parts, hasher in sides:
-        got: list[Any] = []
-        lock = threading.Lock()
-
-        def keep(batch: Any, h: _Hasher = hasher, out: list[Any] = got, lk: threading.Lock = lock) -> None:
-            picked = h.rows_of(batch, buckets)
-            with lk:
-                out.append(picked)
-
-        _read_all(source, parts, degree, keep)
+        got = [t for t in _each_partition(source, parts, degree, functools.partial(_rows_in, hasher, buckets), on_ray) if t is not None]
         tables.append(pa.concat_tables(got) if got else None)
     con = duckdb.connect()
     try:
