@@ -202,6 +202,8 @@ class MySqlSinkConfig(MergeOptions, MySqlConnConfig):
     #: resume asks the target. false: where you may not create tables (the run's state is then
     #: checked by named locks just before COMMIT, with a small window; resume trusts the manifest)
     commit_markers: bool = True
+    #: create / replace: the source table's NOT NULL, primary key and comments, made with the table (target.py)
+    definition: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

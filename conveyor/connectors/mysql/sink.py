@@ -19,7 +19,7 @@ from conveyor.kit import merge as merging
 from conveyor.kit.arrowutil import length_checked
 from conveyor.kit.mapping import TargetColumn, map_columns
 from conveyor.kit.staged import StagedSink, check_mode, staged_path
-from conveyor.log import note, warn
+from conveyor.log import note, say, warn
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class MyPlan:
     #: length checked before MySQL sees it (MySQL cuts excess trailing spaces with only a note,
     #: which the insert path never sees)
     lengths: tuple[tuple[str, str, int, str], ...] = ()
+    #: create / replace: the table's comment (the source table's) once it is swapped in
+    comment: str = ""
 
 
 class _Rows:
@@ -101,10 +103,12 @@ class MySqlSink(StagedSink):
         target = self._target_columns()
         check_mode(mode, target is not None, where)
         stage = f"{commits.STAGE_PREFIX}{self.options.run_id}"
-        write_target = self.config.table
+        write_target, comment = self.config.table, ""
         if mode in ("create", "replace"):
             pairs = [(n, n) for n in schema.names]
-            cols = ", ".join(f"{qident(f.name)} {targets.arrow_to_mysql(f)}" for f in schema)
+            cols, comment, said = targets.created_columns(schema, request.info, self.config.definition)
+            if said:
+                say(f"{where}: {said}")
             self.config.run(f"CREATE TABLE {self._qualified(stage)} ({cols}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
                             doing=f"load_mode={mode}")
             write_target = stage
@@ -133,7 +137,7 @@ class MySqlSink(StagedSink):
         once = commits.Once(self._marked_as(), self.options.load, self.config.commit_markers, self.options.run_id)
         return SinkPlan(rows_before=before, target=f"{self.config.where()}.{self.config.table}", write_target=write_target,
                         load_mode=mode, columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
-                        own=MyPlan(bulk, once, merge if mode == "merge" else None, lengths))
+                        own=MyPlan(bulk, once, merge if mode == "merge" else None, lengths, comment))
 
     def _marked_as(self) -> str:
         """The target as its commit markers name it."""
@@ -194,7 +198,7 @@ class MySqlSink(StagedSink):
         if plan.load_mode == "truncate":
             return super().finalize(plan, results)  # DELETE + INSERT ... SELECT in one transaction
         # create / replace: RENAME TABLE swaps atomically (MySQL's DDL commits on its own: no transaction)
-        comment = ""  # the stage's label goes; a replaced table's own comment stays
+        comment = plan.own.comment  # the stage's label goes; the source's comment, or a replaced table's own, stays
         if plan.load_mode == "replace" and self._target_columns() is not None:
             comment = str(self.config.run("SELECT table_comment FROM information_schema.tables WHERE table_schema = DATABASE() "
                                           f"AND table_name = {MYSQL_DIALECT.literal(self.config.table)}", doing="reading the target")[0][0] or "")

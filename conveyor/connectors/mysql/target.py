@@ -142,3 +142,37 @@ def time_columns(config: MySqlSinkConfig, table: str) -> dict[str, Any]:
              "time": (pa.time64("us"), "time")}
     return {name.lower(): ColumnType(kinds[typ][0], db=kinds[typ][1], sql=str(sql), typmod=int(digits or 0))
             for name, typ, digits, sql in rows}
+
+
+def created_columns(schema: Any, info: Any, definition: bool) -> tuple[str, str, str]:
+    """(column list of a CREATE TABLE from ``schema``, the table's comment or "", what the log says) with
+    the source table's NOT NULL, primary key and column comments where ``definition`` (``sink.definition``).
+    A key on a LONGTEXT / LONGBLOB column (MySQL keys need a length there) is left out and said."""
+    from conveyor.connectors.mysql.common import qident
+
+    d = info.definition if definition else None
+    names = set(schema.names)
+    key = [c for c in info.primary_key] if definition and info.primary_key and set(info.primary_key) <= names else []
+    types = {f.name: arrow_to_mysql(f) for f in schema}
+    unkeyable = [c for c in key if types[c].startswith(("LONGTEXT", "LONGBLOB"))]
+    not_null = (set(d.not_null) if d is not None else set()) | set(key)
+    comments = dict(d.column_comments) if d is not None else {}
+
+    def quoted(text: str) -> str:
+        return "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+
+    cols = [f"{qident(f.name)} {types[f.name]}" + (" NOT NULL" if f.name in not_null else "")
+            + (f" COMMENT {quoted(comments[f.name])}" if f.name in comments else "") for f in schema]
+    if key and not unkeyable:
+        cols.append(f"PRIMARY KEY ({', '.join(qident(c) for c in key)})")
+    if d is None and not key:
+        return ", ".join(cols), "", ""
+    left = [f"primary key ({', '.join(unkeyable)}: MySQL keys a LONGTEXT / LONGBLOB column only by a prefix)"] if unkeyable else []
+    if d is not None:
+        left += [f"{len(x)} {what}" for x, what in ((d.defaults, "default(s)"), (d.sequences, "identity/serial column(s)"),
+                                                     (d.constraints, "CHECK/UNIQUE/EXCLUDE constraint(s)"), (d.indexes, "index(es)")) if x]
+        left += list(d.not_carried)
+    parts = [f"{n} {what}" for n, what in ((len(not_null & names), "NOT NULL"), (1 if key and not unkeyable else 0, "primary key"),
+                                           (len(comments) + (d is not None and d.comment is not None), "comment(s)")) if n]
+    said = "definition carried: " + (", ".join(parts) or "nothing beyond the columns") + (f"; not carried: {'; '.join(left)}" if left else "")
+    return ", ".join(cols), (d.comment or "") if d is not None else "", said

@@ -174,3 +174,20 @@ def test_duckdb_takes_the_keys_not_null_and_comments_and_says_the_rest(pg_source
         assert [c for c, n in nullable.items() if not n] == ["id", "ser", "code", "qty", "made"]
         assert con.execute("SELECT comment FROM duckdb_tables() WHERE table_name = 'copy'").fetchone()[0] == "the source's table"
         assert con.execute("SELECT count(*), count(DISTINCT id) FROM copy").fetchone() == (3000, 3000)
+
+
+def test_mysql_takes_the_keys_not_null_and_comments_made_with_the_table(pg_source, mysql_server) -> None:
+    """PostgreSQL -> MySQL: NOT NULL, the primary key and the comments in the CREATE TABLE (InnoDB keeps its rows in
+    key order: a key added after would rebuild the table); on the main this started from, none of them."""
+    pg_exec(pg_source, *SOURCE)
+    mysql_server.execute("DROP TABLE IF EXISTS dt_my")
+    job({"type": "postgres", "port": pg_source.port, "table": "dt_src"},
+        {"type": "mysql", "port": mysql_server.port, "user": mysql_server.user, "database": mysql_server.database, "table": "dt_my"},
+        "ctid", {"partitions": 2}, degree=2, load_mode="create")
+    cols = mysql_server.execute("SELECT column_name, is_nullable, column_key, column_comment FROM information_schema.columns "
+                              "WHERE table_schema = DATABASE() AND table_name = 'dt_my' ORDER BY ordinal_position")
+    assert [c[0] for c in cols if c[1] == "NO"] == ["id", "ser", "code", "qty", "made"]
+    assert [c[0] for c in cols if c[2] == "PRI"] == ["id"] and dict((c[0], c[3]) for c in cols)["code"] == "a code, é"
+    assert mysql_server.execute("SELECT table_comment FROM information_schema.tables WHERE table_schema = DATABASE() "
+                              "AND table_name = 'dt_my'")[0][0] == "the source's table"
+    assert mysql_server.execute("SELECT count(*), count(DISTINCT id) FROM dt_my")[0] == (3000, 3000)
