@@ -18,6 +18,7 @@ on one side, a text on the other) is refused by name; columns on one side only a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
@@ -58,8 +59,9 @@ class Comparison:
         return not self.differing_buckets and not self.unmatched and self.source.rows == self.target.rows
 
 
-def target_as_source(spec: Any) -> Any:
-    """The job's target read as a source of its engine: the sink's keys the source of that type has."""
+def target_as_source(spec: Any, written: str | None = None) -> Any:
+    """The job's target read as a source of its engine: the sink's keys the source of that type has
+    (``written``: the table or folder a staged load wrote, read instead of the target's own)."""
     from omegaconf import OmegaConf
 
     from conveyor import registry
@@ -73,6 +75,12 @@ def target_as_source(spec: Any) -> Any:
     wanted = {f.name for f in dataclasses.fields(cls.config_class)}
     values = {k: getattr(spec.sink.config, k) for k in wanted if hasattr(spec.sink.config, k)}
     values = {k: (OmegaConf.create(v) if isinstance(v, dict | list) else v) for k, v in values.items()}
+    if written is not None:
+        if "table" in wanted:
+            values["table"] = written
+        elif "path" in wanted:  # a file sink's staged folder, with its filesystem's protocol
+            proto = str(values.get("path", "")).partition("://")
+            values["path"] = written if "://" in written or not proto[1] else f"{proto[0]}://{written}"
     options = dataclasses.replace(spec.options, run_id=f"{spec.options.run_id}-target")
     return build_plugin("source", OmegaConf.create({"source": {"type": name, **values}}), options)[1]
 
@@ -213,10 +221,11 @@ def _call(work: Any, session: Any, part: Any) -> Any:
     return work(session, part)
 
 
-def _each_partition(source: Any, partitions: list[Any], degree: int, work: Any, ray_runtime: Any = None) -> list[Any]:
-    """``work(session, partition)`` of every partition, in the source's session (its snapshot): ``degree`` at once
-    in this process's threads, or as Ray tasks (each named by its partition) on the Ray runtime's instance."""
-    with source.session() as session:
+def _each_partition(source: Any, partitions: list[Any], degree: int, work: Any, ray_runtime: Any = None, opened: bool = False) -> list[Any]:
+    """``work(session, partition)`` of every partition, in the source's session (its snapshot; ``opened``: the
+    source is one already, the job's): ``degree`` at once in this process's threads, or as Ray tasks (each
+    named by its partition) on the Ray runtime's instance."""
+    with (contextlib.nullcontext(source) if opened else source.session()) as session:
         if ray_runtime is None:
             with ThreadPoolExecutor(max(1, degree), thread_name_prefix="conveyor-verify") as pool:
                 return list(pool.map(lambda p: work(session, p), partitions))
@@ -229,8 +238,11 @@ def _each_partition(source: Any, partitions: list[Any], degree: int, work: Any, 
             ray_runtime.instance.done(ray, started)
 
 
-def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: str = "equal") -> Comparison:
-    """Read both ends of ``spec`` and compare them (see the module's docstring)."""
+def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: str = "equal", opened: Any = None,
+            partitions: list[Any] | None = None, written: str | None = None) -> Comparison:
+    """Read both ends of ``spec`` and compare them (see the module's docstring). In a run (verify=checksum):
+    ``opened`` is the job's source in its session (its snapshot), ``partitions`` its plan, ``written`` what a
+    staged load wrote, compared before it is made visible."""
     import os
 
     from conveyor.core import JobOptions, PlanRequest
@@ -238,8 +250,8 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     from conveyor.strategies.basic import FilesStrategy
 
     degree = JobOptions.resolve_degree(spec.options.degree, os.cpu_count())
-    target = target_as_source(spec)
-    sinfo, tinfo = spec.source.describe(), target.describe()
+    target = target_as_source(spec, written)
+    sinfo, tinfo = spec.source.describe() if opened is None else opened.describe(), target.describe()
     tnames = {n.lower(): n for n in tinfo.schema.names}
     pairs = [(n, tnames[n.lower()]) for n in sinfo.schema.names if n.lower() in tnames]
     snames = {n.lower() for n in sinfo.schema.names}
@@ -258,15 +270,18 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     on_ray = spec.runtime if isinstance(spec.runtime, RayRuntime) else None
     sides = []
     for side, source, info, names, strategy in (
-            (result.source, spec.source, sinfo, [s for s, _ in pairs], spec.strategy),
+            (result.source, opened or spec.source, sinfo, [s for s, _ in pairs], spec.strategy),
             (result.target, target, tinfo, [t for _, t in pairs],
              FilesStrategy(FilesStrategy.config_class(), spec.options) if hasattr(target, "list_files")
              else AutoStrategy(AutoStrategy.config_class(), spec.options))):
-        with source.session() as session:
-            parts = list(strategy.plan(PlanRequest(source=session, info=info, degree=degree)).partitions)
+        if source is opened and partitions is not None:
+            parts = list(partitions)
+        else:
+            with source.session() as session:
+                parts = list(strategy.plan(PlanRequest(source=session, info=info, degree=degree)).partitions)
         side.partitions = len(parts)
         hasher = _Hasher(tuple(names), tuple(key_index), tuple(types), zero)
-        for rows, buckets in _each_partition(source, parts, degree, functools.partial(_sums, hasher), on_ray):
+        for rows, buckets in _each_partition(source, parts, degree, functools.partial(_sums, hasher), on_ray, source is opened):
             side.rows += rows
             for k, (n, total) in buckets.items():
                 side.counts[k] += n
@@ -275,7 +290,7 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     differing = [k for k in range(BUCKETS) if (result.source.counts[k], result.source.sums[k]) != (result.target.counts[k], result.target.sums[k])]
     result.differing_buckets = len(differing)
     if differing and key_cols:
-        result.keys = _differing_keys(sides, tuple(differing), degree, max_keys, on_ray)
+        result.keys = _differing_keys(sides, tuple(differing), degree, max_keys, on_ray, opened is not None)
     return result
 
 
@@ -290,14 +305,15 @@ def _one_column_key(source: Any) -> list[str]:
 
 
 def _differing_keys(sides: list[tuple[Any, list[Any], _Hasher]], buckets: tuple[int, ...], degree: int, max_keys: int,
-                    on_ray: Any) -> list[tuple[tuple[Any, ...], str]]:
+                    on_ray: Any, opened: bool) -> list[tuple[tuple[Any, ...], str]]:
     """The rows of the differing buckets, read again on both sides and joined by key."""
     import duckdb
     import pyarrow as pa
 
     tables = []
-    for source, parts, hasher in sides:
-        got = [t for t in _each_partition(source, parts, degree, functools.partial(_rows_in, hasher, buckets), on_ray) if t is not None]
+    for i, (source, parts, hasher) in enumerate(sides):
+        got = [t for t in _each_partition(source, parts, degree, functools.partial(_rows_in, hasher, buckets), on_ray, opened and i == 0)
+               if t is not None]
         tables.append(pa.concat_tables(got) if got else None)
     con = duckdb.connect()
     try:

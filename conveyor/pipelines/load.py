@@ -86,7 +86,8 @@ class Load:
         spec, report = self.plan.spec, self.report
         assert self.sink_plan is not None
         ran = [r for r in report.results if r.partition not in report.committed_before]
-        report.verification = verify(spec.options.verify, self.todo, ran, self.source, spec.sink, self.sink_plan)
+        across = None if self.plan.info.checksums and self.plan.target.checksums else spec  # no checksum both compute: compared
+        report.verification = verify(spec.options.verify, self.todo, ran, self.source, spec.sink, self.sink_plan, across)
         raise_if_failed(report.verification, report.target)
 
     def finalize(self) -> None:

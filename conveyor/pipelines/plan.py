@@ -157,7 +157,7 @@ def plan_one(spec: JobSpec, info: SourceInfo, source: Any, window: CursorWindow 
     target = (spec.sink.describe_target(PrepareRequest(schema=info.schema_as_given, info=info, window=window))
               if spec.sink is not None else TargetInfo())  # conveyor serve plans a source alone
     if spec.sink is not None:
-        check_checksums(spec.options.verify, info, target)
+        check_checksums(spec.options.verify, info, target, spec)
     planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree, target=target.layout,
                                              min_partition_rows=(target.min_partition_rows, target.min_partition_why)))
     partitions = list(planned.partitions)

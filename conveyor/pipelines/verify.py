@@ -56,18 +56,28 @@ def check_mode(mode: str) -> None:
         raise ConfigError(f"verify: {mode!r} is not one of {', '.join(VERIFY_MODES)}", key="verify")
 
 
-def check_checksums(mode: str, info: Any, target: Any) -> None:
-    """Refuse, before anything moves, a checksum the two ends cannot compute alike (the source's
-    ``SourceInfo`` and the target's ``TargetInfo`` say whether they can)."""
-    if mode == "checksum" and not (info.checksums and target.checksums):
-        raise ConfigError("verify=checksum needs PostgreSQL on both sides", key="verify",
-                          hint="use verify=count (the default) for this pair")
+def check_checksums(mode: str, info: Any, target: Any, spec: Any = None) -> None:
+    """Refuse, before anything moves, a checksum the two ends cannot compute: both databases compute it
+    (PostgreSQL on both sides: the source's ``SourceInfo`` and the target's ``TargetInfo`` say so), or
+    ``conveyor verify``'s comparison reads what a staged load wrote (create, replace, truncate through a
+    stage) as a source of the target's engine, before it is made visible."""
+    if mode != "checksum" or (info.checksums and target.checksums):
+        return
+    from conveyor import registry
+
+    name = spec.names.get("sink", "") if spec is not None else ""
+    if spec is None or spec.options.load_mode not in ("create", "replace", "truncate") or name not in registry.names("source"):
+        raise ConfigError("verify=checksum: this pair computes no checksum alike, and only a staged load (create, replace, truncate) "
+                          "of a target Conveyor can read back is compared row for row", key="verify",
+                          hint="use verify=count (the default), or conveyor verify after the run")
 
 
-def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source: Any, sink: Any, plan: Any) -> Verification:
+def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source: Any, sink: Any, plan: Any,
+           across: Any = None) -> Verification:
     """The job's verification after its tasks, before the load is made visible: the source's counts
     as ``plan.counting`` took them (before the tasks, from the streams, from the reads, or now), the
-    target's, and with ``mode=checksum`` the content."""
+    target's, and with ``mode=checksum`` the content (``across``: the job's spec where the two databases
+    compute no checksum alike: compared row for row by conveyor verify's comparison instead)."""
     out = Verification(mode, written_rows=sum(r.rows for r in results))
     if mode == "none":
         out.notes.append("not verified (verify=none)")
@@ -111,12 +121,30 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         out.target_rows = sink.target_rows(plan) - plan.rows_before
         if out.target_rows != expected:
             out.mismatched.append(f"target: {out.target_rows:,} new rows, source {expected:,}")
-    if mode == "checksum":
+    if mode == "checksum" and across is not None:
+        _compared(out, across, source, partitions, plan)
+    elif mode == "checksum":
         out.source_checksum = _combine(source.checksums(partitions, plan.source_columns))
         out.target_checksum = sink.checksum(plan)
         if out.source_checksum != out.target_checksum:
             out.mismatched.append(f"checksum: source {out.source_checksum}, target {out.target_checksum}")
     return out
+
+
+def _compared(out: Verification, spec: Any, source: Any, partitions: Sequence[Any], plan: Any) -> None:
+    """verify=checksum across engines: conveyor verify's comparison of the job's source (its snapshot, its
+    partitions) with what the staged load wrote, read back as a source of the target's engine."""
+    from conveyor.pipelines.compare import compare
+
+    result = compare(spec, opened=source, partitions=list(partitions), written=plan.write_target, max_keys=5)
+    out.source_checksum = f"{result.source.rows}:{sum(result.source.sums) % 2**64}"
+    out.target_checksum = f"{result.target.rows}:{sum(result.target.sums) % 2**64}"
+    out.notes.append("checksum: each row hashed over canonical Arrow values on both sides by conveyor verify's comparison"
+                     + (f", by key ({', '.join(result.key)})" if result.key else ""))
+    if not result.equal:
+        out.mismatched.append(f"checksum: source {out.source_checksum}, target {out.target_checksum}"
+                              + (f"; {', '.join(f'key {k[0] if len(k) == 1 else k}: {how}' for k, how in result.keys)}" if result.keys else "")
+                              + (f"; {', '.join(result.unmatched)}" if result.unmatched else ""))
 
 
 def _sent(partitions: Sequence[Any], results: Sequence[Any], source: Any,

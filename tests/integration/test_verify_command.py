@@ -117,3 +117,24 @@ def test_columns_that_cannot_be_compared_or_are_on_one_side_are_named(vsrc, pg_s
     with pytest.raises(VerificationError, match="columns on one side only: source only: v"):
         verify_job(compose(None, "strategy=auto", "source=postgres", "sink=parquet", f"source.port={pg_source.port}", "source.table=v_src",
                            f"sink.path={out}"), Console(file=open("/dev/null", "w")))
+
+
+def test_verify_checksum_in_a_run_compares_what_a_staged_load_wrote_for_any_pair(vsrc, pg_source, tmp_path: Path) -> None:
+    """verify=checksum in conveyor run (on the main this started from, refused for every pair but PostgreSQL on both
+    sides): a staged load into DuckDB or Parquet is compared row for row with the source, in the job's snapshot,
+    before it is made visible; an append across engines is refused by name before anything moves."""
+    from conveyor.errors import ConfigError
+
+    db = tmp_path / "t.duckdb"
+    report = conveyor.run(None, "source=postgres", "sink=duckdb", "strategy=ctid", "verify=checksum", source=vsrc,
+                          sink={"database": str(db), "table": "t"}, load_mode="create", degree=2)
+    assert report.verification.ok and report.verification.source_checksum == report.verification.target_checksum
+    assert report.verification.source_checksum.startswith("4000:")
+    assert any("conveyor verify's comparison, by key (id)" in n for n in report.verification.notes)
+    out = tmp_path / "pq"
+    report = conveyor.run(None, "source=postgres", "sink=parquet", "strategy=ctid", "verify=checksum", source=vsrc,
+                          sink={"path": str(out)}, load_mode="create", degree=2)
+    assert report.verification.ok and report.rows == 4000
+    with pytest.raises(ConfigError, match="verify=checksum: this pair computes no checksum alike"):
+        conveyor.run(None, "source=postgres", "sink=duckdb", "strategy=ctid", "verify=checksum", source=vsrc,
+                     sink={"database": str(db), "table": "t"}, load_mode="append")
