@@ -13,7 +13,7 @@ with its padding restored by Arrow; numeric wider than 38 digits read as its tex
 cast to its decimal by Arrow; a bpchar of no length through its output function (a cast to text would
 trim it); every other column in its text form. A table's column of a domain is described by the server as
 the domain's base type and routed as that. Only a table with a column of none of these (bytea[], bpchar[]
-of no length, name[], oid) is read by ADBC. DuckDB reads a
+of no length, name[]) is read by ADBC. DuckDB reads a
 numeric NaN as 0: the partition's query makes the server fail at a NaN in a numeric column, and the NaN
 is refused by name as on ADBC's path; each column is then cast to the type ADBC gives, so a job's
 batches are the same whichever decoder read them (tests/connectors/postgres/test_decoder.py compares
@@ -83,6 +83,8 @@ def route(col: PgColumn) -> Route | None:
                      decimal=decimal)
     if base == "name" and not col.elem:
         return Route(f"{q}::text AS {q}", "its text form")
+    if base == "oid":  # read as int8 on both decoders (PgColumn.select_expr)
+        return Route(col.select_expr(), "DuckDB, as int8")
     if base == "char" and not col.elem:  # the one-byte "char": DuckDB reads its byte as ADBC does (a NUL too; not its text form, '')
         return Route(q, "DuckDB")
     if base in EXACT and not (col.elem and base == "bytea"):

@@ -3,7 +3,8 @@
 Reading (ADBC decodes binary COPY natively): integers, floats, bool, text types, bytea,
 date, time, timestamp(tz), interval, uuid, json(b), enums and arrays of those keep their
 Arrow types; numeric(p,s) becomes decimal128/256(p,s); numeric without a precision is read as
-its text (exact, NaN included: Arrow decimals have a fixed scale and no NaN); every other type
+its text (exact, NaN included: Arrow decimals have a fixed scale and no NaN); oid (unsigned 32 bits)
+as int8; every other type
 (inet, money, ranges, geometric, bit, xml, composite, ...) is read as its text form.
 
 Writing (ADBC's binary COPY writer): each batch column is cast to the Arrow type ADBC reads
@@ -74,6 +75,8 @@ class PgColumn:
             return f"{q}::{self.base_sql} AS {q}"
         if self.unconstrained_numeric or not self.native:
             return f"{q}::text AS {q}"
+        if self.typname == "oid" or self.elem == "oid":  # unsigned 32 bits: ADBC read 4294967295 as the int32 -1
+            return f"{q}::int8{'[]' if self.elem else ''} AS {q}"
         return q
 
 
@@ -172,6 +175,8 @@ def read_arrow_type(col: PgColumn) -> Any:
         return None
     if col.unconstrained_numeric or not col.native or col.typtype == "e":
         return pa.string()  # selected as its text (enums: ADBC reads their text)
+    if col.typname == "oid":
+        return pa.int64()  # selected as int8 (select_expr)
     return None if col.elem else _adbc_scalars().get(col.typname)
 
 

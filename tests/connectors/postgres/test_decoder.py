@@ -518,3 +518,14 @@ def test_a_domain_over_an_array_is_held_to_one_dimension_as_its_base_type(pg_sou
         _read(pg_source, "dec_dom_arr", decoder)
     pg_exec(pg_source, "DELETE FROM dec_dom_arr WHERE id = 2")
     assert _read(pg_source, "dec_dom_arr", decoder)["a"].to_pylist() == [[1, 2]]
+
+
+@pytest.mark.parametrize("decoder", ["duckdb", "adbc"])
+def test_an_oid_above_two_to_the_31_is_read_as_it_is(pg_source, decoder: str) -> None:
+    """oid is unsigned 32 bits: ADBC's reader gave 4294967295 as the int32 -1 (on the main this started from, exit 0,
+    and every table with an oid column went to that reader). Read as int8 on both decoders, arrays too."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS dec_oid", "CREATE TABLE dec_oid (id int, o oid, oa oid[])",
+            "INSERT INTO dec_oid VALUES (1, 4294967295, '{4294967295,0,NULL}'), (2, 0, '{}'), (3, NULL, NULL)")
+    got = _read(pg_source, "dec_oid", decoder)
+    assert got.schema.field("o").type == pa.int64()
+    assert got["o"].to_pylist() == [4294967295, 0, None] and got["oa"].to_pylist() == [[4294967295, 0, None], [], None]
