@@ -40,6 +40,8 @@ class SinkPlan:
     #: the sink's own details of how it writes (its encoder, its bulk path) after it
     path: str = ""
     path_reason: str = ""
+    #: a table this load creates: what of the source table's definition it carries, and what not (the report says it)
+    definition: str = ""
     #: special values this sink writes exactly (``INFINITY``): the job asks the source to pass
     #: them on instead of refusing them (``Source.keeping``)
     keeps: tuple[str, ...] = ()

@@ -122,6 +122,8 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
         parts = {p.key: p for p in report.plan.partitions}
         out["target"] = report.target
         out["path"] = report.sink_plan.path_reason if report.sink_plan else ""
+        if report.sink_plan and report.sink_plan.definition:
+            out["definition"] = report.sink_plan.definition  # what of the source table's definition a new table carries
         out["partitions"] = [
             {"partition": r.partition, "reads": parts[r.partition].describe() if r.partition in parts else "", "rows": r.rows,
              "bytes": r.bytes, "seconds": round(r.seconds, 4), "attempts": r.attempts,

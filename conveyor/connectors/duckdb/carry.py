@@ -47,8 +47,9 @@ def plan(info: Any, columns: list[str], stage: str, quote: Callable[[str], str],
     return Carried(tuple(at_create), tuple(before), said)
 
 
-def made(con: Any, info: Any, columns: list[str], stage: str, where: str) -> tuple[str, ...]:
-    """:func:`plan`'s statements at the staging table's making run on ``con``, its line said; what is left for the swap."""
+def made(con: Any, info: Any, columns: list[str], stage: str, where: str) -> tuple[tuple[str, ...], str]:
+    """:func:`plan`'s statements at the staging table's making run on ``con``, its line said; (what is left for the
+    swap, the line)."""
     from conveyor.connectors.duckdb.common import qident
     from conveyor.log import say
 
@@ -57,4 +58,4 @@ def made(con: Any, info: Any, columns: list[str], stage: str, where: str) -> tup
         con.execute(step)
     if carried.said:
         say(f"{where}: {carried.said}")
-    return carried.before_swap
+    return carried.before_swap, carried.said

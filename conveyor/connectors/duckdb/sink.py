@@ -153,6 +153,7 @@ class DuckDBSink(StagedSink):
         where = f"duckdb table {self.config.schema}.{self.config.table}"
         added: tuple[str, ...] = ()
         before_swap: tuple[str, ...] = ()
+        said = ""
         made = new_file(self.config.database)
         con = connect(self.config.database)
         try:
@@ -164,7 +165,7 @@ class DuckDBSink(StagedSink):
             check_mode(mode, bool(target_cols), where)
             if mode in ("create", "replace"):
                 self._create_from_arrow(con, stage, where)
-                before_swap = carry.made(con, request.info, schema.names, stage, where) if self.config.definition else ()
+                before_swap, said = carry.made(con, request.info, schema.names, stage, where) if self.config.definition else ((), "")
                 pairs = [(n, n) for n in schema.names]
                 write_target = self._stage_name()
             else:
@@ -205,6 +206,7 @@ class DuckDBSink(StagedSink):
             source_columns=tuple(s for s, _ in pairs),
             schema=schema,
             keeps=(INFINITY,),  # DuckDB's own date and timestamp infinity
+            definition=said,
         )
 
     def _evolve(self, con: Any, pairs: list[tuple[str, str]], target_cols: Any, where: str) -> tuple[str, ...]:

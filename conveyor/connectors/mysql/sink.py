@@ -103,7 +103,7 @@ class MySqlSink(StagedSink):
         target = self._target_columns()
         check_mode(mode, target is not None, where)
         stage = f"{commits.STAGE_PREFIX}{self.options.run_id}"
-        write_target, comment = self.config.table, ""
+        write_target, comment, said = self.config.table, "", ""
         if mode in ("create", "replace"):
             pairs = [(n, n) for n in schema.names]
             cols, comment, said = targets.created_columns(schema, request.info, self.config.definition)
@@ -137,7 +137,7 @@ class MySqlSink(StagedSink):
         once = commits.Once(self._marked_as(), self.options.load, self.config.commit_markers, self.options.run_id)
         return SinkPlan(rows_before=before, target=f"{self.config.where()}.{self.config.table}", write_target=write_target,
                         load_mode=mode, columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
-                        own=MyPlan(bulk, once, merge if mode == "merge" else None, lengths, comment))
+                        own=MyPlan(bulk, once, merge if mode == "merge" else None, lengths, comment), definition=said)
 
     def _marked_as(self) -> str:
         """The target as its commit markers name it."""

@@ -156,6 +156,7 @@ class Preparer:
             own = dataclasses.replace(own, primary_key=tuple(key))
         if d.new_table and self._definition(request) is not None:
             own = dataclasses.replace(own, definition=self._definition(request))
+            plan = dataclasses.replace(plan, definition=definition.said(own.definition))
         if mode == "merge":
             own = dataclasses.replace(own, merge=merging.plan(self.config, list(ins.primary_key), [t for _, t in d.pairs],
                                                                 [c.name for c in ins.target.columns], self.where))

@@ -10,6 +10,7 @@ copy's are the target's: ``dt_src_code_key`` -> ``dt_copy_code_key``).
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -89,7 +90,7 @@ def test_create_carries_the_whole_definition_and_sets_sequences_past_the_rows(pg
         pg_exec(target, "INSERT INTO dt_copy (id, code) VALUES (1, 'x')")  # GENERATED ALWAYS, as on the source
 
 
-def test_what_is_not_carried_is_said_and_definition_false_makes_columns_and_key_only(pg_source, pg_target, cli) -> None:
+def test_what_is_not_carried_is_said_and_definition_false_makes_columns_and_key_only(pg_source, pg_target, cli, tmp_path) -> None:
     pg_exec(pg_source, *SOURCE)
     pg_exec(pg_target, "DROP TABLE IF EXISTS dt_copy", "DROP TABLE IF EXISTS dt_bare")
     res = cli("run", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=dt_src", f"sink.port={pg_target.port}",
@@ -98,6 +99,8 @@ def test_what_is_not_carried_is_said_and_definition_false_makes_columns_and_key_
     text = " ".join((res.out + res.err).split())
     assert "definition carried: 5 NOT NULL, 4 default(s), 2 sequence(s), 5 constraint(s), 3 index(es), 2 comment(s)" in text, text[-3000:]
     assert "not carried: column doubled's generation expression ((qty * 2)): its values are copied into a plain column; trigger dt_src_touch" in text
+    report = json.loads(next((tmp_path / "hydra-run").glob("**/report.json")).read_text())
+    assert report["definition"].startswith("definition carried: 5 NOT NULL") and "trigger dt_src_touch" in report["definition"]
     res = cli("run", "pipeline=pg_to_pg", f"source.port={pg_source.port}", "source.table=dt_src", f"sink.port={pg_target.port}",
               "sink.table=dt_bare", "load_mode=create", "sink.definition=false")
     assert res.code == 0, res.err
