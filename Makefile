@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 BENCH_SF ?= 1
 BENCH_ARGS ?= --tables orders --degrees 1,2,4 --repeat 3
 
-.PHONY: demo test quick bench install clean
+.PHONY: demo test quick docs bench install clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
@@ -35,6 +35,7 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-mariadb.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -44,10 +45,13 @@ quick: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not slow and not servers" $(PYTEST_ARGS)
 
+docs: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
 bench: $(VENV)/.installed-bench
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-mariadb.sh
 	$(BIN)/python benchmarks/bench.py --sf $(BENCH_SF) $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) outputs multirun .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(DEMO_DIR) outputs multirun .pytest_cache build .site *.egg-info

@@ -82,6 +82,12 @@ def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders:
                               timeout=300)
         assert proc.returncode == 0, f"README Python block failed:\n{block}\n--- stderr:\n{proc.stderr[-3000:]}"
     assert ds.dataset(box / "out" / "from_python").count_rows() == 15000
+    # and the documentation's commands (docs/*.md), in the same sandbox after the README's
+    docs = [b for page in sorted((REPO / "docs").glob("*.md")) for b in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)]
+    assert len(docs) >= 2, "the docs' commands moved: check this test still runs them"
+    for block in docs:
+        proc = run_block(block, box, env)
+        assert proc.returncode == 0, f"docs block failed:\n{block}\n--- stderr:\n{proc.stderr[-3000:]}"
 
 
 def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3, mysql_server, tmp_path: Path) -> None:
