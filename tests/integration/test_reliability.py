@@ -44,9 +44,14 @@ def test_count_and_checksum_verification_pass_and_are_reported(big, pg_target, c
     assert all(p["attempts"] == 1 and p["seconds"] >= 0 for p in report["partitions"])
 
 
-def test_checksum_needs_postgres_on_both_sides(cli, tmp_path: Path, tpch_orders: Path) -> None:
-    res = cli("run", "pipeline=demo", f"source.path={tpch_orders}", f"sink.database={tmp_path}/x.duckdb", "verify=checksum")
-    assert res.code == 2 and "verify=checksum needs PostgreSQL on both sides" in res.err
+def test_checksum_across_engines_compares_a_staged_load_and_refuses_an_append(cli, tmp_path: Path, tpch_orders: Path) -> None:
+    """Parquet -> DuckDB has no checksum both compute: a staged load is compared row for row (conveyor verify's
+    comparison); an append is refused by name before anything moves (the target's earlier rows are not told apart)."""
+    res = cli("run", "pipeline=demo", f"source.path={tpch_orders}", f"sink.database={tmp_path}/x.duckdb", "verify=checksum", "load_mode=replace")
+    assert res.code == 0, res.err
+    assert "verify=checksum" in res.out and "ok" in res.out
+    res = cli("run", "pipeline=demo", f"source.path={tpch_orders}", f"sink.database={tmp_path}/x.duckdb", "verify=checksum", "load_mode=append")
+    assert res.code == 2 and "verify=checksum: this pair computes no checksum alike" in res.err
 
 
 def test_a_mismatch_fails_the_run_names_partitions_and_keeps_the_old_target(pg_source, pg_target) -> None:

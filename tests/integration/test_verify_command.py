@@ -86,7 +86,8 @@ def test_postgres_mysql_and_mysql_parquet(vsrc, pg_source, mysql_server, tmp_pat
     my = {"type": "mysql", "port": mysql_server.port, "user": mysql_server.user, "database": mysql_server.database}
     mysql_server.execute("DROP TABLE IF EXISTS v_my")
     conveyor.run(None, "source=postgres", "sink=mysql", "strategy=auto", source=vsrc, sink={**my, "table": "v_my"}, load_mode="create")
-    mysql_server.execute("ALTER TABLE v_my ADD PRIMARY KEY (id)")
+    assert mysql_server.execute("SELECT column_name FROM information_schema.key_column_usage WHERE table_schema = DATABASE() "
+                                "AND table_name = 'v_my' AND constraint_name = 'PRIMARY'") == [("id",)]  # the source's key, carried
     pg_my = ("source=postgres", "sink=mysql", f"source.port={pg_source.port}", "source.table=v_src", f"sink.port={mysql_server.port}",
              f"sink.user={mysql_server.user}", f"sink.database={mysql_server.database}", "sink.table=v_my")
     assert _verify(*pg_my).equal
@@ -138,3 +139,21 @@ def test_verify_checksum_in_a_run_compares_what_a_staged_load_wrote_for_any_pair
     with pytest.raises(ConfigError, match="verify=checksum: this pair computes no checksum alike"):
         conveyor.run(None, "source=postgres", "sink=duckdb", "strategy=ctid", "verify=checksum", source=vsrc,
                      sink={"database": str(db), "table": "t"}, load_mode="append")
+
+
+def test_verify_checksum_in_a_run_catches_values_that_changed_and_keeps_the_target_out(pg_source, tmp_path: Path) -> None:
+    """A source whose rows come back with other values on a second read (a view over random(): the same count every
+    time): verify=count passes, verify=checksum across engines fails the run (exit 6), and the DuckDB
+    table the create would have made does not exist."""
+    pg_exec(pg_source, "DROP VIEW IF EXISTS v_flaky", "DROP TABLE IF EXISTS v_base", "CREATE TABLE v_base AS SELECT g AS id FROM generate_series(1, 3000) g",
+            "CREATE VIEW v_flaky AS SELECT id, random() AS r FROM v_base")
+    src = {"type": "postgres", "port": pg_source.port, "table": "v_flaky", "snapshot": False}
+    db = tmp_path / "t.duckdb"
+    assert conveyor.run(None, "source=postgres", "sink=duckdb", "strategy=none", source=src, sink={"database": str(db), "table": "ok"},
+                        load_mode="create").verification.ok
+    with pytest.raises(VerificationError, match="checksum: source 3000:") as caught:
+        conveyor.run(None, "source=postgres", "sink=duckdb", "strategy=none", "verify=checksum", source=src,
+                     sink={"database": str(db), "table": "t"}, load_mode="create")
+    assert ", target 3000:" in str(caught.value) and caught.value.exit_code == 6  # the same rows, other values (a view: no key to name)
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall() if not r[0].startswith("_conveyor")] == ["ok"]
