@@ -361,7 +361,7 @@ def verify_job(cfg: Any, console: Any) -> int:
     console.print(table)
     keyed = f"by key ({', '.join(result.key)})" if result.key else "as one multiset (no key: no primary key, no verify_key)"
     if result.equal:
-        console.print(f"equal: {result.source.rows:,} rows, {len(result.columns)} columns compared {keyed}")
+        console.print(f"equal: {result.source.rows:,} rows, {len(result.columns)} columns compared {keyed}", markup=False, highlight=False)
         return 0
     what = []
     if result.unmatched:
@@ -371,7 +371,7 @@ def verify_job(cfg: Any, console: Any) -> int:
     if result.differing_buckets:
         what.append(f"rows differ ({keyed})")
     for key_values, how in result.keys:
-        console.print(f"  key {', '.join(map(str, key_values))}: {how}")
+        console.print(f"  key {', '.join(map(str, key_values))}: {how}", markup=False, highlight=False)  # a key's text as it is
     raise VerificationError("the target differs from the source: " + "; ".join(what),
                             hint=(f"the first {len(result.keys)} differing key(s) are listed above" if result.keys else
                                   "set verify_key=[columns] to name the rows that differ"))
