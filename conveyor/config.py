@@ -66,6 +66,9 @@ class JobConfig:
     verify_key: list[str] | None = None
     verify_keys: int = 20
     verify_zero: str = "equal"
+    #: the source's columns to load, in that order (null: all), and {source column: its name in the target}
+    columns: list[str] | None = None
+    rename: dict[str, str] = field(default_factory=dict)
     #: a previous run's directory: re-run only its partitions that did not finish (load_mode=append)
     resume: str | None = None
     #: free-form values that pipeline configs interpolate as ${vars.name} (a bucket, a glob, ...)
@@ -390,11 +393,8 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
         raise ConfigError(f"incremental.cursor: load_mode={job.load_mode} replaces the target's rows, so each run would keep "
                           "only the rows past the last cursor", key="load_mode", hint="use load_mode=append or merge with incremental.cursor")
     built = {kind: build_plugin(kind, cfg, options) for kind in kinds}
-    return JobSpec(
-        source=built.get("source", (None, None))[1],
-        sink=built.get("sink", (None, None))[1],
-        strategy=built.get("strategy", (None, None))[1],
-        runtime=built.get("runtime", (None, None))[1],
-        options=options,
-        names={kind: built[kind][0] for kind in kinds},
-    )
+    from conveyor.pipelines.columns import projected
+
+    source = projected(built.get("source", (None, None))[1], job.columns, job.rename)  # the job's columns / rename, if any
+    return JobSpec(source=source, sink=built.get("sink", (None, None))[1], strategy=built.get("strategy", (None, None))[1],
+                   runtime=built.get("runtime", (None, None))[1], options=options, names={kind: built[kind][0] for kind in kinds})

@@ -45,6 +45,7 @@ def identity(config: dict[str, Any]) -> dict[str, Any]:
     from conveyor.secrets import mask
 
     out = {k: config.get(k) for k in IDENTITY_KEYS}
+    out.update({k: config[k] for k in ("columns", "rename") if config.get(k)})  # what rows carry, where a job says (older runs did not)
     sink = config.get("sink") or {}
     out["sink"] = {k: sink.get(k) for k in SINK_IDENTITY if k in sink}
     return mask(out)

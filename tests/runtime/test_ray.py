@@ -505,3 +505,18 @@ def test_conveyor_verify_hashes_its_partitions_on_ray_workers(ray_instance, pg_s
     assert result.equal and result.source.partitions == 3 and result.source.rows == result.target.rows == 9000
     pg_exec(pg_source, "UPDATE ray_ver SET h = 'changed' WHERE id = 4242")
     assert [(k, how) for k, how in compare(spec).keys] == [((4242,), "values differ")]
+
+
+def test_columns_and_rename_travel_to_ray_workers(ray_instance, pg_source, tmp_path: Path) -> None:
+    """The job's columns / rename wrap the source; the wrapped source is pickled to each worker and projects there."""
+    import pyarrow.parquet as pq
+
+    pg_exec(pg_source, "DROP TABLE IF EXISTS ray_cols2", "CREATE TABLE ray_cols2 AS SELECT g AS id, md5(g::text) AS h, g * 2 AS x "
+                       "FROM generate_series(1, 6000) g")
+    spec = build_job(OmegaConf.create({"source": {"type": "postgres", "port": pg_source.port, "table": "ray_cols2"},
+                                       "sink": {"type": "parquet", "path": str(tmp_path / "o")}, "strategy": {"type": "ctid", "partitions": 3},
+                                       "runtime": {"type": "ray"}, "load_mode": "create", "degree": 2,
+                                       "columns": ["x", "id"], "rename": {"x": "doubled"}}))
+    assert run_job(spec).rows == 6000
+    got = pq.read_table(tmp_path / "o").sort_by("id")
+    assert got.column_names == ["doubled", "id"] and got["doubled"].to_pylist()[:3] == [2, 4, 6]
