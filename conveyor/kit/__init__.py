@@ -16,6 +16,7 @@ module                 what it gives a connector
 ``kit.credentials``    connection settings from the environment; passwords from variables or files
 ``kit.fs``             fsspec filesystems by URL, their errors as Conveyor's, a file's version
 ``kit.duckext``        DuckDB extensions loaded offline from their wheels, one attached DuckDB per process
+``kit.canonical``      the canonical Arrow form rows are hashed in to compare engines (``conveyor verify``)
 =====================  ==================================================================================
 
 Importing ``conveyor.kit`` imports none of them: each name below loads its module when first used.

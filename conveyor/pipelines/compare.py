@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.errors import ConfigError, SchemaError
+from conveyor.errors import ConfigError
+from conveyor.kit.canonical import canonical, canonical_types
 
 #: buckets of the first pass (a differing bucket is read again, so more buckets read less the second time)
 BUCKETS = 1024
@@ -85,76 +86,6 @@ def target_as_source(spec: Any, written: str | None = None) -> Any:
     return build_plugin("source", OmegaConf.create({"source": {"type": name, **values}}), options)[1]
 
 
-def canonical_types(source: Any, target: Any, columns: list[tuple[str, str]]) -> list[Any]:
-    """The Arrow type both sides' values of each column are hashed in (refused by name where none is)."""
-    import pyarrow as pa
-
-    out = []
-    for s, t in columns:
-        a, b = source.field(s).type, target.field(t).type
-        common = _canon(a, b)
-        if common is None:
-            raise SchemaError(f"conveyor verify: column {s} cannot be compared: {a} on the source, {b} on the target",
-                              hint="cast one side in source.query to the other's type")
-        out.append(common)
-    return out if out else [pa.int64()]
-
-
-def _canon(a: Any, b: Any) -> Any:
-    import pyarrow as pa
-    import pyarrow.types as t
-
-    if isinstance(a, pa.BaseExtensionType):
-        a = a.storage_type
-    if isinstance(b, pa.BaseExtensionType):
-        b = b.storage_type
-    if t.is_integer(a) and t.is_integer(b):
-        return pa.int64()
-    if t.is_floating(a) and t.is_floating(b):
-        return pa.float64()
-    if t.is_decimal(a) and t.is_decimal(b):
-        scale = max(a.scale, b.scale)
-        whole = max(a.precision - a.scale, b.precision - b.scale)
-        return pa.decimal128(whole + scale, scale) if whole + scale <= 38 else pa.decimal256(min(whole + scale, 76), scale)
-    text = (t.is_string, t.is_large_string, t.is_string_view)
-    if any(f(a) for f in text) and any(f(b) for f in text):
-        return pa.string()
-    raw = (t.is_binary, t.is_large_binary, t.is_fixed_size_binary)
-    if any(f(a) for f in raw) and any(f(b) for f in raw):
-        return pa.binary()
-    if t.is_timestamp(a) and t.is_timestamp(b):
-        return pa.timestamp("us", tz="UTC")
-    if t.is_date(a) and t.is_date(b):
-        return pa.date32()
-    if t.is_time(a) and t.is_time(b):
-        return pa.time64("us")
-    if t.is_boolean(a) and t.is_boolean(b):
-        return pa.bool_()
-    if (t.is_list(a) or t.is_large_list(a)) and (t.is_list(b) or t.is_large_list(b)):
-        inner = _canon(a.value_type, b.value_type)
-        return None if inner is None else pa.list_(inner)
-    return a if a == b else None
-
-
-def _canonical(arr: Any, typ: Any, zero: str) -> Any:
-    """A column as ``typ`` (the same values); floats as their bits where -0.0 and 0.0 are told apart."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(arr.type, pa.BaseExtensionType):
-        arr = arr.storage
-    if pa.types.is_timestamp(arr.type) and arr.type.tz is None:
-        arr = arr.cast(pa.timestamp(arr.type.unit, tz="UTC"))  # a naive timestamp is read as UTC's wall clock
-    if pa.types.is_list(typ) and (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
-        values = _canonical(arr.values, typ.value_type, zero)
-        return pa.ListArray.from_arrays(pa.array(arr.offsets, pa.int32()), values, mask=arr.is_null() if arr.null_count else None)
-    if arr.type != typ:
-        arr = arr.cast(typ)
-    if pa.types.is_floating(typ) and zero == "distinct":  # DuckDB's hash makes -0.0 and 0.0 one: hash the bits (one NaN)
-        arr = pc.if_else(pc.is_nan(arr), pa.scalar(float("nan"), typ), arr).view(pa.int64())
-    return arr
-
-
 @dataclass(frozen=True)
 class _Hasher:
     """How one side's rows are hashed: its columns (in the pairs' order), the key's positions among
@@ -168,7 +99,7 @@ class _Hasher:
     def table(self, batch: Any) -> Any:
         import pyarrow as pa
 
-        arrays = [_canonical(batch.column(name), typ, self.zero) for name, typ in zip(self.columns, self.types)]
+        arrays = [canonical(batch.column(name), typ, self.zero) for name, typ in zip(self.columns, self.types)]
         return pa.table(arrays, names=[f"c{i}" for i in range(len(arrays))])
 
     def exprs(self) -> tuple[str, str]:

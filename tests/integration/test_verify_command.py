@@ -157,3 +157,38 @@ def test_verify_checksum_in_a_run_catches_values_that_changed_and_keeps_the_targ
     assert ", target 3000:" in str(caught.value) and caught.value.exit_code == 6  # the same rows, other values (a view: no key to name)
     with duckdb.connect(str(db), read_only=True) as con:
         assert [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall() if not r[0].startswith("_conveyor")] == ["ok"]
+
+
+TORTURE = """CREATE TABLE v_types (id int PRIMARY KEY, i2 int2, i8 int8, f4 float4, f8 float8, b bool, t text, vc varchar(5), ch char(3),
+  by bytea, d date, ts timestamp, tz timestamptz, n numeric(12,2), nb numeric(50,2), nu numeric, u uuid, j json, jb jsonb, tm time,
+  e v_mood, ip inet, ia int4[], ta text[])"""
+TORTURE_ROWS = """INSERT INTO v_types SELECT g, (g % 30000)::int2, g * 1000000000::int8, g / 3.0, g / 7.0, g % 2 = 0, 'é🦆' || g,
+  left('v' || g, 5), left(g::text, 3), decode(md5(g::text), 'hex'), date '2000-01-01' + g, timestamp '2000-01-01' + g * interval '1 minute',
+  timestamptz '2000-01-01 00:00+00' + g * interval '1 second', g / 4.0, g * 1.01, g / 3.0, md5(g::text)::uuid, json_build_object('g', g),
+  jsonb_build_object('g', g), time '00:00' + g * interval '1 second', (ARRAY['sad','happy'])[1 + g % 2]::v_mood,
+  ('10.0.' || (g % 250) || '.1')::inet, ARRAY[g, -g], ARRAY['a' || g, NULL] FROM generate_series(1, 2000) g"""
+
+
+def test_the_types_of_every_engine_are_equal_after_a_copy(pg_source, mysql_server, tmp_path: Path) -> None:
+    """A table of every kind of PostgreSQL type (NULLs in a row of its own) copied into Parquet, DuckDB and MySQL, then
+    verified equal value for value: on the main this started from, a bool column could not be loaded into DuckDB at
+    all (its target read back as arrow.bool8, refused as a change of meaning), and a uuid read back from DuckDB (text)
+    could not be compared. What a target cannot hold is refused by name (numeric(50,2) in DuckDB; arrays in MySQL:
+    left out with the job's `columns`)."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS v_types", "DROP TYPE IF EXISTS v_mood", "CREATE TYPE v_mood AS ENUM ('sad', 'happy')",
+            TORTURE, TORTURE_ROWS, "INSERT INTO v_types (id) VALUES (0)")
+    src = {"type": "postgres", "port": pg_source.port, "table": "v_types"}
+    all_but_wide = ["id", "i2", "i8", "f4", "f8", "b", "t", "vc", "ch", "by", "d", "ts", "tz", "n", "nu", "u", "j", "jb", "tm", "e", "ip",
+                    "ia", "ta"]
+    my = {"type": "mysql", "port": mysql_server.port, "user": mysql_server.user, "database": mysql_server.database, "table": "v_types"}
+    mysql_server.execute("DROP TABLE IF EXISTS v_types")
+    targets = [("parquet", {"path": str(tmp_path / "p")}, {}),
+               ("duckdb", {"database": str(tmp_path / "d.duckdb"), "table": "v_types"}, {"columns": all_but_wide}),
+               ("mysql", my, {"columns": [c for c in all_but_wide if c not in ("ia", "ta", "tm")]})]
+    for name, sink, job_keys in targets:
+        conveyor.run(None, "source=postgres", f"sink={name}", "strategy=ctid", source=src, sink=sink, load_mode="create", **job_keys)
+        result = _verify("source=postgres", f"sink={name}", source=src, sink=sink, **job_keys)
+        assert result.equal and result.source.rows == result.target.rows == 2001, (name, result.keys, result.unmatched)
+    with pytest.raises(SchemaError, match=r"column nb \(decimal256\(50, 2\)\) has more digits than DuckDB's DECIMAL holds"):
+        conveyor.run(None, "source=postgres", "sink=duckdb", "strategy=ctid", source=src,
+                     sink={"database": str(tmp_path / "w.duckdb"), "table": "w"}, load_mode="create")

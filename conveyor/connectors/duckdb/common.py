@@ -91,8 +91,27 @@ def target_schema(con: Any, table: str) -> Any:
         con.execute("SET arrow_lossless_conversion = true")
     except duckdb.Error:  # a DuckDB without the setting
         pass
+    import pyarrow as pa
+
     try:
-        return con.execute(f"SELECT * FROM {table} LIMIT 0").arrow().schema
+        schema = con.execute(f"SELECT * FROM {table} LIMIT 0").arrow().schema
+        # ... but a BOOLEAN as Arrow's bool (lossless conversion exports it as the arrow.bool8 extension, which no
+        # Arrow bool casts to: every bool column into DuckDB was refused as a change of meaning)
+        return pa.schema([f.with_type(pa.bool_()) if getattr(f.type, "extension_name", "") == "arrow.bool8" else f for f in schema],
+                         metadata=schema.metadata)
     finally:
         with contextlib.suppress(duckdb.Error):
             con.execute("RESET arrow_lossless_conversion")
+
+
+def refuse_wide_decimals(schema: Any, where: str) -> None:
+    """A decimal of more than 38 digits refused by its column: DuckDB's DECIMAL holds 38, and its Arrow import
+    refuses a wider one naming no column."""
+    import pyarrow as pa
+
+    from conveyor.errors import SchemaError
+
+    wide = next((f for f in schema if pa.types.is_decimal(f.type) and f.type.precision > 38), None)
+    if wide is not None:
+        raise SchemaError(f"{where}: column {wide.name} ({wide.type}) has more digits than DuckDB's DECIMAL holds (38)",
+                          hint="cast it in source.query: to text (exact), or to numeric(38, s) where its values fit")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.connectors.duckdb import carry, state
+from conveyor.connectors.duckdb import carry, common, state
 from conveyor.connectors.duckdb.common import close, connect, new_file, qident, qualified, remove_file, swap_blocker, target_schema
 from conveyor.core import (
     INFINITY,
@@ -151,6 +151,7 @@ class DuckDBSink(StagedSink):
 
         mode = self.options.load_mode
         where = f"duckdb table {self.config.schema}.{self.config.table}"
+        common.refuse_wide_decimals(schema, where)
         added: tuple[str, ...] = ()
         before_swap: tuple[str, ...] = ()
         said = ""
