@@ -137,3 +137,32 @@ def test_the_readme_connector_template_commands_run_as_written(tmp_path: Path) -
         assert "passed" in proc.stdout and ds.dataset(tmp_path / "conveyor-mysource" / "out").count_rows() > 0
     finally:
         subprocess.run([str(BIN / "python"), "-m", "pip", "uninstall", "--quiet", "-y", "conveyor-mysource"], capture_output=True, timeout=120)
+
+
+def test_the_readme_quick_starts_run_in_a_fresh_virtualenv_with_only_its_extras(tpch_orders: Path, pg_source, tmp_path: Path) -> None:
+    """A newcomer's session: a virtualenv of their own with only the extras the README's install section names (no
+    test tools, no other extra), then the README's commands and its Python block as written (on the main this
+    started from, a first PostgreSQL job failed with an internal error: the postgres extra was never named)."""
+    import sys
+
+    extras = re.search(r"pip install '\.(\[[a-z,]+\])'", (REPO / "README.md").read_text())
+    assert extras, "the README's install line moved: check this test still reads it"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{REPO}{extras.group(1)}"], capture_output=True,
+                         text=True, timeout=900)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    box = sandbox(tmp_path, tpch_orders)
+    env = {"PGHOST": "127.0.0.1", "PGPORT": str(pg_source.port), "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(venv)}
+    pg_exec(pg_source, "DROP TABLE IF EXISTS orders", "DROP TABLE IF EXISTS orders_copy")
+    readme = (REPO / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "conveyor submit" not in b and "conveyor new connector" not in b]
+    for block in blocks:
+        proc = subprocess.run(["bash", "-c", script(block)], cwd=box, env={**os.environ, "COLUMNS": "200", **env}, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, f"README block failed in a fresh virtualenv:\n{block}\n--- stderr:\n{proc.stderr[-3000:]}"
+    for block in re.findall(r"```python\n(.*?)```", readme, re.S):
+        proc = subprocess.run([str(venv / "bin" / "python"), "-c", block], cwd=box, env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, f"README Python block failed in a fresh virtualenv:\n{block}\n--- stderr:\n{proc.stderr[-3000:]}"
+    assert checksum(pg_source, "orders_copy") == checksum(pg_source, "orders") and ds.dataset(box / "out" / "from_python").count_rows() == 15000
