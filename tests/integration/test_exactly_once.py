@@ -375,7 +375,10 @@ def test_a_second_ctrl_c_quits_at_once_without_a_traceback(ex_src, pg_target, tm
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    # two signals sent back to back: Python may run its handler once for both (the run stops as for one Ctrl-C: exit
+    # 130), or between them, and then the second ends the process by SIGINT's default action, as documented (a shell
+    # says 130; Popen says -2). Either way at once, and no traceback.
+    assert proc.returncode in (130, -signal.SIGINT) and "Traceback" not in err, err
 
 
 def test_ctrl_c_during_plan_is_one_line(ex_src, tmp_path: Path) -> None:
