@@ -89,6 +89,24 @@ class TableDefinition:
     #: what the table has that no sink carries (its triggers, row security, generated expressions, ...)
     not_carried: tuple[str, ...] = ()
 
+    @property
+    def comments(self) -> int:
+        """The table's and its columns' comments."""
+        return len(self.column_comments) + (self.comment is not None)
+
+    def beyond_keys(self) -> list[str]:
+        """What a target that takes only NOT NULL, the key and comments leaves of it (another engine: its SQL for
+        defaults, checks and indexes is not this dialect's)."""
+        return [f"{len(x)} {what}" for x, what in ((self.defaults, "default(s)"), (self.sequences, "identity/serial column(s)"),
+                                                   (self.constraints, "CHECK/UNIQUE/EXCLUDE constraint(s)"), (self.indexes, "index(es)"))
+                if x] + list(self.not_carried)
+
+    @staticmethod
+    def said(carried: Sequence[tuple[int, str]], left: Sequence[str]) -> str:
+        """The line a run says (and report.json keeps): ``carried`` as (how many, what), then what was ``left``."""
+        parts = [f"{n} {what}" for n, what in carried if n]
+        return "definition carried: " + (", ".join(parts) or "nothing beyond the columns") + (f"; not carried: {'; '.join(left)}" if left else "")
+
 
 class DeferredSchema:
     """An Arrow schema made the first time something reads it, with its column names known before.

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.core import TableDefinition
+
 
 @dataclass(frozen=True)
 class Carried:
@@ -36,14 +38,9 @@ def plan(info: Any, columns: list[str], stage: str, quote: Callable[[str], str],
     before = [f"ALTER TABLE {stage} ADD PRIMARY KEY ({', '.join(quote(c) for c in key)})"] if key else []
     if d is not None and d.comment is not None:
         before.append(f"COMMENT ON TABLE {stage} IS {literal(d.comment)}")
-    left = []
-    if d is not None:
-        left += [f"{len(x)} {what}" for x, what in ((d.defaults, "default(s)"), (d.sequences, "identity/serial column(s)"),
-                                                     (d.constraints, "CHECK/UNIQUE/EXCLUDE constraint(s)"), (d.indexes, "index(es)")) if x]
-        left += list(d.not_carried)
-    parts = [f"{n} {what}" for n, what in ((len(not_null), "NOT NULL"), (len(key) and 1, "primary key"),
-                                           (len(comments) + (d is not None and d.comment is not None), "comment(s)")) if n]
-    said = "definition carried: " + (", ".join(parts) or "nothing beyond the columns") + (f"; not carried: {'; '.join(left)}" if left else "")
+    said = TableDefinition.said(((len(not_null), "NOT NULL"), (1 if key else 0, "primary key"),
+                                 (len(comments) + (d is not None and d.comment is not None), "comment(s)")),
+                                d.beyond_keys() if d is not None else [])
     return Carried(tuple(at_create), tuple(before), said)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.connectors.mysql import loading
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, _duck_connection
+from conveyor.core import TableDefinition
 from conveyor.errors import ConfigError, SchemaError
 from conveyor.kit import merge as merging
 from conveyor.kit.mapping import TargetColumn
@@ -168,11 +169,7 @@ def created_columns(schema: Any, info: Any, definition: bool) -> tuple[str, str,
     if d is None and not key:
         return ", ".join(cols), "", ""
     left = [f"primary key ({', '.join(unkeyable)}: MySQL keys a LONGTEXT / LONGBLOB column only by a prefix)"] if unkeyable else []
-    if d is not None:
-        left += [f"{len(x)} {what}" for x, what in ((d.defaults, "default(s)"), (d.sequences, "identity/serial column(s)"),
-                                                     (d.constraints, "CHECK/UNIQUE/EXCLUDE constraint(s)"), (d.indexes, "index(es)")) if x]
-        left += list(d.not_carried)
-    parts = [f"{n} {what}" for n, what in ((len(not_null & names), "NOT NULL"), (1 if key and not unkeyable else 0, "primary key"),
-                                           (len(comments) + (d is not None and d.comment is not None), "comment(s)")) if n]
-    said = "definition carried: " + (", ".join(parts) or "nothing beyond the columns") + (f"; not carried: {'; '.join(left)}" if left else "")
+    said = TableDefinition.said(((len(not_null & names), "NOT NULL"), (1 if key and not unkeyable else 0, "primary key"),
+                                 (len(comments) + (d is not None and d.comment is not None), "comment(s)")),
+                                left + (d.beyond_keys() if d is not None else []))
     return ", ".join(cols), (d.comment or "") if d is not None else "", said

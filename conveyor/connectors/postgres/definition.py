@@ -187,9 +187,5 @@ def carry(con: Any, plan: SinkPlan, schema: str, target_table: str, where: str, 
 
 def said(d: TableDefinition) -> str:
     """What the log says was carried and what was not."""
-    parts = [f"{n} {what}" for n, what in ((len(d.not_null), "NOT NULL"), (len(d.defaults), "default(s)"),
-                                           (len(d.sequences), "sequence(s)"), (len(d.constraints), "constraint(s)"),
-                                           (len(d.indexes), "index(es)"),
-                                           (len(d.column_comments) + (d.comment is not None), "comment(s)")) if n]
-    text = "definition carried: " + (", ".join(parts) or "nothing beyond the columns")
-    return text + (f"; not carried: {'; '.join(d.not_carried)}" if d.not_carried else "")
+    return d.said(((len(d.not_null), "NOT NULL"), (len(d.defaults), "default(s)"), (len(d.sequences), "sequence(s)"),
+                   (len(d.constraints), "constraint(s)"), (len(d.indexes), "index(es)"), (d.comments, "comment(s)")), d.not_carried)
