@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from conveyor.core import ProgressRelay
+
 _PHASES = ("plan", "prepare", "count source", "tasks", "verify", "finalize")
 
 
@@ -106,24 +108,16 @@ class Traced:
         self.span.end()
 
 
-class _Observed:
+class _Observed(ProgressRelay):
     """The job's progress, and each finished partition recorded (:meth:`Traced.partition`)."""
 
     def __init__(self, inner: Any, traced: Traced) -> None:
-        self.inner, self.traced = inner, traced
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def started(self, key: str) -> None:
-        self.inner.started(key)
-
-    def advanced(self, key: str, rows: int, nbytes: int) -> None:
-        self.inner.advanced(key, rows, nbytes)
+        super().__init__(inner)
+        self.traced = traced
 
     def finished(self, result: Any) -> None:
         self.traced.partition(result)
-        self.inner.finished(result)
+        super().finished(result)
 
 
 @contextlib.contextmanager

@@ -65,6 +65,27 @@ class Progress(Protocol):
     def finished(self, result: TaskResult) -> None: ...
 
 
+class ProgressRelay:
+    """A progress that passes every call on to the one it wraps (``inner``): a wrapper overrides what it adds to."""
+
+    def __init__(self, inner: Progress) -> None:
+        self.inner = inner
+
+    @property
+    def live_rows_after(self) -> float:
+        """The wrapped display's: when it first shows running partitions' rows."""
+        return self.inner.live_rows_after
+
+    def started(self, key: str) -> None:
+        self.inner.started(key)
+
+    def advanced(self, key: str, rows: int, nbytes: int) -> None:
+        self.inner.advanced(key, rows, nbytes)
+
+    def finished(self, result: TaskResult) -> None:
+        self.inner.finished(result)
+
+
 class NullProgress:
     live_rows_after: float = 0.0
 
@@ -178,6 +199,7 @@ class RuntimeBase:
 
 
 __all__ = [
+    "ProgressRelay",
     "PlanRequest",
     "PartitionPlan",
     "Strategy",

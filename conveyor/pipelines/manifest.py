@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.core import Progress, TaskResult
+from conveyor.core import Progress, ProgressRelay, TaskResult
 from conveyor.errors import ConfigError
 
 # The partitions themselves (their predicates) come from the manifest, so the strategy and the
@@ -64,7 +64,7 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
 
 
-class Manifest:
+class Manifest(ProgressRelay):
     """Records partition outcomes as they finish (wraps the run's progress).
 
     ``manifest.json`` is written once when the run starts (the job's identity, every partition)
@@ -74,16 +74,12 @@ class Manifest:
     """
 
     def __init__(self, path: Path, config: dict[str, Any], inner: Progress) -> None:
-        self.path, self.inner = path, inner
+        super().__init__(inner)
+        self.path = path
         self.journal = path.with_name(JOURNAL)
         self._lock = threading.Lock()
         ident = identity(config)
         self.data: dict[str, Any] = {"identity": ident, "fingerprint": _fingerprint(ident), "partitions": {}}
-
-    @property
-    def live_rows_after(self) -> float:
-        """The wrapped display's (Progress): when it first shows running partitions' rows."""
-        return self.inner.live_rows_after
 
     def start(self, run_id: str, load_id: str, partitions: list[Any], snapshot: str | None, done_before: dict[str, int],
               marks: dict[str, Any] | None = None) -> None:
@@ -109,14 +105,8 @@ class Manifest:
         with self._lock:
             self._write()
 
-    def started(self, key: str) -> None:
-        self.inner.started(key)
-
-    def advanced(self, key: str, rows: int, nbytes: int) -> None:
-        self.inner.advanced(key, rows, nbytes)
-
     def finished(self, result: TaskResult) -> None:
-        self.inner.finished(result)
+        super().finished(result)
         entry = {"partition": result.partition, "status": "done" if result.ok else "failed", "rows": result.rows,
                  "error": str(result.error) if result.error else None}
         with self._lock:
