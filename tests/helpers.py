@@ -152,3 +152,14 @@ class Relayed(SourceBase):
 
     def export_native(self, part, columns):  # type: ignore[no-untyped-def]
         return self.inner.export_native(part, columns)
+
+
+def id_files(folder: Path, files: int = 3, rows: int = 100) -> Path:
+    """``files`` Parquet files in ``folder`` (made), each ``rows`` int64 ids following the last file's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir()
+    for i in range(files):
+        pq.write_table(pa.table({"id": pa.array(range(i * rows, (i + 1) * rows), pa.int64())}), folder / f"p{i}.parquet")
+    return folder

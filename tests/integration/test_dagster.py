@@ -9,20 +9,15 @@ from pathlib import Path
 
 import dagster as dg
 import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from conveyor.dagster import ConveyorResource, conveyor_asset
+from tests.helpers import id_files
 
 
 @pytest.fixture
 def files(tmp_path: Path) -> Path:
-    folder = tmp_path / "in"
-    folder.mkdir()
-    for i in range(3):
-        pq.write_table(pa.table({"id": pa.array(range(i * 100, i * 100 + 100), pa.int64())}), folder / f"p{i}.parquet")
-    return folder
+    return id_files(tmp_path / "in")
 
 
 def test_an_asset_materializes_a_copy_with_its_report_as_metadata(files: Path, tmp_path: Path) -> None:

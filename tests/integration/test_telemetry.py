@@ -11,10 +11,7 @@ import json
 import subprocess
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from tests.helpers import BIN, REPO
+from tests.helpers import BIN, REPO, id_files
 
 SCRIPT = r"""
 import json, sys
@@ -51,11 +48,7 @@ print(json.dumps(out))
 
 
 def _files(tmp_path: Path) -> Path:
-    folder = tmp_path / "in"
-    folder.mkdir()
-    for i in range(3):
-        pq.write_table(pa.table({"id": pa.array(range(i * 100, i * 100 + 100), pa.int64())}), folder / f"p{i}.parquet")
-    return folder
+    return id_files(tmp_path / "in")
 
 
 def _traced(tmp_path: Path, folder: Path, mode: str) -> dict:
