@@ -159,7 +159,16 @@ def _cmd_clean(overrides: list[str], drop: bool) -> int:
     from conveyor.core import SupportsCleanup
     from conveyor.submit import compose
 
-    spec = build_job(compose(overrides), kinds=("sink",))
+    cfg = compose(overrides)
+    if (cfg.get("incremental") or {}).get("method") == "replication":  # a sync job: its slot, publication and state
+        from conveyor.pipelines.sync import leftovers
+
+        found = leftovers(build_job(cfg), remove=drop)
+        print("\n".join(found) if found else "no slot, publication or sync state found")
+        if found and not drop:
+            print("run again with --drop to drop them (the next run then loads the tables again)")
+        return 0
+    spec = build_job(cfg, kinds=("sink",))
     if not isinstance(spec.sink, SupportsCleanup):
         print(f"sink {spec.names['sink']}: keeps no staging objects to clean")
         return 0

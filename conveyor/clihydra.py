@@ -102,6 +102,12 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     try:
         if mode == "plan":
             console.print(plan_table(plan_run(cfg)))
+            if (cfg.get("incremental") or {}).get("method") == "replication":
+                from conveyor.config import build_job
+                from conveyor.pipelines.sync import plan_lines
+
+                for text in plan_lines(build_job(cfg)):
+                    console.print(text, highlight=False)
             return 0
         if mode == "verify":
             from conveyor.pipelines.compare import verify_job
@@ -114,6 +120,13 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
                 report = run(cfg, place, progress=lambda plan: _progress(console, plan))
         finally:
             emit_run_files(place.run_dir)  # a job sent by conveyor submit: its files go back with the log
+        if hasattr(report, "lines"):  # a sync job (conveyor.pipelines.sync)
+            for text in report.lines():
+                if json_lines():
+                    event("summary", text, status="ok")
+                else:
+                    console.print(text, highlight=False)
+            return 0
         if json_lines():  # the summary as one event (report.json has the rest)
             verified = report.verification.as_dict() if report.verification is not None else None
             event("summary", f"{report.rows:,} rows into {report.target} in {report.seconds:.2f} s", status="ok", rows=report.rows,

@@ -32,6 +32,15 @@ class IncrementalConfig:
     #: last successful run committed (kept in the target), up to the source's maximum in the job's
     #: snapshot; the first run loads every row with a cursor. null: every run reads every row
     cursor: str | None = None
+    #: cursor (the column above), or replication: a PostgreSQL source kept in sync by logical decoding (its first
+    #: run loads the tables, each later one applies the inserts, updates and deletes since the last)
+    method: str = "cursor"
+    #: replication: the slot and publication's name (null: conveyor_<hash of source and target>)
+    slot: str | None = None
+    #: replication: keep applying every this many seconds until Ctrl-C / SIGTERM (0: one run)
+    follow: float = 0
+    #: replication: the changed keys one transaction applies at most (a larger change set takes several)
+    chunk_keys: int = 1_000_000
 
 
 @dataclass
@@ -87,6 +96,8 @@ class JobSpec:
     runtime: Any
     options: JobOptions
     names: dict[str, str]
+    #: the job's incremental settings (a sync job's slot and its follow interval)
+    incremental: IncrementalConfig = field(default_factory=IncrementalConfig)
 
 
 #: the Hydra config group under which every plugin's dataclass defaults are registered
@@ -389,6 +400,7 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
         load_id=load_id or "",
         cursor=job.incremental.cursor or None,
     )
+    check_choice(job.incremental.method, ("cursor", "replication"), "incremental.method")
     if options.cursor and job.load_mode not in ("append", "merge"):
         raise ConfigError(f"incremental.cursor: load_mode={job.load_mode} replaces the target's rows, so each run would keep "
                           "only the rows past the last cursor", key="load_mode", hint="use load_mode=append or merge with incremental.cursor")
@@ -397,4 +409,5 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
 
     source = projected(built.get("source", (None, None))[1], job.columns, job.rename)  # the job's columns / rename, if any
     return JobSpec(source=source, sink=built.get("sink", (None, None))[1], strategy=built.get("strategy", (None, None))[1],
-                   runtime=built.get("runtime", (None, None))[1], options=options, names={kind: built[kind][0] for kind in kinds})
+                   runtime=built.get("runtime", (None, None))[1], options=options, names={kind: built[kind][0] for kind in kinds},
+                   incremental=job.incremental)

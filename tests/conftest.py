@@ -65,7 +65,7 @@ def pg_servers():
     """Two PostgreSQL servers on loopback ports in temp folders, run as an unprivileged user."""
     from conveyor.testing.pgserver import PgServer
 
-    servers = [PgServer(name, password=PG_PASSWORD) for name in ("source", "target")]
+    servers = [PgServer(name, password=PG_PASSWORD, logical=name == "source") for name in ("source", "target")]
     os.environ["PGPASSWORD"] = PG_PASSWORD  # what password_env reads by default
     try:
         for server in servers:

@@ -61,25 +61,61 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
     forwarded = receive_env()  # a job sent by conveyor submit: runtime.forward_env's values, from the submitter
     if forwarded:
         note(f"runtime.forward_env: {', '.join(forwarded)} handed over by conveyor submit")
-    plan: JobPlan | None = None
-    report: JobReport | None = None
+    held: dict[str, Any] = {}  # the plan and report as far as the run got
     try:
         previous = load_for_resume(str(cfg.resume), config) if cfg.get("resume") else None
         spec = build_job(cfg, load_id=previous.load_id if previous else None)
         reset_cancel()
-        start = time.perf_counter()
-        with runtime_started(spec) as described, opened(spec, described) as (plan, source):
-            plan = _resumed(plan, str(cfg.get("resume") or ""), previous)
-            with (progress or _no_progress)(plan) as shown:
-                with _manifest(place, plan, config, shown, source) as manifest:
-                    report = execute(plan, manifest or shown, start, source=source)
-        if report.error is not None:
-            raise report.error
+
+        def load(spec: Any) -> JobReport:
+            start = time.perf_counter()
+            with runtime_started(spec) as described, opened(spec, described) as (plan, source):
+                held["plan"] = plan = _resumed(plan, str(cfg.get("resume") or ""), previous)
+                with (progress or _no_progress)(plan) as shown:
+                    with _manifest(place, plan, config, shown, source) as manifest:
+                        held["report"] = report = execute(plan, manifest or shown, start, source=source)
+            if report.error is not None:
+                raise report.error
+            return report
+
+        if spec.incremental.method == "replication":
+            return _sync(spec, place, load)
+        report = load(spec)
     except Exception as exc:
         _name_run_dir(exc, place)
-        _write_report(place, report, plan, config, exc)
-        raise JobFailed(exc, report) from exc
-    _write_report(place, report, plan, config, None)
+        if not getattr(exc, "report_written", False):  # a sync's applies wrote their own
+            _write_report(place, held.get("report"), held.get("plan"), config, exc)
+        raise JobFailed(exc, held.get("report")) from exc
+    _write_report(place, report, held.get("plan"), config, None)
+    return report
+
+
+def _sync(spec: Any, place: RunPlace, load: Callable[[Any], JobReport]) -> Any:
+    """A sync job (conveyor.pipelines.sync): report.json rewritten after every apply, and once more at the end."""
+    from conveyor.pipelines import sync
+
+    if spec.options.load_id:
+        raise ConveyorError("resume= does not apply to a sync job: run it again, it goes on from the position its target holds")
+    seen: dict[str, Any] = {}
+
+    def written(report: Any, status: str = "running", error: BaseException | None = None) -> None:
+        seen["report"] = report
+        if place.report is not None:
+            place.report.parent.mkdir(parents=True, exist_ok=True)
+            part = place.report.with_name(place.report.name + ".part")  # replaced whole: a reader never sees half of it
+            part.write_text(json.dumps(report.as_dict(status, error), indent=2, default=str))
+            part.replace(place.report)
+
+    try:
+        report = sync.run(spec, load, written)
+    except BaseException as exc:
+        if "report" in seen:
+            written(seen["report"], "cancelled" if isinstance(exc, Cancelled) else "failed", exc)
+            exc.report_written = True  # type: ignore[attr-defined]
+        raise
+    written(report, "succeeded")
+    if place.report is not None:
+        say(f"report: {place.report}")
     return report
 
 

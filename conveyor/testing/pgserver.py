@@ -40,6 +40,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: the settings of a server whose tables sync jobs read (logical decoding)
+LOGICAL = {"wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20"}
+
+
 @dataclass
 class PgServer:
     """A running throwaway server; ``dsn`` connects as its superuser over TCP."""
@@ -50,6 +54,9 @@ class PgServer:
     port: int = 0
     root: Path | None = None
     user: str = "postgres"
+    #: logical decoding on (wal_level=logical, slots and senders for sync jobs, wal2json allowed): what a
+    #: sync job's source needs
+    logical: bool = False
 
     def _as_server_user(self, args: list[str]) -> list[str]:
         if os.geteuid() == 0:
@@ -86,6 +93,7 @@ class PgServer:
             "shared_buffers": "128MB",
             "max_wal_size": "2GB",
             "timezone": "'UTC'",
+            **(LOGICAL if self.logical else {}),
             **self.settings,
         }
         with open(data / "postgresql.conf", "a") as f:
@@ -95,7 +103,19 @@ class PgServer:
             check=True, capture_output=True, timeout=timeout + 10,
         )
         self._wait(timeout)
+        if self.logical:
+            self._allow_output_plugins()
         return self
+
+    def _allow_output_plugins(self) -> None:
+        """Some builds of the server (this machine's) load only the output plugins a setting lists,
+        ``output_plugin_libraries``; upstream PostgreSQL has no such setting and loads any."""
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True) as con:
+            if con.execute("SELECT 1 FROM pg_settings WHERE name = 'output_plugin_libraries'").fetchone():
+                con.execute("ALTER SYSTEM SET output_plugin_libraries = 'pgoutput', 'test_decoding', 'wal2json'")
+                con.execute("SELECT pg_reload_conf()")
 
     def _wait(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

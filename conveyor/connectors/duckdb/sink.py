@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.connectors.duckdb import carry, common, state
+from conveyor.connectors.duckdb.syncsink import DuckChangeApplier
 from conveyor.connectors.duckdb.common import close, connect, new_file, qident, qualified, remove_file, swap_blocker, target_schema
 from conveyor.core import (
     INFINITY,
@@ -79,7 +80,7 @@ class DuckPlan:
     before_swap: tuple[str, ...] = ()
 
 
-class DuckDBSink(StagedSink):
+class DuckDBSink(DuckChangeApplier, StagedSink):
     """Loads a DuckDB table.
 
     append writes straight into the target, one transaction per partition. truncate,

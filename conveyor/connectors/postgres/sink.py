@@ -31,6 +31,7 @@ from conveyor.connectors.postgres import commits, decide, definition, partitione
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.prepare import Preparer, drop_added
+from conveyor.connectors.postgres.syncsink import PgChangeApplier
 from conveyor.connectors.postgres.target import Target
 from conveyor.core import (
     CursorState,
@@ -146,7 +147,7 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
         self.check_merge_options()
 
 
-class PostgresSink(SinkBase):
+class PostgresSink(PgChangeApplier, SinkBase):
     config_class = PostgresSinkConfig
     capabilities = SinkCapabilities(transactional=True, load_modes=("truncate", "append", "create", "replace", "merge"),
                                     native_formats=(passthrough.FORMAT,))

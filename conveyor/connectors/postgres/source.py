@@ -86,6 +86,8 @@ class PostgresSource(PgPlanning):
         self.options = options
         self.columns: tuple[PgColumn, ...] = ()
         self.snapshot_id: str | None = None
+        #: a snapshot exported elsewhere that the job reads in (a sync job's: its slot's position), instead of one of its own
+        self.imported_snapshot: str | None = None
         #: what the exported snapshot saw (changes.mark): kept by the run's manifest, so a resume can tell
         #: whether the partitions it finished still hold those rows
         self.snapshot_mark: dict[str, Any] | None = None
@@ -222,9 +224,11 @@ class PostgresSource(PgPlanning):
         con = connect(self.config, autocommit=True)
         try:
             con.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            if self.imported_snapshot:
+                con.execute(f"SET TRANSACTION SNAPSHOT {literal(self.imported_snapshot)}")
             # the mark first: its statement takes the snapshot, and reads the transactions then running right after
             seen = changes.mark(con, self._literal_table() if self.config.table else None)
-            snap = con.execute("SELECT pg_export_snapshot()").fetchone()[0]
+            snap = self.imported_snapshot or con.execute("SELECT pg_export_snapshot()").fetchone()[0]
             shipped = copy.copy(self)
             shipped.snapshot_id, shipped.snapshot_mark = snap, seen
             yield shipped

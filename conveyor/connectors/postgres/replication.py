@@ -1,0 +1,303 @@
+"""Logical replication for sync jobs (``incremental.method=replication``): the job's slot and
+publication, the snapshot a run reads, the keys the changes since the target's position touched.
+
+The slot decodes with ``pgoutput`` (built into PostgreSQL 10+: nothing to install on the source)
+and the job's publication lists only each table's key columns (PostgreSQL 15+), so a change is a
+few bytes whatever the row's width. What a run takes of the changes is *which keys* changed, parsed
+from the binary messages by one SQL statement on the server (never per row in Python); the rows
+those keys hold are then read by the job's exact readers in a snapshot exported at a position
+``L`` (a temporary slot made with ``EXPORT_SNAPSHOT``): every transaction that committed before
+``L`` is in the snapshot and every later one is decoded by the next run. A key read twice (a change
+decoded again after a kill) is rewritten with the same row: applying is idempotent, so the target,
+its position and the slot agree after any failure once a run completes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, translate
+from conveyor.errors import ConfigError, SchemaError
+
+#: the column the rows query adds: true where the key's row exists at the run's position
+PRESENT = "_conveyor_present"
+#: pgoutput's message kinds (their first byte)
+_I, _U, _D, _T = 73, 85, 68, 84
+
+
+def lsn(text: str) -> int:
+    hi, lo = text.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def lsn_text(n: int) -> str:
+    return f"{n >> 32:X}/{n & 0xFFFFFFFF:X}"
+
+
+def slot_name(source: str, target: str) -> str:
+    """The default slot (and publication) of a sync job: one per source and target pair."""
+    return "conveyor_" + hashlib.sha1(f"{source}\n{target}".encode()).hexdigest()[:16]
+
+
+def check_slot_name(name: str) -> str:
+    """A slot's name as the server takes it: lower-case letters, digits and underscores, at most 63."""
+    import re
+
+    if not re.fullmatch(r"[a-z0-9_]{1,63}", name):
+        raise ConfigError(f"incremental.slot: {name!r} is not a slot name", key="incremental.slot",
+                          hint="lower-case letters, digits and underscores, at most 63 of them")
+    return name
+
+
+@dataclass(frozen=True)
+class SyncTable:
+    """A source table as a sync job sees it."""
+
+    schema: str
+    name: str
+    oid: int
+    #: its primary key's columns and their types (format_type), in key order
+    keys: tuple[str, ...]
+    key_types: tuple[str, ...]
+    #: every column, in the table's order, and the columns the publication carries (attnum order)
+    columns: tuple[str, ...]
+    published: tuple[str, ...]
+    #: the columns, their types and the key, as one line: a change of it stops the sync
+    signature: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def qualified(self) -> str:
+        return ident(self.schema, self.name)
+
+
+def check_source(con: Any, where: str) -> None:
+    """What a sync job needs of its source server, each missing one said with its fix."""
+    level = con.execute("SHOW wal_level").fetchone()[0]
+    if level != "logical":
+        raise ConfigError(f"incremental.method=replication: {where} has wal_level={level}; a sync job reads the source's changes "
+                          "by logical decoding, which needs wal_level=logical", key="incremental.method",
+                          hint="ALTER SYSTEM SET wal_level = logical, then restart the server (on a managed service: its logical "
+                               "replication setting, e.g. rds.logical_replication=1 on Amazon RDS)")
+    allowed = con.execute("SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user").fetchone()
+    if not allowed or not allowed[0]:
+        raise ConfigError(f"incremental.method=replication: the user of {where} may not use replication slots", key="source.user",
+                          hint="ALTER ROLE <user> REPLICATION (on a managed service: its replication role, e.g. rds_replication)")
+
+
+def describe(con: Any, schema: str, name: str, server_version: int) -> SyncTable:
+    """A table's keys and columns (in the catalog's current state), refused by name where a sync
+    cannot apply its changes by key."""
+    row = con.execute("SELECT c.oid, c.relkind, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                      "WHERE n.nspname = %s AND c.relname = %s", (schema, name)).fetchone()
+    label = f"{schema}.{name}"
+    if row is None:
+        raise ConfigError(f"incremental.method=replication: the source has no table {label}", key="source.table")
+    oid, kind, identity = int(row[0]), row[1], row[2]
+    if kind not in ("r", "p"):
+        raise ConfigError(f"incremental.method=replication: {label} is not a table (a view or foreign table has no changes to decode)",
+                          key="source.table")
+    cols = con.execute("SELECT attname, format_type(atttypid, atttypmod), attgenerated <> '' FROM pg_attribute "
+                       "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (oid,)).fetchall()
+    keys = con.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_index i "
+                       "CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, pos) "
+                       "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+                       "WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.pos", (oid,)).fetchall()
+    if not keys:
+        raise ConfigError(f"incremental.method=replication: {label} has no primary key: a sync applies each change by its key",
+                          key="source.table", hint=f"add one: ALTER TABLE {label} ADD PRIMARY KEY (...)")
+    if identity not in ("d", "f"):
+        raise ConfigError(f"incremental.method=replication: {label} has REPLICA IDENTITY "
+                          f"{'NOTHING' if identity == 'n' else 'USING INDEX'}: its deletes would not carry the primary key",
+                          key="source.table", hint=f"ALTER TABLE {label} REPLICA IDENTITY DEFAULT")
+    names = tuple(c[0] for c in cols)
+    key_names = tuple(k[0] for k in keys)
+    # a column list (15+) carries the keys alone; a table whose identity is FULL publishes every column
+    published = (tuple(n for n in names if n in key_names) if server_version >= 150000 and identity == "d"
+                 else tuple(c[0] for c in cols if not c[2]))
+    signature = ", ".join(f"{c[0]} {c[1]}" for c in cols) + f"; primary key ({', '.join(key_names)})"
+    return SyncTable(schema, name, oid, key_names, tuple(k[1] for k in keys), names, published, signature)
+
+
+def changed_columns(recorded: str, now: str) -> str:
+    """What differs between two signatures, for the message that stops the sync."""
+    def split(sig: str) -> tuple[dict[str, str], str]:
+        cols, _, key = sig.partition("; ")
+        return dict(c.split(" ", 1) for c in cols.split(", ") if c), key
+
+    (before, key_before), (after, key_after) = split(recorded), split(now)
+    out = [f"column {c} added ({t})" for c, t in after.items() if c not in before]
+    out += [f"column {c} dropped" for c in before if c not in after]
+    out += [f"column {c} retyped from {before[c]} to {t}" for c, t in after.items() if c in before and before[c] != t]
+    if key_before != key_after:
+        out.append(f"{key_before} is now {key_after}")
+    return "; ".join(out) or "its definition changed"
+
+
+# --- the slot and its publication -----------------------------------------------------------------
+
+
+def slot_state(con: Any, slot: str) -> tuple[int, int] | None:
+    """The slot's confirmed position and the bytes of WAL it holds back on the source (None: no such slot)."""
+    row = con.execute("SELECT confirmed_flush_lsn::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "
+                      "FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+    if row is None:
+        return None
+    return (lsn(row[0]) if row[0] else 0), int(row[1] or 0)
+
+
+def drop(con: Any, slot: str) -> list[str]:
+    """Drop the job's slot and publication where they exist; what was dropped."""
+    out = []
+    if con.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone():
+        con.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        out.append(f"replication slot {slot}")
+    if con.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (slot,)).fetchone():
+        con.execute(f"DROP PUBLICATION {ident(slot)}")
+        out.append(f"publication {slot}")
+    return out
+
+
+def publish(con: Any, slot: str, tables: Sequence[SyncTable], server_version: int) -> None:
+    """The job's publication: each table with the columns its changes carry (its key, where the server has column lists)."""
+    lists = [t.qualified + (f" ({', '.join(ident(c) for c in t.published)})" if server_version >= 150000 else "") for t in tables]
+    via_root = " WITH (publish_via_partition_root = true)" if server_version >= 130000 else ""
+    con.execute(f"CREATE PUBLICATION {ident(slot)} FOR TABLE {', '.join(lists)}{via_root}")
+
+
+def advance(con: Any, slot: str, to: int) -> None:
+    con.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, lsn_text(to)))
+
+
+@contextlib.contextmanager
+def exported(config: PgConnConfig, slot: str, temporary: bool) -> Iterator[tuple[int, str]]:
+    """A logical slot made on a replication connection with an exported snapshot: yields (its
+    position, the snapshot's name); the snapshot lives until the block ends. A temporary slot goes
+    with its connection."""
+    import psycopg
+
+    where = config.where()
+    try:
+        con = psycopg.connect(autocommit=True, replication="database", **config.conninfo())
+    except psycopg.Error as exc:
+        raise translate(exc, config, "connecting for replication") from None
+    try:
+        # the replication protocol takes simple queries only (psycopg's execute uses the extended one)
+        res = con.pgconn.exec_(f"CREATE_REPLICATION_SLOT {check_slot_name(slot)} {'TEMPORARY ' if temporary else ''}LOGICAL pgoutput "
+                               "EXPORT_SNAPSHOT".encode())
+        if res.status != 2:  # PGRES_TUPLES_OK
+            message = res.error_message.decode(errors="replace").strip()
+            hint = ("raise max_replication_slots on the source (and restart it), or drop slots no job uses (conveyor clean --drop)"
+                    if "slots are in use" in message else "see the source server's log")
+            raise ConfigError(f"incremental.method=replication: {where} could not make the replication slot {slot}: {message}",
+                              key="incremental.method", hint=hint)
+        yield lsn(res.get_value(0, 1).decode()), res.get_value(0, 2).decode()
+    finally:
+        con.close()
+
+
+# --- the keys the changes touched -------------------------------------------------------------------
+
+_MSGS = "pg_temp._conveyor_changes"
+
+
+def collect(con: Any, slot: str, upto: int) -> int:
+    """The slot's changes up to ``upto`` (pgoutput's messages of rows and truncates), decoded once into a
+    temporary table of ``con``'s session; how many."""
+    con.execute(f"DROP TABLE IF EXISTS {_MSGS}")
+    con.execute(f"CREATE TEMP TABLE {_MSGS[8:]} AS SELECT data AS d FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
+                f"'proto_version', '1', 'publication_names', %s) WHERE get_byte(data, 0) IN ({_I}, {_U}, {_D}, {_T})",
+                (slot, lsn_text(upto), slot))
+    return int(con.execute(f"SELECT count(*) FROM {_MSGS} WHERE get_byte(d, 0) <> {_T}").fetchone()[0])
+
+
+def _int4(at: str) -> str:
+    return f"(get_byte(m.d, {at})::int8 << 24 | get_byte(m.d, {at} + 1) << 16 | get_byte(m.d, {at} + 2) << 8 | get_byte(m.d, {at} + 3))::int"
+
+
+def _oid_bytes(oid: int) -> str:
+    return f"'\\x{oid:08x}'::bytea"
+
+
+def truncated(con: Any, table: SyncTable) -> bool:
+    """Whether the changes hold a TRUNCATE of the table."""
+    return bool(con.execute(f"SELECT EXISTS (SELECT 1 FROM {_MSGS} m CROSS JOIN LATERAL generate_series(0, {_int4('1')} - 1) i "
+                            f"WHERE get_byte(m.d, 0) = {_T} AND substr(m.d, 7 + 4 * i, 4) = {_oid_bytes(table.oid)})").fetchone()[0])
+
+
+def _tuple(count_at: str, width: int, alias: str, guard: str | None) -> tuple[list[str], list[str], list[str], str]:
+    """LATERAL steps that walk ``width`` columns of a TupleData whose column count is at byte ``count_at``:
+    (the joins, each column's text bytes (NULL for 'n'), each column's kind, the offset after them).
+    ``guard``: a condition without which the tuple is not there (its bytes are not read)."""
+    joins, values, kinds = [], [], []
+    at = f"({count_at}) + 2"
+    for i in range(width):
+        a = f"{alias}{i}"
+        byte = f"get_byte(m.d, {at})" if guard is None else f"CASE WHEN {guard} THEN get_byte(m.d, {at}) END"
+        joins.append(f"CROSS JOIN LATERAL (SELECT {byte} AS k, {at} AS o) {a}")
+        joins.append(f"CROSS JOIN LATERAL (SELECT CASE WHEN {a}.k = 116 THEN {_int4(f'{a}.o + 1')} ELSE 0 END AS n) {a}n")
+        values.append(f"CASE WHEN {a}.k = 116 THEN substr(m.d, {a}.o + 6, {a}n.n::int) END")
+        kinds.append(f"{a}.k")
+        at = f"{a}.o + 1 + CASE WHEN {a}.k = 116 THEN 4 + {a}n.n ELSE 0 END"
+    return joins, values, kinds, at
+
+
+_KEYS = "pg_temp._conveyor_keys"
+
+
+def changed_keys(con: Any, table: SyncTable) -> int:
+    """The distinct keys the collected changes of ``table`` touched (inserted, updated: the old key and
+    the new, deleted), as the key columns' own types in a temporary table numbered in key order; how many.
+    A key the messages do not carry (a TOASTed key value left out) is refused by name."""
+    pos = [table.published.index(k) for k in table.keys]
+    width = max(pos) + 1
+    first = _tuple("6", width, "a", None)
+    second_there = f"get_byte(m.d, 0) = {_U} AND get_byte(m.d, 5) IN (75, 79)"
+    second = _tuple(f"{first[3]} + 1", width, "b", second_there)
+    enc = "getdatabaseencoding()"
+
+    def typed(values: list[str]) -> str:
+        return ", ".join(f"convert_from({values[p]}, {enc})::{t} AS {ident(k)}" for p, k, t in zip(pos, table.keys, table.key_types))
+
+    kinds = " OR ".join(f"{first[2][p]} IS DISTINCT FROM 116" for p in pos)
+    kinds2 = " OR ".join(f"{second[2][p]} IS DISTINCT FROM 116" for p in pos)
+    body = (f"FROM {_MSGS} m {' '.join(first[0])} {' '.join(second[0])} "
+            f"WHERE get_byte(m.d, 0) IN ({_I}, {_U}, {_D}) AND substr(m.d, 2, 4) = {_oid_bytes(table.oid)}")
+    odd = con.execute(f"SELECT count(*) FILTER (WHERE {kinds}) + count(*) FILTER (WHERE {second_there} AND ({kinds2})) {body}").fetchone()[0]
+    if odd:
+        raise SchemaError(f"sync of {table.label}: {odd:,} changes do not carry their key's value (a key column stored out of line, "
+                          "or NULL)", hint="a sync applies changes by the primary key: keep the key's values small (under 2 kB)")
+    keys = ", ".join(ident(k) for k in table.keys)
+    con.execute(f"DROP TABLE IF EXISTS {_KEYS}")
+    con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT row_number() OVER (ORDER BY {keys}) AS _rn, {keys} FROM ("
+                f"SELECT {typed(first[1])} {body} UNION SELECT {typed(second[1])} {body} AND {second_there}) k")
+    return int(con.execute(f"SELECT count(*) FROM {_KEYS}").fetchone()[0])
+
+
+def rows_query(con: Any, table: SyncTable, first: int, last: int) -> str:
+    """The query of the rows of keys ``first`` to ``last`` (their numbers in :func:`changed_keys`' order),
+    as the source holds them in the snapshot it is read in: every key, its row's columns (NULL where the
+    row is gone) and ``_conveyor_present``. The keys travel as literal arrays of their own types."""
+    arrays = con.execute(f"SELECT {', '.join(f'array_agg({ident(k)} ORDER BY _rn)::text' for k in table.keys)} FROM {_KEYS} "
+                         "WHERE _rn BETWEEN %s AND %s", (first, last)).fetchone()
+    unnest = ", ".join(f"{literal(a)}::{t}[]" for a, t in zip(arrays, table.key_types))
+    cols = ", ".join(f"k.{ident(c)}" if c in table.keys else f"t.{ident(c)}" for c in table.columns)
+    on = " AND ".join(f"t.{ident(k)} = k.{ident(k)}" for k in table.keys)
+    return (f"SELECT {cols}, t.ctid IS NOT NULL AS {PRESENT} FROM unnest({unnest}) AS k({', '.join(ident(k) for k in table.keys)}) "
+            f"LEFT JOIN {table.qualified} AS t ON {on}")
+
+
+def whole_query(table: SyncTable) -> str:
+    """Every row of the table, each present (a TRUNCATE in the changes: the target is loaded again)."""
+    return f"SELECT {', '.join(ident(c) for c in table.columns)}, true AS {PRESENT} FROM {table.qualified}"
+
+
+def connected(config: PgConnConfig) -> Any:
+    return connect(config, autocommit=True)

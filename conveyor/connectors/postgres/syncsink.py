@@ -1,0 +1,37 @@
+"""The PostgreSQL sink's side of a sync job: :class:`~conveyor.kit.syncapply.SqlChangeApplier` in PostgreSQL's spelling."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from conveyor.connectors.postgres.common import connect, ident
+from conveyor.kit.syncapply import PRESENT, SqlChangeApplier
+
+
+class PgChangeApplier(SqlChangeApplier):
+    config: Any
+
+    @contextlib.contextmanager
+    def _sync_connection(self) -> Iterator[Any]:
+        con = connect(self.config, autocommit=True)  # BEGIN / COMMIT are the applier's
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def _quote(self, name: str) -> str:
+        return ident(name)
+
+    @property
+    def _sync_target(self) -> str:
+        return f"{self.config.schema}.{self.config.table}"
+
+    def _stage_sql(self, stage: str) -> list[str]:
+        q = self._qualified(stage)
+        return [f"DROP TABLE IF EXISTS {q}",
+                f"CREATE UNLOGGED TABLE {q} AS SELECT *, NULL::boolean AS {ident(PRESENT)} FROM {self._qualified()} WITH NO DATA"]
+
+    def _analyzed(self, stage: str) -> list[str]:
+        return [f"ANALYZE {self._qualified(stage)}"]
