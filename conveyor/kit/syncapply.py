@@ -67,6 +67,9 @@ class SqlChangeApplier:
     ``_stage_sql(stage)`` (the statements that make the stage from the target) and ``_sync_mysql``."""
 
     _sync_mysql = False
+    #: how a run's rows load into the stage: truncate (a stage made from the target by ``_stage_sql``), or replace (the
+    #: stage created from the source's columns as the sink creates a table: as the first load created the target)
+    _stage_mode = "truncate"
 
     def _sync_connection(self) -> contextlib.AbstractContextManager[Any]:
         raise NotImplementedError

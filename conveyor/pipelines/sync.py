@@ -269,7 +269,7 @@ def _stage(spec: JobSpec, table: SyncTable, sink: Any, stage: str, query: str, s
     from conveyor.runtime.local import LocalRuntime, LocalRuntimeConfig
     from conveyor.strategies.basic import NoneStrategy, NoneStrategyConfig
 
-    options = dataclasses.replace(spec.options, load_mode="truncate", run_id=uuid.uuid4().hex[:12], load_id="", cursor=None)
+    options = dataclasses.replace(spec.options, load_mode=sink._stage_mode, run_id=uuid.uuid4().hex[:12], load_id="", cursor=None)
     source = PostgresSource(dataclasses.replace(spec.source.config, table=None, tables=[], exclude=[], query=query), options)
     source.imported_snapshot = snapshot
     target = type(sink)(dataclasses.replace(sink.config, table=stage), options)

@@ -6,12 +6,14 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from conveyor.connectors.duckdb.common import close, connect, qident
-from conveyor.kit.syncapply import PRESENT, SqlChangeApplier
+from conveyor.connectors.duckdb.common import close, connect
+from conveyor.kit.syncapply import SqlChangeApplier
 
 
 class DuckChangeApplier(SqlChangeApplier):
     config: Any
+    # the stage is created as the first load created the target; what the target then holds is compared with it value by value
+    _stage_mode = "replace"
 
     @contextlib.contextmanager
     def _sync_connection(self) -> Iterator[Any]:
@@ -26,5 +28,4 @@ class DuckChangeApplier(SqlChangeApplier):
         return f"{self.config.schema}.{self.config.table}"
 
     def _stage_sql(self, stage: str) -> list[str]:
-        return [f"CREATE OR REPLACE TABLE {self._qualified(stage)} AS SELECT *, CAST(NULL AS BOOLEAN) AS {qident(PRESENT)} "
-                f"FROM {self._qualified()} LIMIT 0"]
+        return [f"DROP TABLE IF EXISTS {self._qualified(stage)}"]

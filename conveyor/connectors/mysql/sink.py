@@ -12,6 +12,7 @@ from typing import Any
 from conveyor.connectors.mysql import commits, loading
 from conveyor.connectors.mysql import target as targets
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlSinkConfig, qident
+from conveyor.connectors.mysql.syncsink import MyChangeApplier
 from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, TargetInfo, WriteStats, target_for
 from conveyor.errors import ConveyorError
 from conveyor.kit import guard
@@ -49,7 +50,7 @@ class _Rows:
         return cur
 
 
-class MySqlSink(StagedSink):
+class MySqlSink(MyChangeApplier, StagedSink):
     """One MySQL transaction per partition (InnoDB); truncate/create/replace/merge through a staging table."""
 
     config_class = MySqlSinkConfig

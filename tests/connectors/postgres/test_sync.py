@@ -307,3 +307,25 @@ def test_a_sync_into_duckdb(sync_src, tmp_path: Path) -> None:
     assert [(r[0], r[1], r[6]) for r in got] == [(r[0], r[1], r[6]) for r in want]
     assert [repr(float(r[3])) for r in got] == [repr(float(r[3])) for r in want]
     assert [r[4] for r in got if r[0] >= 6000] == ["infinity"] * 101
+
+
+def test_a_sync_into_mysql(sync_src, mysql_server, tmp_path: Path) -> None:
+    pg_exec(sync_src, "DROP TABLE IF EXISTS sy_m", "CREATE TABLE sy_m (id int8 PRIMARY KEY, a text NOT NULL, n numeric(30, 4) NOT NULL, "
+                      "ts timestamptz, big text)",
+            "INSERT INTO sy_m SELECT g, 'a' || g, g / 3.0, timestamptz '2026-01-01 00:00:00.123456+00' + g * interval '1 day', NULL "
+            "FROM generate_series(1, 3000) g",
+            "INSERT INTO sy_m VALUES (-1, 'toast', 1, NULL, repeat(md5('x'), 20000))")
+    mysql_server.execute("DROP TABLE IF EXISTS sy_m")
+    args = ["run", "source=postgres", "sink=mysql", f"source.port={sync_src.port}", "source.table=sy_m", f"sink.port={mysql_server.port}",
+            f"sink.user={mysql_server.user}", f"sink.database={mysql_server.database}", "sink.table=sy_m", "load_mode=replace",
+            "incremental.method=replication", "strategy=none"]
+    _sync(tmp_path, args, "first")
+    pg_exec(sync_src, "UPDATE sy_m SET a = a || 'u', n = -n WHERE id % 3 = 0", "UPDATE sy_m SET a = 'kept' WHERE id = -1",
+            "UPDATE sy_m SET id = 100000 WHERE id = 8", "DELETE FROM sy_m WHERE id % 5 = 0",
+            "INSERT INTO sy_m SELECT g, 'new', 12345678901234567890.1234, NULL, NULL FROM generate_series(6000, 6020) g")
+    _sync(tmp_path, args, "second")
+    want = pg_exec(sync_src, "SELECT id, a, n::text, to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), md5(coalesce(big, '')) "
+                             "FROM sy_m ORDER BY id")
+    got = mysql_server.execute("SELECT id, a, CAST(n AS CHAR), DATE_FORMAT(ts, '%Y-%m-%d %H:%i:%s.%f'), md5(coalesce(big, '')) "
+                               "FROM sy_m ORDER BY id")
+    assert [tuple(r) for r in got] == [tuple(r) for r in want] and len(got) == 3001 - 601 + 21  # 8 moved to 100000, then deleted
