@@ -1,0 +1,136 @@
+"""A sync job's apply against reloading the table, and its lag under a steady write load (``make bench`` runs it
+after bench.py with ``--groups sync``; alone:
+
+    python benchmarks/sync_bench.py --sf 1 --repeat 2
+
+TPC-H lineitem (its own DDL, primary key l_orderkey, l_linenumber) in a source server with wal_level=logical and
+a PostgreSQL target loaded by the job's first run. Each round changes the source (10% of the rows updated, 1%
+deleted), then times, interleaved: the sync run that applies the change, and a reload of the table by
+``load_mode=replace`` (ctid, degree 2); both checked against the source's checksum. Then ``incremental.follow=1``
+runs for ``--follow-seconds`` while a writer commits small transactions, and its report's lag is sampled.
+pgcopydb's ``--follow`` is not run: see benchmarks/results/ for why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench import CORES, TPCH_DDL, checksum, client_cpu, conveyor, psql, server_cpu  # noqa: E402
+
+from conveyor.testing.pgserver import PgServer  # noqa: E402
+
+BIN = Path(sys.executable).parent
+
+
+def cli(*args: str, report: Path) -> dict:
+    proc = subprocess.run([str(BIN / "conveyor"), "--report", str(report), *args], capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return json.loads(report.read_text())
+
+
+def timed(run, src: PgServer, dst: PgServer) -> tuple[float, dict[str, float]]:
+    c0, s0, d0 = client_cpu(), server_cpu(src), server_cpu(dst)
+    t0 = time.perf_counter()
+    run()
+    took = time.perf_counter() - t0
+    return took, {"client": client_cpu() - c0, "source": server_cpu(src) - s0, "target": server_cpu(dst) - d0}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sf", type=float, default=1.0)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--follow-seconds", type=float, default=30)
+    ap.add_argument("--writes-per-second", type=float, default=50)
+    ap.add_argument("--out", default=f".bench/sync-{time.strftime('%Y%m%d-%H%M%S')}")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="conveyor-sync-bench-"))
+    subprocess.run([str(BIN / "tpchgen-cli"), "parquet", "-s", str(args.sf), "--tables=lineitem", "--parts=8", f"--output-dir={work}"],
+                   check=True)
+    cells: list[dict] = []
+    with PgServer("sync-src", logical=True) as src, PgServer("sync-dst") as dst:
+        os.environ["PGPASSWORD"] = src.password
+        psql(src, f"CREATE TABLE lineitem ({TPCH_DDL['lineitem']}, PRIMARY KEY (l_orderkey, l_linenumber))")
+        conveyor({"source": {"type": "parquet", "path": str(work / "lineitem")}, "sink": {"type": "postgres", "port": src.port, "table": "lineitem"},
+                  "strategy": {"type": "files"}, "load_mode": "append", "degree": 2})
+        psql(src, "VACUUM ANALYZE lineitem")
+        rows = int(psql(src, "SELECT count(*) FROM lineitem"))
+        common = ["source=postgres", "sink=postgres", f"source.port={src.port}", "source.table=lineitem", f"sink.port={dst.port}",
+                  "load_mode=replace", "strategy=ctid", "degree=2", "runtime=local"]
+        sync = ["run", *common, "sink.table=lineitem", "incremental.method=replication", "verify=count"]
+        took, cpu = timed(lambda: cli(*sync, f"hydra.run.dir={work}/first", report=work / "first.json"), src, dst)
+        cells.append({"name": "first run (the load in the slot's snapshot)", "seconds": [took], "cpu": cpu})
+        print(f"first run {took:.2f} s", flush=True)
+        for r in range(args.repeat):
+            m = 10 + r
+            psql(src, f"UPDATE lineitem SET l_comment = 'round {r}', l_quantity = l_quantity + 1 WHERE l_orderkey % 10 = {r % 10}; "
+                      f"DELETE FROM lineitem WHERE l_orderkey % 100 = {m}")
+            expect = checksum(src, "lineitem")
+            took, cpu = timed(lambda: cli(*sync, f"hydra.run.dir={work}/apply{r}", report=work / f"apply{r}.json"), src, dst)
+            applied = json.loads((work / f"apply{r}.json").read_text())["sync"]["runs"][0]
+            ok = checksum(dst, "lineitem") == expect
+            cells.append({"name": "sync run: apply the change", "round": r, "seconds": [took], "cpu": cpu, "changes": applied["changes"],
+                          "keys": applied["keys"], "changes_per_second": round(applied["changes"] / took), "verified": ok})
+            print(f"apply {r}: {took:.2f} s, {applied['changes']:,} changes ({applied['changes'] / took:,.0f}/s), cpu {cpu}, "
+                  f"{'ok' if ok else 'MISMATCH'}", flush=True)
+            reload = ["run", *common, "sink.table=lineitem_reload"]
+            took, cpu = timed(lambda: cli(*reload, f"hydra.run.dir={work}/reload{r}", report=work / f"reload{r}.json"), src, dst)
+            ok = checksum(dst, "lineitem_reload") == expect
+            cells.append({"name": "reload: conveyor replace, ctid degree 2", "round": r, "seconds": [took], "cpu": cpu, "verified": ok})
+            print(f"reload {r}: {took:.2f} s, cpu {cpu}, {'ok' if ok else 'MISMATCH'}", flush=True)
+        # the lag under a steady write load, while --follow runs
+        stop = threading.Event()
+        written = [0]
+
+        def writer() -> None:
+            import psycopg
+
+            with psycopg.connect(src.dsn(), autocommit=True) as con:
+                i = 0
+                deadline = time.monotonic() + args.follow_seconds + 30
+                while not stop.is_set() and time.monotonic() < deadline:
+                    con.execute(f"UPDATE lineitem SET l_comment = 'w{i}' WHERE l_orderkey = {1 + (i * 7919) % (rows // 4)} "
+                                "AND l_linenumber = 1")
+                    i += 1
+                    written[0] = i
+                    time.sleep(1 / args.writes_per_second)
+
+        report = work / "follow.json"
+        follow = subprocess.Popen([str(BIN / "conveyor"), "--report", str(report), *sync, "incremental.follow=1",
+                                   f"hydra.run.dir={work}/follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        thread = threading.Thread(target=writer, daemon=True)
+        thread.start()
+        time.sleep(args.follow_seconds)
+        stop.set()
+        thread.join(timeout=60)
+        time.sleep(3)
+        follow.send_signal(2)
+        follow.communicate(timeout=120)
+        runs = json.loads(report.read_text())["sync"]["runs"]
+        lags = sorted(r["lag_seconds"] for r in runs)
+        lag_bytes = sorted(r["lag_bytes"] for r in runs)
+        cells.append({"name": f"--follow 1 s under {args.writes_per_second:.0f} single-row updates/s", "runs": len(runs),
+                      "lag_seconds_median": lags[len(lags) // 2], "lag_seconds_max": lags[-1], "lag_bytes_median": lag_bytes[len(lag_bytes) // 2],
+                      "lag_bytes_max": lag_bytes[-1], "writes": written[0], "verified": checksum(dst, "lineitem") == checksum(src, "lineitem")})
+        print(f"follow: {len(runs)} runs, lag median {lags[len(lags) // 2]:.2f} s max {lags[-1]:.2f} s, bytes median "
+              f"{lag_bytes[len(lag_bytes) // 2]:,} max {lag_bytes[-1]:,}; {written[0]} writes", flush=True)
+    (out / "sync.json").write_text(json.dumps({"sf": args.sf, "rows": rows, "cores": CORES, "cells": cells}, indent=2))
+    print(f"results: {out / 'sync.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
