@@ -52,6 +52,7 @@ bench: $(VENV)/.installed-bench
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-mariadb.sh
 	$(BIN)/python benchmarks/bench.py --sf $(BENCH_SF) $(BENCH_ARGS)
+	$(BIN)/python benchmarks/sync_bench.py --sf $(BENCH_SF)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) outputs multirun .pytest_cache build .site *.egg-info

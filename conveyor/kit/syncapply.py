@@ -87,8 +87,9 @@ class SqlChangeApplier:
     def _stage_sql(self, stage: str) -> list[str]:
         raise NotImplementedError
 
-    def _analyzed(self, stage: str) -> list[str]:
-        """Statements that give the planner the stage's statistics before the apply joins it (PostgreSQL: ANALYZE)."""
+    def _planned(self, con: Any, keys: Sequence[str]) -> list[str]:
+        """Statements at the start of the apply's transaction that steer its joins (PostgreSQL: look each staged key
+        up by the target's index on the keys, where it has one; a change touches a fraction of the table)."""
         return []
 
     def _state_table(self, con: Any) -> str:
@@ -152,7 +153,7 @@ class SqlChangeApplier:
         with self._sync_connection() as con:
             con.execute("BEGIN")
             try:
-                for sql in self._analyzed(stage):
+                for sql in self._planned(con, keys):
                     con.execute(sql)
                 applied = _apply(con, self._qualified(), self._qualified(stage), keys, full, self._quote, self._sync_mysql,
                                  self._sync_target)
@@ -194,9 +195,12 @@ def _apply(con: Any, target: str, stage: str, keys: Sequence[str], full: bool, q
     elif mysql:
         con.execute(f"DELETE t FROM {target} AS t JOIN {stage} AS s ON {on}")
     else:
-        con.execute(f"DELETE FROM {target} AS t WHERE EXISTS (SELECT 1 FROM {stage} AS s WHERE {on})")
+        # a join, not EXISTS: the staged keys are distinct, and the target's rows are then found in the stage's key order
+        con.execute(f"DELETE FROM {target} AS t USING {stage} AS s WHERE {on}")
     cols = ", ".join(quote(c) for c in columns)
-    con.execute(f"INSERT INTO {target} ({cols}) SELECT {', '.join(f's.{quote(c)}' for c in columns)} FROM {stage} AS s WHERE {present}")
+    order = ", ".join(f"s.{quote(k)}" for k in keys)  # in key order: the target's key index grows page by page
+    con.execute(f"INSERT INTO {target} ({cols}) SELECT {', '.join(f's.{quote(c)}' for c in columns)} FROM {stage} AS s WHERE {present} "
+                f"ORDER BY {order}")
     # what the target holds now, in this transaction
     compared = [c for c in columns if c not in keys]
     differs = " OR ".join(_differs(f"t.{quote(c)}", f"s.{quote(c)}", mysql) for c in compared) or "1 = 0"

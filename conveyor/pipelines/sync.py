@@ -50,6 +50,13 @@ class SyncRun:
     #: how far the source had moved past ``upto`` when the run committed: WAL bytes and seconds
     lag_bytes: int = 0
     lag_seconds: float = 0.0
+    #: where the seconds went: decoding the changes, reading the changed rows into the stage, applying them
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def lap(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phases[phase] = round(self.phases.get(phase, 0.0) + now - since, 4)
+        return now
 
     @property
     def keys(self) -> int:
@@ -64,7 +71,7 @@ class SyncRun:
     def as_dict(self) -> dict[str, Any]:
         return {"from": lsn_text(self.start), "to": lsn_text(self.upto), "changes": self.changes, "keys": self.keys,
                 "seconds": round(self.seconds, 3), "changes_per_second": round(self.changes / self.seconds, 1) if self.seconds else None,
-                "lag_bytes": self.lag_bytes, "lag_seconds": round(self.lag_seconds, 3),
+                "lag_bytes": self.lag_bytes, "lag_seconds": round(self.lag_seconds, 3), "phases": self.phases,
                 "tables": {t: dataclasses.asdict(a) for t, a in self.tables.items()}}
 
 
@@ -222,12 +229,15 @@ def _apply(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: l
         if at > confirmed:  # the last run committed and stopped before it moved the slot
             note(f"sync: the targets hold the changes up to {lsn_text(at)}: slot {slot} advanced to it")
             replication.advance(con, slot, at)
-        done = SyncRun(start=at, upto=upto, changes=replication.collect(con, slot, upto))
+        done = SyncRun(start=at, upto=upto)
+        lap = done.lap("start", began)
+        done.changes = replication.collect(con, slot, upto)
+        done.lap("decode", lap)
         try:
             for table, sink in zip(tables, sinks):
                 if cancel_requested():
                     raise Cancelled("cancelled")
-                done.tables[table.label] = _apply_table(spec, con, slot, table, sink, upto, snapshot)
+                done.tables[table.label] = _apply_table(spec, con, slot, table, sink, upto, snapshot, done)
         except Cancelled:
             applied = f" ({', '.join(done.tables)} up to {lsn_text(upto)})" if done.tables else ""
             raise Cancelled(f"sync stopped while applying: every target holds this run's changes{applied} or the last run's, "
@@ -241,21 +251,24 @@ def _apply(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: l
     return done
 
 
-def _apply_table(spec: JobSpec, con: Any, slot: str, table: SyncTable, sink: Any, upto: int, snapshot: str) -> Applied:
+def _apply_table(spec: JobSpec, con: Any, slot: str, table: SyncTable, sink: Any, upto: int, snapshot: str, done: SyncRun) -> Applied:
     record = SyncRecord(slot, table.label, upto, table.signature)
+    lap = time.perf_counter()
     full = replication.truncated(con, table)
     count = 0 if full else replication.changed_keys(con, table)
+    lap = done.lap("keys", lap)
     if not full and not count:
         sink.record_sync(record)  # nothing changed: the position alone
         return Applied(keys=0, written=0, deleted=0)
-    step = spec.incremental.chunk_keys
-    chunks: list[tuple[int, int] | None] = [None] if full else [(a, min(a + step - 1, count)) for a in range(1, count + 1, step)]
+    chunks = 1 if full else -(-count // spec.incremental.chunk_keys)
     stage = sink.sync_stage(slot)
     total = Applied(keys=0, written=0, deleted=0, full=full)
-    for i, chunk in enumerate(chunks):
-        query = replication.whole_query(table) if chunk is None else replication.rows_query(con, table, *chunk)
+    for i in range(chunks):
+        query = replication.whole_query(table) if full else replication.rows_query(con, table, i, chunks)
         _stage(spec, table, sink, stage, query, snapshot)
-        got = sink.apply_sync(stage, table.keys, full, record if i == len(chunks) - 1 else None)
+        lap = done.lap("stage", lap)
+        got = sink.apply_sync(stage, table.keys, full, record if i == chunks - 1 else None)
+        lap = done.lap("apply", lap)
         total = Applied(total.keys + got.keys, total.written + got.written, total.deleted + got.deleted, full)
     sink.drop_stage(stage)
     return total

@@ -254,8 +254,8 @@ _KEYS = "pg_temp._conveyor_keys"
 
 def changed_keys(con: Any, table: SyncTable) -> int:
     """The distinct keys the collected changes of ``table`` touched (inserted, updated: the old key and
-    the new, deleted), as the key columns' own types in a temporary table numbered in key order; how many.
-    A key the messages do not carry (a TOASTed key value left out) is refused by name."""
+    the new, deleted), as the key columns' own types in a temporary table; how many. A key the messages
+    do not carry (a TOASTed key value left out) is refused by name."""
     pos = [table.published.index(k) for k in table.keys]
     width = max(pos) + 1
     first = _tuple("6", width, "a", None)
@@ -274,24 +274,28 @@ def changed_keys(con: Any, table: SyncTable) -> int:
     if odd:
         raise SchemaError(f"sync of {table.label}: {odd:,} changes do not carry their key's value (a key column stored out of line, "
                           "or NULL)", hint="a sync applies changes by the primary key: keep the key's values small (under 2 kB)")
-    keys = ", ".join(ident(k) for k in table.keys)
     con.execute(f"DROP TABLE IF EXISTS {_KEYS}")
-    con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT row_number() OVER (ORDER BY {keys}) AS _rn, {keys} FROM ("
-                f"SELECT {typed(first[1])} {body} UNION SELECT {typed(second[1])} {body} AND {second_there}) k")
+    con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT {typed(first[1])} {body} UNION SELECT {typed(second[1])} {body} AND {second_there}")
     return int(con.execute(f"SELECT count(*) FROM {_KEYS}").fetchone()[0])
 
 
-def rows_query(con: Any, table: SyncTable, first: int, last: int) -> str:
-    """The query of the rows of keys ``first`` to ``last`` (their numbers in :func:`changed_keys`' order),
-    as the source holds them in the snapshot it is read in: every key, its row's columns (NULL where the
-    row is gone) and ``_conveyor_present``. The keys travel as literal arrays of their own types."""
-    arrays = con.execute(f"SELECT {', '.join(f'array_agg({ident(k)} ORDER BY _rn)::text' for k in table.keys)} FROM {_KEYS} "
-                         "WHERE _rn BETWEEN %s AND %s", (first, last)).fetchone()
+def rows_query(con: Any, table: SyncTable, chunk: int = 0, chunks: int = 1) -> str:
+    """The query of the rows of the changed keys (of chunk ``chunk`` of ``chunks``, split by the keys' hash)
+    as the source holds them in the snapshot it is read in: every key, its row's columns (NULL where the row
+    is gone) and ``_conveyor_present``. The keys travel as literal arrays of their own types, and each is
+    looked up by the primary key's index (LATERAL ... LIMIT 1): a change touches a fraction of the table."""
+    keys = ", ".join(ident(k) for k in table.keys)
+    where = (f" WHERE (hashtextextended(ROW({keys})::text, 0) & {(1 << 62) - 1}) % {int(chunks)} = {int(chunk)}" if chunks > 1 else "")
+    # in key order: the lookups walk the index page by page, and the stage (and the target's delete) follows it
+    arrays = con.execute(f"SELECT {', '.join(f'array_agg({ident(k)} ORDER BY {keys})::text' for k in table.keys)} "
+                         f"FROM {_KEYS}{where}").fetchone()
+    if arrays[0] is None:
+        arrays = ("{}",) * len(table.keys)
     unnest = ", ".join(f"{literal(a)}::{t}[]" for a, t in zip(arrays, table.key_types))
     cols = ", ".join(f"k.{ident(c)}" if c in table.keys else f"t.{ident(c)}" for c in table.columns)
-    on = " AND ".join(f"t.{ident(k)} = k.{ident(k)}" for k in table.keys)
-    return (f"SELECT {cols}, t.ctid IS NOT NULL AS {PRESENT} FROM unnest({unnest}) AS k({', '.join(ident(k) for k in table.keys)}) "
-            f"LEFT JOIN {table.qualified} AS t ON {on}")
+    on = " AND ".join(f"r.{ident(k)} = k.{ident(k)}" for k in table.keys)
+    return (f"SELECT {cols}, t.ctid IS NOT NULL AS {PRESENT} FROM unnest({unnest}) AS k({keys}) "
+            f"LEFT JOIN LATERAL (SELECT r.*, r.ctid FROM {table.qualified} AS r WHERE {on} LIMIT 1) AS t ON true")
 
 
 def whole_query(table: SyncTable) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from conveyor.connectors.postgres.common import connect, ident
@@ -33,5 +33,10 @@ class PgChangeApplier(SqlChangeApplier):
         return [f"DROP TABLE IF EXISTS {q}",
                 f"CREATE UNLOGGED TABLE {q} AS SELECT *, NULL::boolean AS {ident(PRESENT)} FROM {self._qualified()} WITH NO DATA"]
 
-    def _analyzed(self, stage: str) -> list[str]:
-        return [f"ANALYZE {self._qualified(stage)}"]
+    def _planned(self, con: Any, keys: Sequence[str]) -> list[str]:
+        indexed = con.execute("SELECT 1 FROM pg_index i WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indnkeyatts = %s AND "
+                              "(SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a WHERE a.attrelid = i.indrelid "
+                              "AND a.attnum = ANY(i.indkey)) = %s", (self._qualified(), len(keys), sorted(keys))).fetchone()
+        if not indexed:
+            return []
+        return ["SET LOCAL enable_hashjoin = off", "SET LOCAL enable_mergejoin = off", "SET LOCAL jit = off"]
