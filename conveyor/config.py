@@ -20,27 +20,11 @@ from omegaconf import errors as oc_errors
 
 from conveyor import registry
 from conveyor.core import LOAD_MODES, MAP_METHODS, SCHEMA_DRIFTS, JobOptions
+from conveyor.core.cursor import IncrementalConfig
 from conveyor.errors import ConfigError
 from conveyor.log import warn
 
 TOP_LEVEL_PLUGINS = ("source", "sink", "strategy", "runtime")
-
-
-@dataclass
-class IncrementalConfig:
-    #: a timestamp, date or increasing integer column: each run reads only rows past the value the
-    #: last successful run committed (kept in the target), up to the source's maximum in the job's
-    #: snapshot; the first run loads every row with a cursor. null: every run reads every row
-    cursor: str | None = None
-    #: cursor (the column above), or replication: a PostgreSQL source kept in sync by logical decoding (its first
-    #: run loads the tables, each later one applies the inserts, updates and deletes since the last)
-    method: str = "cursor"
-    #: replication: the slot and publication's name (null: conveyor_<hash of source and target>)
-    slot: str | None = None
-    #: replication: keep applying every this many seconds until Ctrl-C / SIGTERM (0: one run)
-    follow: float = 0
-    #: replication: the changed keys one transaction applies at most (a larger change set takes several)
-    chunk_keys: int = 1_000_000
 
 
 @dataclass

@@ -1,10 +1,28 @@
-"""Incremental loads: the window of rows a run reads (``low < column <= high``), the cursor value as a
-sink keeps it, and the sources that read only a window."""
+"""Incremental loads: the job's ``incremental`` settings (a cursor column, or a sync job's replication),
+the window of rows a cursor run reads (``low < column <= high``), the cursor value as a sink keeps it,
+and the sources that read only a window."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class IncrementalConfig:
+    #: a timestamp, date or increasing integer column: each run reads only rows past the value the
+    #: last successful run committed (kept in the target), up to the source's maximum in the job's
+    #: snapshot; the first run loads every row with a cursor. null: every run reads every row
+    cursor: str | None = None
+    #: cursor (the column above), or replication: a PostgreSQL source kept in sync by logical decoding (its first
+    #: run loads the tables, each later one applies the inserts, updates and deletes since the last)
+    method: str = "cursor"
+    #: replication: the slot and publication's name (null: conveyor_<hash of source and target>)
+    slot: str | None = None
+    #: replication: keep applying every this many seconds until Ctrl-C / SIGTERM (0: one run)
+    follow: float = 0
+    #: replication: the changed keys one transaction applies at most (a larger change set takes several)
+    chunk_keys: int = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -67,6 +85,7 @@ class SupportsWindow(Protocol):
 
 
 __all__ = [
+    "IncrementalConfig",
     "CursorWindow",
     "encode_cursor",
     "decode_cursor",

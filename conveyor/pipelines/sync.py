@@ -263,14 +263,17 @@ def _apply_table(spec: JobSpec, con: Any, slot: str, table: SyncTable, sink: Any
     chunks = 1 if full else -(-count // spec.incremental.chunk_keys)
     stage = sink.sync_stage(slot)
     total = Applied(keys=0, written=0, deleted=0, full=full)
-    for i in range(chunks):
-        query = replication.whole_query(table) if full else replication.rows_query(con, table, i, chunks)
-        _stage(spec, table, sink, stage, query, snapshot)
-        lap = done.lap("stage", lap)
-        got = sink.apply_sync(stage, table.keys, full, record if i == chunks - 1 else None)
-        lap = done.lap("apply", lap)
-        total = Applied(total.keys + got.keys, total.written + got.written, total.deleted + got.deleted, full)
-    sink.drop_stage(stage)
+    try:
+        for i in range(chunks):
+            query = replication.whole_query(table) if full else replication.rows_query(con, table, i, chunks)
+            _stage(spec, table, sink, stage, query, snapshot)
+            lap = done.lap("stage", lap)
+            got = sink.apply_sync(stage, table.keys, full, record if i == chunks - 1 else None)
+            lap = done.lap("apply", lap)
+            total = Applied(total.keys + got.keys, total.written + got.written, total.deleted + got.deleted, full)
+    finally:
+        with contextlib.suppress(Exception):  # the next run makes it again; conveyor clean --drop removes a left one
+            sink.drop_stage(stage)
     return total
 
 
