@@ -92,6 +92,11 @@ class SqlChangeApplier:
         up by the target's index on the keys, where it has one; a change touches a fraction of the table)."""
         return []
 
+    def _row_differs(self, columns: Sequence[str], quote: Callable[[str], str]) -> str:
+        """A condition on a target row ``t`` and its staged row ``s``: their ``columns`` differ as text, in one
+        expression where the engine has one (PostgreSQL: the rows' text); empty: column by column."""
+        return ""
+
     def _state_table(self, con: Any) -> str:
         state = self._qualified(STATE)
         con.execute(f"CREATE TABLE IF NOT EXISTS {state} (slot VARCHAR(64) NOT NULL, target VARCHAR(512) NOT NULL, "
@@ -156,7 +161,7 @@ class SqlChangeApplier:
                 for sql in self._planned(con, keys):
                     con.execute(sql)
                 applied = _apply(con, self._qualified(), self._qualified(stage), keys, full, self._quote, self._sync_mysql,
-                                 self._sync_target)
+                                 self._sync_target, self._row_differs)
                 if record is not None:
                     self._record(con, record)
                 con.execute("COMMIT")
@@ -181,7 +186,7 @@ def _ints(con: Any, sql: str) -> tuple[int, ...]:
 
 
 def _apply(con: Any, target: str, stage: str, keys: Sequence[str], full: bool, quote: Callable[[str], str], mysql: bool,
-           where: str) -> Applied:
+           where: str, row_differs: Callable[[Sequence[str], Callable[[str], str]], str] = lambda cols, quote: "") -> Applied:
     from conveyor.kit.merge import _differs
 
     present = f"s.{quote(PRESENT)}"
@@ -203,7 +208,7 @@ def _apply(con: Any, target: str, stage: str, keys: Sequence[str], full: bool, q
                 f"ORDER BY {order}")
     # what the target holds now, in this transaction
     compared = [c for c in columns if c not in keys]
-    differs = " OR ".join(_differs(f"t.{quote(c)}", f"s.{quote(c)}", mysql) for c in compared) or "1 = 0"
+    differs = row_differs(compared, quote) or " OR ".join(_differs(f"t.{quote(c)}", f"s.{quote(c)}", mysql) for c in compared) or "1 = 0"
     held, changed, kept = _ints(con, f"SELECT sum(CASE WHEN {present} THEN 1 ELSE 0 END), "
                                      f"sum(CASE WHEN {present} AND ({differs}) THEN 1 ELSE 0 END), "
                                      f"sum(CASE WHEN {present} THEN 0 ELSE 1 END) FROM {target} AS t JOIN {stage} AS s ON {on}")

@@ -212,6 +212,9 @@ def collect(con: Any, slot: str, upto: int) -> int:
     """The slot's changes up to ``upto`` (pgoutput's messages of rows and truncates), decoded once into a
     temporary table of ``con``'s session; how many."""
     con.execute(f"DROP TABLE IF EXISTS {_MSGS}")
+    # a large transaction decoded in memory, not spilled to disk in 64 MB pieces (the setting's default; 13+ lets a session set it)
+    if int(con.execute("SHOW server_version_num").fetchone()[0]) >= 130000:
+        con.execute("SET logical_decoding_work_mem = '512MB'")
     con.execute(f"CREATE TEMP TABLE {_MSGS[8:]} AS SELECT data AS d FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
                 f"'proto_version', '1', 'publication_names', %s) WHERE get_byte(data, 0) IN ({_I}, {_U}, {_D}, {_T})",
                 (slot, lsn_text(upto), slot))
@@ -232,11 +235,11 @@ def truncated(con: Any, table: SyncTable) -> bool:
                             f"WHERE get_byte(m.d, 0) = {_T} AND substr(m.d, 7 + 4 * i, 4) = {_oid_bytes(table.oid)})").fetchone()[0])
 
 
-def _tuple(count_at: str, width: int, alias: str, guard: str | None) -> tuple[list[str], list[str], list[str], str]:
+def _tuple(count_at: str, width: int, alias: str, guard: str | None) -> tuple[list[str], list[str], str]:
     """LATERAL steps that walk ``width`` columns of a TupleData whose column count is at byte ``count_at``:
-    (the joins, each column's text bytes (NULL for 'n'), each column's kind, the offset after them).
+    (the joins, each column's text bytes (NULL unless its kind is 't', a value in text), the offset after them).
     ``guard``: a condition without which the tuple is not there (its bytes are not read)."""
-    joins, values, kinds = [], [], []
+    joins, values = [], []
     at = f"({count_at}) + 2"
     for i in range(width):
         a = f"{alias}{i}"
@@ -244,9 +247,8 @@ def _tuple(count_at: str, width: int, alias: str, guard: str | None) -> tuple[li
         joins.append(f"CROSS JOIN LATERAL (SELECT {byte} AS k, {at} AS o) {a}")
         joins.append(f"CROSS JOIN LATERAL (SELECT CASE WHEN {a}.k = 116 THEN {_int4(f'{a}.o + 1')} ELSE 0 END AS n) {a}n")
         values.append(f"CASE WHEN {a}.k = 116 THEN substr(m.d, {a}.o + 6, {a}n.n::int) END")
-        kinds.append(f"{a}.k")
         at = f"{a}.o + 1 + CASE WHEN {a}.k = 116 THEN 4 + {a}n.n ELSE 0 END"
-    return joins, values, kinds, at
+    return joins, values, at
 
 
 _KEYS = "pg_temp._conveyor_keys"
@@ -260,22 +262,21 @@ def changed_keys(con: Any, table: SyncTable) -> int:
     width = max(pos) + 1
     first = _tuple("6", width, "a", None)
     second_there = f"get_byte(m.d, 0) = {_U} AND get_byte(m.d, 5) IN (75, 79)"
-    second = _tuple(f"{first[3]} + 1", width, "b", second_there)
+    second = _tuple(f"{first[2]} + 1", width, "b", second_there)
     enc = "getdatabaseencoding()"
 
     def typed(values: list[str]) -> str:
         return ", ".join(f"convert_from({values[p]}, {enc})::{t} AS {ident(k)}" for p, k, t in zip(pos, table.keys, table.key_types))
 
-    kinds = " OR ".join(f"{first[2][p]} IS DISTINCT FROM 116" for p in pos)
-    kinds2 = " OR ".join(f"{second[2][p]} IS DISTINCT FROM 116" for p in pos)
     body = (f"FROM {_MSGS} m {' '.join(first[0])} {' '.join(second[0])} "
             f"WHERE get_byte(m.d, 0) IN ({_I}, {_U}, {_D}) AND substr(m.d, 2, 4) = {_oid_bytes(table.oid)}")
-    odd = con.execute(f"SELECT count(*) FILTER (WHERE {kinds}) + count(*) FILTER (WHERE {second_there} AND ({kinds2})) {body}").fetchone()[0]
-    if odd:
-        raise SchemaError(f"sync of {table.label}: {odd:,} changes do not carry their key's value (a key column stored out of line, "
-                          "or NULL)", hint="a sync applies changes by the primary key: keep the key's values small (under 2 kB)")
     con.execute(f"DROP TABLE IF EXISTS {_KEYS}")
     con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT {typed(first[1])} {body} UNION SELECT {typed(second[1])} {body} AND {second_there}")
+    # a key column whose value a message does not carry ('n' or 'u': NULL, or TOASTed and unchanged) reads as NULL
+    odd = con.execute(f"SELECT count(*) FROM {_KEYS} WHERE " + " OR ".join(f"{ident(k)} IS NULL" for k in table.keys)).fetchone()[0]
+    if odd:
+        raise SchemaError(f"sync of {table.label}: {odd:,} changed keys are not carried by their changes (a key value stored out of "
+                          "line, or NULL)", hint="a sync applies changes by the primary key: keep the key's values small (under 2 kB)")
     return int(con.execute(f"SELECT count(*) FROM {_KEYS}").fetchone()[0])
 
 

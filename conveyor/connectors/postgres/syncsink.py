@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from conveyor.connectors.postgres.common import connect, ident
@@ -32,6 +32,13 @@ class PgChangeApplier(SqlChangeApplier):
         q = self._qualified(stage)
         return [f"DROP TABLE IF EXISTS {q}",
                 f"CREATE UNLOGGED TABLE {q} AS SELECT *, NULL::boolean AS {ident(PRESENT)} FROM {self._qualified()} WITH NO DATA"]
+
+    def _row_differs(self, columns: Sequence[str], quote: Callable[[str], str]) -> str:
+        # each column's text output, once per row (a NULL and an empty string print apart: "" is quoted)
+        if not columns:
+            return ""
+        return (f"ROW({', '.join(f't.{quote(c)}' for c in columns)})::text IS DISTINCT FROM "
+                f"ROW({', '.join(f's.{quote(c)}' for c in columns)})::text")
 
     def _planned(self, con: Any, keys: Sequence[str]) -> list[str]:
         indexed = con.execute("SELECT 1 FROM pg_index i WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indnkeyatts = %s AND "
