@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench import CORES, TPCH_DDL, checksum, client_cpu, conveyor, psql, server_cpu  # noqa: E402
+from bench import CORES, TPCH_DDL, checksum, client_cpu, conveyor, psql, server_cpu
 
-from conveyor.testing.pgserver import PgServer  # noqa: E402
+from conveyor.testing.pgserver import PgServer
 
 BIN = Path(sys.executable).parent
 
@@ -79,7 +79,7 @@ def main() -> int:
             psql(src, f"UPDATE lineitem SET l_comment = 'round {r}', l_quantity = l_quantity + 1 WHERE l_orderkey % 10 = {r % 10}; "
                       f"DELETE FROM lineitem WHERE l_orderkey % 100 = {m}")
             expect = checksum(src, "lineitem")
-            took, cpu = timed(lambda: cli(*sync, f"hydra.run.dir={work}/apply{r}", report=work / f"apply{r}.json"), src, dst)
+            took, cpu = timed(lambda r=r: cli(*sync, f"hydra.run.dir={work}/apply{r}", report=work / f"apply{r}.json"), src, dst)
             applied = json.loads((work / f"apply{r}.json").read_text())["sync"]["runs"][0]
             ok = checksum(dst, "lineitem") == expect
             cells.append({"name": "sync run: apply the change", "round": r, "seconds": [took], "cpu": cpu, "changes": applied["changes"],
@@ -87,7 +87,8 @@ def main() -> int:
             print(f"apply {r}: {took:.2f} s, {applied['changes']:,} changes ({applied['changes'] / took:,.0f}/s), cpu {cpu}, "
                   f"{'ok' if ok else 'MISMATCH'}", flush=True)
             reload = ["run", *common, "sink.table=lineitem_reload"]
-            took, cpu = timed(lambda: cli(*reload, f"hydra.run.dir={work}/reload{r}", report=work / f"reload{r}.json"), src, dst)
+            took, cpu = timed(lambda r=r, reload=reload: cli(*reload, f"hydra.run.dir={work}/reload{r}", report=work / f"reload{r}.json"),
+                              src, dst)
             ok = checksum(dst, "lineitem_reload") == expect
             cells.append({"name": "reload: conveyor replace, ctid degree 2", "round": r, "seconds": [took], "cpu": cpu, "verified": ok})
             print(f"reload {r}: {took:.2f} s, cpu {cpu}, {'ok' if ok else 'MISMATCH'}", flush=True)

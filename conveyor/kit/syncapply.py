@@ -123,10 +123,10 @@ class SqlChangeApplier:
 
     def _record(self, con: Any, record: SyncRecord) -> None:
         state = self._state_table(con)
-        where = f"slot = '{record.slot}' AND target = {_text(self._sync_target, self._sync_mysql)}"
-        con.execute(f"DELETE FROM {state} WHERE {where}")
-        con.execute(f"INSERT INTO {state} (slot, target, source, position, signature) VALUES ('{record.slot}', "
-                    f"{_text(self._sync_target, self._sync_mysql)}, {_text(record.source, self._sync_mysql)}, {int(record.position)}, {_text(record.signature, self._sync_mysql)})")
+        target, source, signature = (_text(v, self._sync_mysql) for v in (self._sync_target, record.source, record.signature))
+        con.execute(f"DELETE FROM {state} WHERE slot = '{record.slot}' AND target = {target}")
+        con.execute(f"INSERT INTO {state} (slot, target, source, position, signature) VALUES ('{record.slot}', {target}, {source}, "
+                    f"{int(record.position)}, {signature})")
 
     def forget_sync(self, slot: str) -> list[str]:
         """Remove the sync's state and stage from this target (``conveyor clean --drop``); what was removed."""

@@ -216,7 +216,7 @@ def _apply(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: l
         if state.signature != now.signature:
             raise SchemaError(f"sync of {table.label} stopped: the source table changed since the sync began: "
                               f"{replication.changed_columns(state.signature, now.signature)}",
-                              hint=f"change the target to match, then conveyor clean --drop (this job's settings) and run again: "
+                              hint="change the target to match, then conveyor clean --drop (this job's settings) and run again: "
                                    "the first run loads the table again")
     temporary = f"conveyor_run_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     with replication.exported(spec.source.config, temporary, temporary=True) as (upto, snapshot):

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.connectors.duckdb import carry, common, state
-from conveyor.connectors.duckdb.syncsink import DuckChangeApplier
 from conveyor.connectors.duckdb.common import close, connect, new_file, qident, qualified, remove_file, swap_blocker, target_schema
+from conveyor.connectors.duckdb.syncsink import DuckChangeApplier
 from conveyor.core import (
     INFINITY,
     CursorState,
