@@ -45,8 +45,9 @@ def _text(m, table: str, like: str = "types") -> list[tuple]:
 
 def _leftovers(m) -> list:
     """Staging (or swapped-out) tables left in the database, and runs still registered (a run's row
-    goes when it ends); the marker and run tables themselves stay."""
-    tables = [r[0] for r in m.execute("SHOW TABLES LIKE '\\_conveyor%'") if r[0] not in ("_conveyor_commits", "_conveyor_runs")]
+    goes when it ends); the marker, run and sync-state tables themselves stay."""
+    kept = ("_conveyor_commits", "_conveyor_runs", "_conveyor_sync")
+    tables = [r[0] for r in m.execute("SHOW TABLES LIKE '\\_conveyor%'") if r[0] not in kept]
     runs = m.execute("SELECT run_id FROM _conveyor_runs") if m.execute("SHOW TABLES LIKE '\\_conveyor\\_runs'") else []
     return tables + [f"run {r[0]}" for r in runs]
 
