@@ -181,13 +181,9 @@ def _text(value: str, mysql: bool = False) -> str:
     return "'" + (value.replace("\\", "\\\\") if mysql else value).replace("'", "''") + "'"
 
 
-def _ints(con: Any, sql: str) -> tuple[int, ...]:
-    return tuple(int(v or 0) for v in con.execute(sql).fetchone())
-
-
 def _apply(con: Any, target: str, stage: str, keys: Sequence[str], full: bool, quote: Callable[[str], str], mysql: bool,
            where: str, row_differs: Callable[[Sequence[str], Callable[[str], str]], str] = lambda cols, quote: "") -> Applied:
-    from conveyor.kit.merge import _differs
+    from conveyor.kit.merge import _differs, _ints
 
     present = f"s.{quote(PRESENT)}"
     columns = [d[0] for d in con.execute(f"SELECT * FROM {stage} LIMIT 0").description if d[0] != PRESENT]

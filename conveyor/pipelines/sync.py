@@ -28,6 +28,7 @@ from typing import Any
 
 from conveyor.config import JobSpec
 from conveyor.connectors.postgres import replication
+from conveyor.connectors.postgres.common import connect
 from conveyor.connectors.postgres.replication import SyncTable, lsn_text
 from conveyor.core import cancel_requested, wait_for_cancel
 from conveyor.errors import Cancelled, ConfigError, ConveyorError, SchemaError
@@ -147,7 +148,7 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[SyncRep
     start = time.perf_counter()
     source = spec.source
     slot = slot_of(spec)
-    con = replication.connected(source.config)
+    con = connect(source.config, autocommit=True)
     try:
         replication.check_source(con, source.config.where())
         version = int(con.execute("SHOW server_version_num").fetchone()[0])
@@ -166,7 +167,7 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[SyncRep
             report.seconds = time.perf_counter() - start
             return report
         while True:
-            done = _apply(spec, con, slot, tables, sinks)
+            done = _apply(spec, con, slot, tables, sinks, version)
             report.runs.append(done)
             report.position = done.upto
             report.retained_bytes = (replication.slot_state(con, slot) or (0, 0))[1]
@@ -203,7 +204,7 @@ def _first(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: l
     return job, position
 
 
-def _apply(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: list[Any]) -> SyncRun:
+def _apply(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: list[Any], version: int) -> SyncRun:
     """One run: the changes since the targets' position up to a position fixed now, applied."""
     began = time.perf_counter()
     states = [s.sync_state(slot) for s in sinks]
@@ -212,7 +213,7 @@ def _apply(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: l
                             hint=f"conveyor clean --drop (this job's settings) drops slot {slot}; the next run loads the tables again")
     at = min(s.position for s in states)
     for table, state in zip(tables, states):
-        now = replication.describe(con, table.schema, table.name, int(con.execute("SHOW server_version_num").fetchone()[0]))
+        now = replication.describe(con, table.schema, table.name, version)
         if state.signature != now.signature:
             raise SchemaError(f"sync of {table.label} stopped: the source table changed since the sync began: "
                               f"{replication.changed_columns(state.signature, now.signature)}",
@@ -299,7 +300,7 @@ def plan_lines(spec: JobSpec) -> list[str]:
     """What ``conveyor plan`` says of a sync job: its slot, the WAL it holds on the source, and each target's position."""
     check(spec)
     slot = slot_of(spec)
-    con = replication.connected(spec.source.config)
+    con = connect(spec.source.config, autocommit=True)
     try:
         held = replication.slot_state(con, slot)
     finally:
@@ -318,7 +319,7 @@ def leftovers(spec: JobSpec, remove: bool) -> list[str]:
     check(spec)
     slot = slot_of(spec)
     source = spec.source
-    con = replication.connected(source.config)
+    con = connect(source.config, autocommit=True)
     try:
         held = replication.slot_state(con, slot)
         if not remove:

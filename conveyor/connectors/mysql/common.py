@@ -210,3 +210,16 @@ class MySqlSinkConfig(MergeOptions, MySqlConnConfig):
         if self.bulk not in ("auto", "load_data", "insert"):
             raise ValueError(f"bulk: {self.bulk!r} is not one of auto, load_data, insert")
         self.check_merge_options()
+
+
+class Statements:
+    """A PyMySQL connection with the ``execute(sql)`` -> cursor shape the shared SQL (``kit.merge``, ``kit.syncapply``)
+    reads from (``fetchone``, ``fetchall``, ``description``)."""
+
+    def __init__(self, con: Any) -> None:
+        self.con = con
+
+    def execute(self, sql: str) -> Any:
+        cur = self.con.cursor()
+        cur.execute(sql)
+        return cur

@@ -11,7 +11,7 @@ from typing import Any
 
 from conveyor.connectors.mysql import commits, loading
 from conveyor.connectors.mysql import target as targets
-from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlSinkConfig, qident
+from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlSinkConfig, Statements, qident
 from conveyor.connectors.mysql.syncsink import MyChangeApplier
 from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, TargetInfo, WriteStats, target_for
 from conveyor.errors import ConveyorError
@@ -36,18 +36,6 @@ class MyPlan:
     lengths: tuple[tuple[str, str, int, str], ...] = ()
     #: create / replace: the table's comment (the source table's) once it is swapped in
     comment: str = ""
-
-
-class _Rows:
-    """A PyMySQL connection with the ``execute(...).fetchone()/fetchall()`` shape merging.check_keys uses."""
-
-    def __init__(self, con: Any) -> None:
-        self.con = con
-
-    def execute(self, sql: str) -> Any:
-        cur = self.con.cursor()
-        cur.execute(sql)
-        return cur
 
 
 class MySqlSink(MyChangeApplier, StagedSink):
@@ -231,7 +219,7 @@ class MySqlSink(MyChangeApplier, StagedSink):
         merged: list[merging.Merged] = []
 
         def apply(con: Any) -> None:
-            merged.append(merging.apply(_Rows(con), plan.own.merge, self._qualified(), stage, self._where(), qident,
+            merged.append(merging.apply(Statements(con), plan.own.merge, self._qualified(), stage, self._where(), qident,
                                         values=self.options.verify == "checksum", mysql=True))
 
         self._in_one_transaction(plan, [], first=apply)

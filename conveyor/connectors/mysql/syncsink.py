@@ -6,19 +6,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from conveyor.connectors.mysql.common import Statements
 from conveyor.kit.syncapply import SqlChangeApplier
-
-
-class _Statements:
-    """A PyMySQL connection that runs one statement per ``execute`` and returns its cursor, as the applier reads them."""
-
-    def __init__(self, con: Any) -> None:
-        self.con = con
-
-    def execute(self, sql: str) -> Any:
-        cur = self.con.cursor()
-        cur.execute(sql)
-        return cur
 
 
 class MyChangeApplier(SqlChangeApplier):
@@ -32,7 +21,7 @@ class MyChangeApplier(SqlChangeApplier):
     def _sync_connection(self) -> Iterator[Any]:
         con = self.config.connect()  # autocommit: BEGIN / COMMIT are the applier's
         try:
-            yield _Statements(con)
+            yield Statements(con)
         finally:
             con.close()
 

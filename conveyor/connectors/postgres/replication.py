@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, translate
+from conveyor.connectors.postgres.common import PgConnConfig, ident, literal, translate
 from conveyor.errors import ConfigError, SchemaError
 
 #: the column the rows query adds: true where the key's row exists at the run's position
@@ -302,7 +302,3 @@ def rows_query(con: Any, table: SyncTable, chunk: int = 0, chunks: int = 1) -> s
 def whole_query(table: SyncTable) -> str:
     """Every row of the table, each present (a TRUNCATE in the changes: the target is loaded again)."""
     return f"SELECT {', '.join(ident(c) for c in table.columns)}, true AS {PRESENT} FROM {table.qualified}"
-
-
-def connected(config: PgConnConfig) -> Any:
-    return connect(config, autocommit=True)
