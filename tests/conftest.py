@@ -56,6 +56,23 @@ def mysql_server():
         server.stop()
 
 
+# --- a throwaway ClickHouse server, started once per test session ---------------------------------
+
+
+@pytest.fixture(scope="session")
+def clickhouse_server():
+    """A ClickHouse server on loopback ports in a temp folder, run as the unprivileged clickhouse user."""
+    from conveyor.testing.chserver import ClickHouseServer
+
+    server = ClickHouseServer()
+    os.environ["CLICKHOUSE_PASSWORD"] = server.password  # what the clickhouse connectors' password_env reads by default
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 # --- throwaway PostgreSQL servers (source and target), started once per test session ----------
 
 
@@ -159,7 +176,7 @@ _SLOW_FIXTURES = {"ray_instance", "s3", "installed_plugin", "tpch_orders"}
 
 
 #: the fixtures that start a server or a Ray instance
-_SERVER_FIXTURES = {"pg_servers", "mysql_server", "s3", "ray_instance"}
+_SERVER_FIXTURES = {"pg_servers", "mysql_server", "clickhouse_server", "s3", "ray_instance"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

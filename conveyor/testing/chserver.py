@@ -128,11 +128,11 @@ class ClickHouseServer:
         """Run statements over HTTP; the last one's rows (TSV fields as text)."""
         out: list[list[str]] = []
         for stmt in statements:
-            query = urllib.parse.urlencode({"query": stmt, "database": self.database})
-            req = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/?{query}", data=data if stmt is statements[-1] else None,
+            last = stmt is statements[-1] and data is not None
+            params = {"database": self.database, **({"query": stmt} if last else {})}
+            req = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/?{urllib.parse.urlencode(params)}",
+                                         data=data if last else stmt.encode(),  # the statement in the body: no URL length limit
                                          headers={"X-ClickHouse-User": self.user, "X-ClickHouse-Key": self.password})
-            if data is None:
-                req.data = b""
             with urllib.request.urlopen(req, timeout=60) as resp:
                 text = resp.read().decode()
             out = [line.split("\t") for line in text.splitlines()]

@@ -350,3 +350,55 @@ def __getattr__(name: str):  # type: ignore[no-untyped-def]
     if name == "Doubling":  # loaded by its entry point only when the kit's self-test runs
         return _doubling()
     raise AttributeError(name)
+
+
+# --- ClickHouse ---------------------------------------------------------------------------------------
+
+
+class _ClickHouse:
+    @pytest.fixture(autouse=True)
+    def _server(self, clickhouse_server) -> None:
+        self.ch = clickhouse_server
+
+    def connection(self) -> dict[str, Any]:
+        return {"port": self.ch.http_port}
+
+    def create_table(self, table: str, rows: pa.Table, key: bool = False) -> None:
+        self.ch.execute(f"CREATE TABLE {table} (id Int64, name String, x Float64) ENGINE = MergeTree "
+                        f"{'ORDER BY id' if key else 'ORDER BY tuple()'}")
+        if rows.num_rows:
+            values = ", ".join(f"({i}, '{n}', {x!r})" for i, n, x in zip(*(rows.column(c).to_pylist() for c in ("id", "name", "x"))))
+            self.ch.execute(f"INSERT INTO {table} VALUES {values}")
+
+
+class TestClickHouseSink(_ClickHouse, SinkSuite):
+    sink = "clickhouse"
+    modes = ("create", "append", "truncate", "replace")
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {**self.connection(), "table": target}
+
+    def create_target(self, target: str, rows: pa.Table, key: bool) -> None:
+        self.create_table(target, rows, key)
+
+    def read_target(self, target: str) -> pa.Table | None:
+        if self.ch.execute(f"SELECT count() FROM system.tables WHERE database = 'default' AND name = '{target}'")[0][0] == "0":
+            return None
+        rows = self.ch.execute(f"SELECT id, name, x FROM {target} FORMAT TSV")
+        return pa.table({"id": pa.array([int(r[0]) for r in rows], pa.int64()), "name": pa.array([r[1] for r in rows], pa.string()),
+                         "x": pa.array([float(r[2]) for r in rows], pa.float64())})
+
+    def narrow_target(self, target: str) -> str | None:
+        self.ch.execute(f"CREATE TABLE {target} (id Int32, name String, x Float64) ENGINE = MergeTree ORDER BY tuple()")
+        return "id"
+
+
+class TestClickHouseSource(_ClickHouse, SourceSuite):
+    source = "clickhouse"
+    strategies = {"none": {}, "native": {}, **KEYED}
+
+    def source_config(self, table: str) -> dict[str, Any]:
+        return {**self.connection(), "table": table}
+
+    def create_source(self, table: str, rows: pa.Table) -> None:
+        self.create_table(table, rows, key=True)

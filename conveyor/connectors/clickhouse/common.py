@@ -145,8 +145,10 @@ class ClickHouseConnConfig:
         con = self._connection()
         try:
             try:
-                if body is None or isinstance(body, bytes):
-                    con.request("POST", self._target(sql, settings), body=body or b"", headers=self._headers())
+                if body is None:  # the statement in the body: no URL length limit
+                    con.request("POST", self._target(None, settings), body=sql.encode(), headers=self._headers())
+                elif isinstance(body, bytes):
+                    con.request("POST", self._target(sql, settings), body=body, headers=self._headers())
                 else:
                     con.request("POST", self._target(sql, settings), body=body, headers=self._headers(), encode_chunked=True)
                 con.sock.settimeout(self.timeout)

@@ -1,0 +1,310 @@
+"""The ClickHouse sink (``sink=clickhouse``): Native blocks over HTTP into a table per partition, moved into
+the target whole (append) or swapped in at the end (truncate, create, replace); see ``commits.py``."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.connectors.clickhouse import commits, native
+from conveyor.connectors.clickhouse import types as chtypes
+from conveyor.connectors.clickhouse.common import ClickHouseConnConfig, literal, qident
+from conveyor.core import (JobOptions, Partition, PrepareRequest, SinkBase, SinkCapabilities, SinkPlan, TargetInfo, WriteStats,
+                           check_partition_rows, check_stored, target_for)
+from conveyor.errors import ConfigError, ConveyorError, SchemaError, TransferError
+from conveyor.kit import guard
+from conveyor.kit.mapping import TargetColumn, map_columns
+from conveyor.kit.staged import check_mode, check_taken, staged_path
+from conveyor.log import say, warn
+
+
+@dataclass
+class ClickHouseSinkConfig(ClickHouseConnConfig):
+    #: the target table (a template with {table} / {schema} for a job over several tables)
+    table: str = ""
+    #: create / replace: the sorting key (ORDER BY); null: the source's primary key, else none (tuple())
+    order_by: list[str] | None = None
+    #: create / replace: a PARTITION BY expression, e.g. toYYYYMM(o_orderdate)
+    partition_by: str | None = None
+    #: create / replace: the table engine (a MergeTree family engine; ATTACH PARTITION needs one)
+    engine: str = "MergeTree"
+    #: source columns whose values may change type by ClickHouse's own rules (the cast policy's overrides)
+    allow_cast: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.table:
+            raise ValueError("table: name the target table")
+        if "MergeTree" not in self.engine:
+            raise ValueError(f"engine: {self.engine!r} is not a MergeTree engine (partitions are moved in with ATTACH PARTITION)")
+
+
+@dataclass(frozen=True)
+class ChPlan:
+    """The ClickHouse sink's own decisions: the tables' definition and the columns rows are written into."""
+
+    #: CREATE TABLE {name} ... for a partition's table (and the job's stage): the target's own definition
+    create: str
+    #: (target column, its ClickHouse type) in the order of the source's columns
+    columns: tuple[tuple[str, str], ...]
+    once: commits.Once
+
+
+class ClickHouseSink(SinkBase):
+    """Appends whole partitions (ATTACH PARTITION from a table each); truncate/create/replace swap in at the end."""
+
+    config_class = ClickHouseSinkConfig
+    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace"))
+
+    def __init__(self, config: ClickHouseSinkConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+
+    def for_target(self, schema: str, table: str, options: JobOptions) -> ClickHouseSink:
+        return ClickHouseSink(dataclasses.replace(self.config, table=target_for(self.config.table, schema, table, "sink.table")), options)
+
+    def _q(self, table: str | None = None) -> str:
+        return f"{qident(self.config.database or 'default')}.{qident(table or self.config.table)}"
+
+    def _where(self) -> str:
+        return f"clickhouse table {self.config.database}.{self.config.table}"
+
+    def _columns(self, table: str | None = None) -> list[tuple[str, str, str]]:
+        """(name, type, default kind) of a table's columns; [] where it does not exist."""
+        return [(r[0], r[1], r[2]) for r in self.config.run(
+            f"SELECT name, type, default_kind FROM system.columns WHERE database = {literal(self.config.database)} "
+            f"AND table = {literal(table or self.config.table)}", doing="reading the target")]
+
+    def describe_target(self, request: PrepareRequest) -> TargetInfo:
+        mode = self.options.load_mode
+        how = "Native blocks over HTTP into a table per partition"
+        path = (f"{how}, each moved into the target whole (ATTACH PARTITION) once counted" if mode == "append" else
+                staged_path(mode, how).replace("made the target's in one transaction", "swapped in (RENAME TABLE)"))
+        return TargetInfo(label=self._where(), checks_before_commit=mode == "append", path=path)
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan:
+        commits.ensure_tables(self.config)
+        commits.hold_guard(self.config, self.options.run_id, self.options.load)
+        try:
+            return self._prepare(request)
+        except BaseException:
+            guard.release(self.options.run_id)
+            raise
+
+    def _prepare(self, request: PrepareRequest) -> SinkPlan:
+        schema, mode, where = request.schema, self.options.load_mode, self._where()
+        existing = self._columns()
+        check_mode(mode, bool(existing), where)
+        if mode in ("create", "replace"):
+            pairs = [(n, n) for n in schema.names]
+            create, columns = self._definition(schema, request)
+        else:
+            engine = self.config.run(f"SELECT engine FROM system.tables WHERE database = {literal(self.config.database)} "
+                                     f"AND name = {literal(self.config.table)}", doing="reading the target")[0][0]
+            if "MergeTree" not in engine:
+                raise SchemaError(f"{where} is a {engine} table: Conveyor moves partitions in with ATTACH PARTITION, which needs "
+                                  "a MergeTree family engine", hint="load into a MergeTree table")
+            target = [TargetColumn(n, t, t.startswith("Nullable("), kind != "") for n, t, kind in existing]
+            pairs = map_columns(schema.names, target, self.options.map_method, where, self.options.schema_drift)
+            types = {n: t for n, t, _ in existing}
+            columns = tuple((t, types[t]) for _, t in pairs)
+            self._check_casts(pairs, schema, types)
+            create = f"CREATE TABLE {{table}} AS {self._q()}"
+        once = commits.Once(f"{self.config.database}.{self.config.table}", self.options.load, self.options.run_id)
+        return SinkPlan(rows_before=None if mode == "append" else 0, target=f"{self.config.where()}.{self.config.table}",
+                        write_target=self.config.table if mode == "append" else f"{commits.STAGE_PREFIX}{self.options.run_id}",
+                        load_mode=mode, columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
+                        own=ChPlan(create, columns, once), checks_before_commit=mode == "append")
+
+    def _definition(self, schema: Any, request: PrepareRequest) -> tuple[str, tuple[tuple[str, str], ...]]:
+        conf = self.config
+        key = list(conf.order_by) if conf.order_by is not None else [k for k in request.info.primary_key if k in schema.names]
+        unknown = [k for k in key if k not in schema.names]
+        if unknown:
+            raise ConfigError(f"sink.order_by: {', '.join(unknown)} is not a column of the source", key="sink.order_by",
+                              hint=f"columns are: {', '.join(schema.names)}")
+        columns = tuple((f.name, chtypes.created_type(f, f.name, f.name in key)) for f in schema)
+        cols = ", ".join(f"{qident(n)} {t}" for n, t in columns)
+        order = ", ".join(qident(k) for k in key) or "tuple()"
+        part = f" PARTITION BY {conf.partition_by}" if conf.partition_by else ""
+        if conf.order_by is None and key:
+            say(f"{self._where()}: ORDER BY {', '.join(key)} (the source's primary key)")
+        return f"CREATE TABLE {{table}} ({cols}) ENGINE = {conf.engine}{part} ORDER BY ({order})", columns
+
+    def _check_casts(self, pairs: list[tuple[str, str]], schema: Any, types: dict[str, str]) -> None:
+        """The cast policy (conveyor/kit/casts.py) against the Arrow types the target's columns read as."""
+        from conveyor.kit.casts import ColumnType, check_casts
+
+        zone = self.config.server_zone()
+        sources, targets = [], []
+        for s, t in pairs:
+            ch = chtypes.parse(types[t])
+            typ = chtypes.read_arrow(ch, zone)
+            src = schema.field(s).type
+            if typ is None:
+                raise SchemaError(f"{self._where()}: column {t} ({types[t]}): Conveyor does not write this type",
+                                  hint="load into a column of another type, or leave the column out (columns / schema_drift)")
+            if ch.name in ("DateTime",) or (ch.name == "Nullable" and ch.inner.name == "DateTime"):
+                import pyarrow as pa
+
+                if pa.types.is_timestamp(src) and not src.tz:  # a time without a zone is stored as that UTC time (documented)
+                    typ = pa.timestamp("s")
+            if ch.name == "UInt8" and str(src) == "bool":
+                typ = src
+            sources.append(ColumnType.of_field(schema.field(s)))
+            targets.append(ColumnType(typ, sql=types[t]))
+        check_casts(pairs, sources, targets, self._where(), self.config.allow_cast, engine="ClickHouse")
+
+    # --- the tasks -------------------------------------------------------------------------------
+
+    def committed(self, plan: SinkPlan) -> dict[str, int] | None:
+        """{partition: rows} this load committed (append) or staged (and whose table is still there)."""
+        once: commits.Once = plan.own.once
+        found = commits.states(self.config, once.load_id, once.target)
+        state = "committed" if plan.load_mode == "append" else "staged"
+        done = {k: s[state] for k, s in found.items() if state in s}
+        if state == "staged" and done:
+            have = {r[0] for r in self.config.run(f"SELECT name FROM system.tables WHERE database = {literal(self.config.database)} "
+                                                  f"AND startsWith(name, '{commits.PART_PREFIX}')", doing="reading staged partitions")}
+            done = {k: n for k, n in done.items() if commits.part_table(once.load_id, once.target, k) in have}
+        return done
+
+    def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+        start = time.perf_counter()
+        own: ChPlan = plan.own
+        once, key, conf = own.once, part.key, self.config
+        found = commits.states(conf, once.load_id, once.target).get(key, {})
+        done = found.get("committed" if plan.load_mode == "append" else "staged")
+        table = commits.part_table(once.load_id, once.target, key)
+        if done is not None and (plan.load_mode == "append" or self._exists(table)):
+            return WriteStats(key, done, 0, time.perf_counter() - start, already_committed=True)
+        if "attaching" in found and plan.load_mode == "append":
+            raise TransferError(f"partition {key}: an earlier attempt was stopped between moving its {found['attaching']:,} rows into "
+                                f"{once.target} and recording it: whether they are there cannot be told", partition=key,
+                                hint=f"check the target; its rows are kept in {table}: attach them (ALTER TABLE ... ATTACH "
+                                     "PARTITION ... FROM) or drop that table, then run again without resume")
+        conf.run(f"DROP TABLE IF EXISTS {self._q(table)}", own.create.format(table=self._q(table)), partition=key,
+                 doing=f"creating {table}")
+        try:
+            sent = _Sent()
+            cols = ", ".join(qident(c) for c, _ in own.columns)
+            with conf.response(f"INSERT INTO {self._q(table)} ({cols}) FORMAT Native", body=sent.blocks(batches, own.columns),
+                               doing=f"writing {key}", partition=key) as resp:
+                resp.read()
+            stored = int(conf.run(f"SELECT count() FROM {self._q(table)}", partition=key, doing="counting")[0][0])
+            check_stored(once.target, key, sent.rows, stored)
+            check_partition_rows(once.target, key, plan.expecting, stored)
+            commits.check_running(conf, once.run_id, key)
+            if plan.load_mode != "append":
+                commits.mark(conf, once, key, "staged", stored)
+                return WriteStats(key, stored, sent.bytes, time.perf_counter() - start)
+            commits.mark(conf, once, key, "attaching", stored)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conf.run(f"DROP TABLE IF EXISTS {self._q(table)}")
+            raise
+        self._attach(table, self.config.table, key)
+        commits.mark(conf, once, key, "committed", stored)
+        with contextlib.suppress(ConveyorError):
+            conf.run(f"DROP TABLE IF EXISTS {self._q(table)}")
+        return WriteStats(key, stored, sent.bytes, time.perf_counter() - start)
+
+    def _exists(self, table: str) -> bool:
+        return bool(self.config.run(f"SELECT count() FROM system.tables WHERE database = {literal(self.config.database)} "
+                                    f"AND name = {literal(table)}", doing="reading the target")[0][0] != "0")
+
+    def _attach(self, source: str, target: str, key: str | None = None) -> None:
+        ids = self.config.run(f"SELECT DISTINCT partition_id FROM system.parts WHERE active AND database = {literal(self.config.database)} "
+                              f"AND table = {literal(source)}", doing="listing a partition's parts", partition=key)
+        self.config.run(*[f"ALTER TABLE {self._q(target)} ATTACH PARTITION ID {literal(i[0])} FROM {self._q(source)}" for i in ids]
+                        or ["SELECT 1"], doing=f"moving {source} into {target}", partition=key)
+
+    def _staged_tables(self, plan: SinkPlan) -> dict[str, str]:
+        once: commits.Once = plan.own.once
+        return {k: commits.part_table(once.load_id, once.target, k) for k in (self.committed(plan) or {})}
+
+    def target_rows(self, plan: SinkPlan) -> int:
+        """What the target holds (append), or what the load's partitions' tables hold (before they are swapped in)."""
+        if plan.load_mode == "append":
+            return int(self.config.run(f"SELECT count() FROM {self._q()}", doing="counting")[0][0])
+        tables = self._staged_tables(plan).values()
+        if not tables:
+            return 0
+        union = " UNION ALL ".join(f"SELECT count() AS n FROM {self._q(t)}" for t in tables)
+        return int(self.config.run(f"SELECT sum(n) FROM ({union})", doing="counting")[0][0])
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        try:
+            if plan.load_mode != "append":
+                self._swap_in(plan, results)
+        finally:
+            guard.release(self.options.run_id)
+
+    def _swap_in(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        conf, own = self.config, plan.own
+        stage = plan.write_target
+        parts = self._staged_tables(plan)
+        conf.run(f"DROP TABLE IF EXISTS {self._q(stage)}", own.create.format(table=self._q(stage)), doing=f"load_mode={plan.load_mode}")
+        try:
+            for table in parts.values():
+                self._attach(table, stage)
+            held = int(conf.run(f"SELECT count() FROM {self._q(stage)}", doing="counting")[0][0])
+            check_taken(self._q(), held, sum(r.rows for r in results))
+            if plan.load_mode == "create":
+                conf.run(f"RENAME TABLE {self._q(stage)} TO {self._q()}", doing="load_mode=create")
+            else:
+                old = f"{commits.OLD_PREFIX}{self.options.run_id}"
+                conf.run(f"RENAME TABLE {self._q()} TO {self._q(old)}, {self._q(stage)} TO {self._q()}", doing=f"load_mode={plan.load_mode}")
+                conf.run(f"DROP TABLE {self._q(old)}", doing=f"load_mode={plan.load_mode}")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conf.run(f"DROP TABLE IF EXISTS {self._q(stage)}")
+            raise
+        self._drop_parts(plan, parts.values())
+
+    def _drop_parts(self, plan: SinkPlan, tables: Iterable[str]) -> None:
+        once: commits.Once = plan.own.once
+        with contextlib.suppress(ConveyorError):  # best effort: the load is in place (or was refused) already
+            for table in tables:
+                self.config.run(f"DROP TABLE IF EXISTS {self._q(table)}")
+            commits.forget(self.config, once.load_id, once.target)
+
+    def abort(self, plan: SinkPlan) -> None:
+        try:
+            if plan.load_mode != "append":
+                self._drop_parts(plan, self._staged_tables(plan).values())
+                with contextlib.suppress(ConveyorError):
+                    self.config.run(f"DROP TABLE IF EXISTS {self._q(plan.write_target)}")
+        finally:
+            guard.release(self.options.run_id)
+
+    def leftovers(self, remove: bool) -> list[str]:
+        """Conveyor's tables in the target's database; with ``remove``, drop those whose run is gone."""
+        found = commits.stages(self.config)
+        if not remove:
+            return [s.describe() for s in found]
+        dropped = {s.name for s in commits.drop_stale(self.config)}
+        if dropped:
+            warn(f"dropped {len(dropped)} table(s) of runs that are gone; a killed staged load they belonged to loads again in full")
+        return [("dropped " if s.name in dropped else "kept (in use) ") + s.describe() for s in found]
+
+
+class _Sent:
+    """Native blocks of the batches, counted (rows and bytes) as they are sent."""
+
+    def __init__(self) -> None:
+        self.rows = self.bytes = 0
+
+    def blocks(self, batches: Iterable[Any], columns: Sequence[tuple[str, str]]) -> Iterator[bytes]:
+        parsed = [(name, chtypes.parse(typ)) for name, typ in columns]
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            block = native.encode_block(batch, parsed)
+            self.rows += batch.num_rows
+            self.bytes += len(block)
+            yield block
