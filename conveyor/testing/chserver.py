@@ -124,12 +124,12 @@ class ClickHouseServer:
                 time.sleep(0.2)
         raise RuntimeError(f"ClickHouse {self.name} did not answer on port {self.http_port} within {timeout}s")
 
-    def execute(self, *statements: str, data: bytes | None = None) -> list[list[str]]:
-        """Run statements over HTTP; the last one's rows (TSV fields as text)."""
+    def execute(self, *statements: str, data: bytes | None = None, settings: dict[str, str] | None = None) -> list[list[str]]:
+        """Run statements over HTTP (with server ``settings``); the last one's rows (TSV fields as text)."""
         out: list[list[str]] = []
         for stmt in statements:
             last = stmt is statements[-1] and data is not None
-            params = {"database": self.database, **({"query": stmt} if last else {})}
+            params = {"database": self.database, **(settings or {}), **({"query": stmt} if last else {})}
             req = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/?{urllib.parse.urlencode(params)}",
                                          data=data if last else stmt.encode(),  # the statement in the body: no URL length limit
                                          headers={"X-ClickHouse-User": self.user, "X-ClickHouse-Key": self.password})

@@ -13,8 +13,12 @@ like the target) and counted there: the count is what the server stored. Then:
 
 A retry or a resume reads the markers first: a partition ``committed`` (or ``staged``) is not
 written again. A partition whose marker says ``attaching`` with no ``committed`` was stopped between
-the two (the only window, a few milliseconds): whether its ATTACH ran cannot be told from the
-target, so it is refused by name (never written twice, never dropped), with its table kept.
+the two (its task or driver killed: Ray stops a dead driver's tasks). The ATTACH statements run with
+``log_queries=1``, so the server's ``system.query_log`` says which of them finished: the next attempt
+flushes the log, waits for any still running, attaches the partition's parts whose ATTACH never
+finished, and records it. Only where the log cannot tell (no query_log on the server, or a server
+that stopped in the middle of an ATTACH) is the partition refused by name, its table kept: never
+written twice, never dropped.
 
 **The guard.** The driver appends a row to ``_conveyor_runs`` every second (``running``, or
 ``stopping`` after Ctrl-C or SIGTERM). A partition attaches (or marks itself staged) only while its
@@ -177,3 +181,22 @@ def drop_stale(conf: ClickHouseConnConfig) -> list[Stage]:
             conf.run(f"DROP TABLE IF EXISTS {qident(conf.database or 'default')}.{qident(stage.name)}", doing="dropping a stale table")
             dropped.append(stage)
     return dropped
+
+
+def attach_outcomes(conf: ClickHouseConnConfig, source: str, seconds: float = 60) -> dict[str, str]:
+    """{partition id: done | failed | unknown} of the ATTACH statements from ``source`` (a qualified table) the
+    server logged; an id it never logged is absent. Waits (at most ``seconds``) for those still running."""
+    deadline = time.monotonic() + seconds
+    while int(conf.run(f"SELECT count() FROM system.processes WHERE position(query, {literal('FROM ' + source)}) > 0 "
+                       "AND position(query, 'system.processes') = 0", doing="waiting for an ATTACH")[0][0]):
+        if time.monotonic() > deadline:
+            raise TransferError(f"an ATTACH from {source} is still running after {seconds:.0f} s", retriable=True)
+        time.sleep(0.2)
+    conf.run("SYSTEM FLUSH LOGS", doing="flushing the server's query log")
+    rows = conf.run(f"SELECT query, max(type) FROM system.query_log WHERE position(query, {literal('FROM ' + source)}) > 0 "
+                    "AND position(query, 'ATTACH PARTITION ID') > 0 GROUP BY query", doing="reading the server's query log")
+    out = {}
+    for query, kind in rows:
+        part_id = query.split("ATTACH PARTITION ID ", 1)[1].split(" FROM ", 1)[0].strip().strip("'")
+        out[part_id] = {"2": "done", "3": "failed", "4": "failed"}.get(kind, "unknown")
+    return out

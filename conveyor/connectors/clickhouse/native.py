@@ -247,8 +247,7 @@ def _write(arr: Any, ch: ChType, column: str) -> list[bytes]:
         p, s = ch.decimal
         if not pa.types.is_decimal(arr.type) or arr.type.scale != s or arr.type.precision > p:
             arr = _cast(arr, pa.decimal128(max(p, 1), s), column, ch)
-        if arr.null_count:
-            arr = arr.fill_null(pa.scalar(0, pa.int64()).cast(arr.type))
+        arr = _filled(arr)
         wide = np.frombuffer(arr.buffers()[1], np.int64)[2 * arr.offset:2 * (arr.offset + n)].reshape(n, 2)
         width = ch.width
         return [wide.tobytes() if width == 16 else wide[:, 0].astype(f"<i{width}").tobytes()]
@@ -301,7 +300,11 @@ def _filled(arr: Any) -> Any:
         return arr.fill_null(pa.scalar(bytes(typ.byte_width), typ))
     if pa.types.is_boolean(typ):
         return arr.fill_null(False)
-    if pa.types.is_date(typ) or pa.types.is_timestamp(typ) or pa.types.is_decimal(typ):
+    if pa.types.is_decimal(typ):
+        import decimal
+
+        return arr.fill_null(pa.scalar(decimal.Decimal(0), typ))
+    if pa.types.is_date(typ) or pa.types.is_timestamp(typ):
         return arr.fill_null(pa.scalar(0, pa.int32() if pa.types.is_date32(typ) else pa.int64()).cast(typ))
     return arr.fill_null(pa.scalar(0, typ))
 

@@ -13,8 +13,19 @@ from typing import Any
 from conveyor.connectors.clickhouse import commits, native
 from conveyor.connectors.clickhouse import types as chtypes
 from conveyor.connectors.clickhouse.common import ClickHouseConnConfig, literal, qident
-from conveyor.core import (JobOptions, Partition, PrepareRequest, SinkBase, SinkCapabilities, SinkPlan, TargetInfo, WriteStats,
-                           check_partition_rows, check_stored, target_for)
+from conveyor.core import (
+    JobOptions,
+    Partition,
+    PrepareRequest,
+    SinkBase,
+    SinkCapabilities,
+    SinkPlan,
+    TargetInfo,
+    WriteStats,
+    check_partition_rows,
+    check_stored,
+    target_for,
+)
 from conveyor.errors import ConfigError, ConveyorError, SchemaError, TransferError
 from conveyor.kit import guard
 from conveyor.kit.mapping import TargetColumn, map_columns
@@ -183,10 +194,7 @@ class ClickHouseSink(SinkBase):
         if done is not None and (plan.load_mode == "append" or self._exists(table)):
             return WriteStats(key, done, 0, time.perf_counter() - start, already_committed=True)
         if "attaching" in found and plan.load_mode == "append":
-            raise TransferError(f"partition {key}: an earlier attempt was stopped between moving its {found['attaching']:,} rows into "
-                                f"{once.target} and recording it: whether they are there cannot be told", partition=key,
-                                hint=f"check the target; its rows are kept in {table}: attach them (ALTER TABLE ... ATTACH "
-                                     "PARTITION ... FROM) or drop that table, then run again without resume")
+            return self._finish_attach(plan, key, table, found["attaching"], start)
         conf.run(f"DROP TABLE IF EXISTS {self._q(table)}", own.create.format(table=self._q(table)), partition=key,
                  doing=f"creating {table}")
         try:
@@ -213,15 +221,42 @@ class ClickHouseSink(SinkBase):
             conf.run(f"DROP TABLE IF EXISTS {self._q(table)}")
         return WriteStats(key, stored, sent.bytes, time.perf_counter() - start)
 
+    def _finish_attach(self, plan: SinkPlan, key: str, table: str, rows: int, start: float) -> WriteStats:
+        """An earlier attempt was stopped between its ATTACH and its record: the server's query log says which of
+        the partition's parts it moved in; the rest are moved now, then it is recorded (see commits.py)."""
+        once: commits.Once = plan.own.once
+
+        def unknown(why: str) -> TransferError:
+            return TransferError(f"partition {key}: an earlier attempt was stopped while moving its {rows:,} rows into "
+                                 f"{once.target}, and {why}: whether they are there cannot be told", partition=key,
+                                 hint=f"check the target; the rows are kept in {table}: attach them (ALTER TABLE ... ATTACH "
+                                      "PARTITION ... FROM) or drop that table, then run again without resume")
+        if not self._exists(table):
+            raise unknown(f"its table {table} is gone")
+        try:
+            outcomes = commits.attach_outcomes(self.config, self._q(table))
+        except ConveyorError as exc:
+            raise unknown(f"the server's query log cannot say ({exc})") from None
+        if "unknown" in outcomes.values():
+            raise unknown("the server's query log shows an ATTACH that neither finished nor failed")
+        commits.check_running(self.config, once.run_id, key)
+        self._attach(table, self.config.table, key, skip={i for i, o in outcomes.items() if o == "done"})
+        commits.mark(self.config, once, key, "committed", rows)
+        with contextlib.suppress(ConveyorError):
+            self.config.run(f"DROP TABLE IF EXISTS {self._q(table)}")
+        return WriteStats(key, rows, 0, time.perf_counter() - start)
+
     def _exists(self, table: str) -> bool:
         return bool(self.config.run(f"SELECT count() FROM system.tables WHERE database = {literal(self.config.database)} "
                                     f"AND name = {literal(table)}", doing="reading the target")[0][0] != "0")
 
-    def _attach(self, source: str, target: str, key: str | None = None) -> None:
+    def _attach(self, source: str, target: str, key: str | None = None, skip: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        """Each partition of ``source`` into ``target`` (the statements logged: see commits.attach_outcomes)."""
         ids = self.config.run(f"SELECT DISTINCT partition_id FROM system.parts WHERE active AND database = {literal(self.config.database)} "
                               f"AND table = {literal(source)}", doing="listing a partition's parts", partition=key)
-        self.config.run(*[f"ALTER TABLE {self._q(target)} ATTACH PARTITION ID {literal(i[0])} FROM {self._q(source)}" for i in ids]
-                        or ["SELECT 1"], doing=f"moving {source} into {target}", partition=key)
+        steps = [f"ALTER TABLE {self._q(target)} ATTACH PARTITION ID {literal(i[0])} FROM {self._q(source)}" for i in ids if i[0] not in skip]
+        if steps:
+            self.config.run(*steps, doing=f"moving {source} into {target}", partition=key, settings={"log_queries": 1})
 
     def _staged_tables(self, plan: SinkPlan) -> dict[str, str]:
         once: commits.Once = plan.own.once

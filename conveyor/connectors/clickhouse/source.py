@@ -118,8 +118,8 @@ class ClickHouseSource(SqlSource):
             if base.name == "LowCardinality":
                 q = f"CAST({q} AS {ch.inner.text})"
                 base = ch.inner.inner if ch.inner.name == "Nullable" else ch.inner
-            if base.name in ("Enum8", "Enum16"):
-                q, base = f"toString({q})", chtypes.ChType("String")
+            if base.name in ("Enum8", "Enum16"):  # the codes (toString would fail on a NULL's hidden code 0), named in read()
+                q, base = f"toInt16({q})", chtypes.ChType("Int16")
             if base.name == "String":
                 exprs.append(f"toUInt64(ifNull(length({q}), 0)) AS {qident(native.LENGTHS + name)}")
             exprs.append(f"{q} AS {qident(name)}" if q != qident(name) else q)
@@ -139,17 +139,30 @@ class ClickHouseSource(SqlSource):
 
         if self._schema is None:
             self.describe()
-        fields = list(self._schema)
+        enums = self._enums()
+        fields = [pa.field(f.name, pa.int16(), f.nullable) if f.name in enums else f for f in self._schema]
         sql = self.select_sql(part) + " FORMAT Native"
         try:
             with self.config.response(sql, settings={"max_block_size": self.options.batch_size}, doing=f"reading {part.key}",
                                       partition=part.key) as resp:
                 batches = native.blocks(native.Stream(resp), fields)
+                if enums:
+                    batches = (_named(b, enums, self._schema) for b in batches)
                 yield from rebatch(pa.RecordBatchReader.from_batches(self._schema, batches), self.options.batch_size)
         except ConveyorError:
             raise
         except Exception as exc:
             raise self.config.translate(exc, f"reading {part.key}", part.key) from None
+
+    def _enums(self) -> dict[str, tuple[list[str], list[int]]]:
+        out = {}
+        for name, ch in self._cols:
+            base = ch
+            while base.name in ("Nullable", "LowCardinality"):
+                base = base.inner
+            if base.name in ("Enum8", "Enum16"):
+                out[name] = chtypes.enum_names(base)
+        return out
 
     # --- planning --------------------------------------------------------------------------------
 
@@ -200,3 +213,17 @@ class ClickHouseSource(SqlSource):
         if any(isinstance(p, WholeSource) for p in parts) and len(parts) == 1:
             return [int(self._rows(f"SELECT count() FROM {self._relation()}")[0][0])]
         return super().count_rows(parts)
+
+
+def _named(batch: Any, enums: dict[str, tuple[list[str], list[int]]], schema: Any) -> Any:
+    """Enum columns' codes replaced by their names (Arrow compute: an index into the names)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cols = []
+    for f, col in zip(schema, batch.columns):
+        if f.name in enums:
+            names, codes = enums[f.name]
+            col = pc.take(pa.array(names, pa.string()), pc.index_in(col, value_set=pa.array(codes, pa.int16())))
+        cols.append(col)
+    return pa.RecordBatch.from_arrays(cols, schema=schema)

@@ -124,6 +124,12 @@ def arrow_type(ch: ChType, server_zone: str, binary: bool = False) -> Any:
     return None
 
 
+def enum_names(ch: ChType) -> tuple[list[str], list[int]]:
+    """An Enum's names and their codes, from its type's text."""
+    pairs = re.findall(r"'((?:[^'\\]|\\.)*)'\s*=\s*(-?\d+)", ch.text)
+    return [re.sub(r"\\(.)", r"\1", n) for n, _ in pairs], [int(v) for _, v in pairs]
+
+
 def refusal(column: str, ch: ChType) -> SchemaError:
     return SchemaError(f"clickhouse column {column} ({ch.text}): Conveyor has no exact Arrow form for it",
                        hint="cast it in source.query (e.g. toString(...) or arrayStringConcat(...)), or leave the column out")
