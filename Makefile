@@ -38,6 +38,7 @@ test: $(VENV)/.installed-test
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-mariadb.sh
+	bash scripts/ensure-clickhouse.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # the tests that need no server, no Ray and no subprocess of the CLI (unit tests, files, DuckDB, SQLite): under two minutes
@@ -51,6 +52,7 @@ docs: $(VENV)/.installed-test
 bench: $(VENV)/.installed-bench
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-mariadb.sh
+	bash scripts/ensure-clickhouse.sh
 	$(BIN)/python benchmarks/bench.py --sf $(BENCH_SF) $(BENCH_ARGS)
 	$(BIN)/python benchmarks/sync_bench.py --sf $(BENCH_SF)
 

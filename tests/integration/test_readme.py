@@ -71,9 +71,12 @@ def sandbox(tmp_path: Path, tpch_orders: Path) -> Path:
     return box
 
 
-def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders: Path, pg_source, s3, tmp_path: Path) -> None:
+def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders: Path, pg_source, s3, clickhouse_server,
+                                                                    tmp_path: Path) -> None:
     box = sandbox(tmp_path, tpch_orders)
-    env = {"PGHOST": "127.0.0.1", "PGPORT": str(pg_source.port)}
+    env = {"PGHOST": "127.0.0.1", "PGPORT": str(pg_source.port), "CLICKHOUSE_HTTP_PORT": str(clickhouse_server.http_port),
+           "CLICKHOUSE_PASSWORD": clickhouse_server.password}
+    clickhouse_server.execute("DROP TABLE IF EXISTS orders")
     pg_exec(pg_source, "DROP TABLE IF EXISTS orders", "DROP TABLE IF EXISTS orders_copy")
     blocks = [b for b in bash_blocks() if "conveyor submit" not in b and "conveyor new connector" not in b]
     assert len(blocks) >= 5, "the README's and the docs' blocks moved: check this test still runs them"
@@ -86,6 +89,7 @@ def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders:
     con.close()
     assert checksum(pg_source, "orders_copy") == checksum(pg_source, "orders") and checksum(pg_source, "orders")[0] == 15000
     assert ds.dataset(box / "out" / "orders").count_rows() == 15000
+    assert ds.dataset(box / "out" / "ch_orders").count_rows() == 15000  # PostgreSQL -> ClickHouse -> Parquet (docs/clickhouse.md)
     # and the Python blocks, with the same server (the Python API reads PGHOST / PGPORT as the command line does)
     python = python_blocks()
     assert len(python) >= 3, "the README's and the docs' Python blocks moved: check this test still runs them"
@@ -96,13 +100,15 @@ def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders:
     assert ds.dataset(box / "out" / "from_python").count_rows() == 15000
 
 
-def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3, mysql_server, tmp_path: Path) -> None:
+def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3, mysql_server, clickhouse_server, tmp_path: Path) -> None:
     """The commands the shipped pipelines suggest in their comments (on main: parquet_to_duckdb
     without load_mode=create failed, pg_to_pg named hosts that do not exist)."""
     box = sandbox(tmp_path, tpch_orders)
     env = {"PGHOST": "127.0.0.1", "PGPORT": str(pg_source.port), "MYSQL_HOST": "127.0.0.1", "MYSQL_TCP_PORT": str(mysql_server.port),
-           "MYSQL_USER": mysql_server.user, "MYSQL_DATABASE": mysql_server.database, "MYSQL_PWD": mysql_server.password}
+           "MYSQL_USER": mysql_server.user, "MYSQL_DATABASE": mysql_server.database, "MYSQL_PWD": mysql_server.password,
+           "CLICKHOUSE_HTTP_PORT": str(clickhouse_server.http_port), "CLICKHOUSE_PASSWORD": clickhouse_server.password}
     mysql_server.execute("DROP TABLE IF EXISTS orders")
+    clickhouse_server.execute("DROP TABLE IF EXISTS orders")
     pg_exec(pg_source, "DROP TABLE IF EXISTS orders_from_mysql")
     client = s3.client()
     if "bucket" not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
@@ -116,6 +122,7 @@ def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3
     first = ["conveyor run source=parquet source.path='demo-data/orders/*.parquet' sink=duckdb sink.database=my.duckdb "
              "sink.table=orders load_mode=replace runtime=local"]
     order = ["parquet_to_postgres", "pg_to_pg", "postgres_to_parquet", "pg_to_mysql", "mysql_to_pg", "mysql_to_parquet",
+             "pg_to_clickhouse", "clickhouse_to_parquet",
              "parquet_to_duckdb", "duckdb_to_parquet", "s3_parquet_to_postgres"]
     examples.sort(key=lambda e: order.index(e.split()[2].split("=")[1]))
     for command in first + examples:
@@ -126,6 +133,8 @@ def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3
     assert ds.dataset(box / "out" / "from_duckdb").count_rows() == 15000
     assert checksum(pg_source, "orders_from_mysql") == checksum(pg_source, "orders_copy")  # PostgreSQL -> MySQL -> PostgreSQL
     assert ds.dataset(box / "out" / "from_mysql").count_rows() == 15000
+    assert clickhouse_server.execute("SELECT count(), uniqExact(o_orderkey) FROM orders")[0] == ["15000", "15000"]
+    assert ds.dataset(box / "out" / "from_clickhouse").count_rows() == 15000
 
 
 def test_the_readme_connector_template_commands_run_as_written(tmp_path: Path) -> None:

@@ -113,6 +113,8 @@ class ClickHouseSink(SinkBase):
         if mode in ("create", "replace"):
             pairs = [(n, n) for n in schema.names]
             create, columns = self._definition(schema, request)
+            probe = self._q(f"{commits.STAGE_PREFIX}{self.options.run_id}")  # the definition tried before a row moves
+            self.config.run(f"DROP TABLE IF EXISTS {probe}", create.format(table=probe), f"DROP TABLE {probe}", doing=f"load_mode={mode}")
         else:
             engine = self.config.run(f"SELECT engine FROM system.tables WHERE database = {literal(self.config.database)} "
                                      f"AND name = {literal(self.config.table)}", doing="reading the target")[0][0]
@@ -138,7 +140,11 @@ class ClickHouseSink(SinkBase):
         if unknown:
             raise ConfigError(f"sink.order_by: {', '.join(unknown)} is not a column of the source", key="sink.order_by",
                               hint=f"columns are: {', '.join(schema.names)}")
-        columns = tuple((f.name, chtypes.created_type(f, f.name, f.name in key)) for f in schema)
+        # the sorting key and the columns the partition expression names cannot be Nullable: a NULL in them is refused by name
+        import re
+
+        named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", conf.partition_by or "")) | set(key)
+        columns = tuple((f.name, chtypes.created_type(f, f.name, f.name in named)) for f in schema)
         cols = ", ".join(f"{qident(n)} {t}" for n, t in columns)
         order = ", ".join(qident(k) for k in key) or "tuple()"
         part = f" PARTITION BY {conf.partition_by}" if conf.partition_by else ""
@@ -289,7 +295,7 @@ class ClickHouseSink(SinkBase):
                 self._attach(table, stage)
             held = int(conf.run(f"SELECT count() FROM {self._q(stage)}", doing="counting")[0][0])
             check_taken(self._q(), held, sum(r.rows for r in results))
-            if plan.load_mode == "create":
+            if plan.load_mode == "create" or not self._exists(self.config.table):  # (replace of a table that is not there)
                 conf.run(f"RENAME TABLE {self._q(stage)} TO {self._q()}", doing="load_mode=create")
             else:
                 old = f"{commits.OLD_PREFIX}{self.options.run_id}"
