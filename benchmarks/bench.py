@@ -941,10 +941,11 @@ def main() -> int:
     ap.add_argument("--parts", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--groups", default="defaults,pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,recipes,partitioned,merge,"
-                                        "runtime,memory,mysql",
+                                        "runtime,memory,mysql,clickhouse",
                     help="comma-separated: defaults (the shipped pipelines as a user runs them), pg_to_pg, parquet_to_pg, pg_to_parquet, "
                          "duckdb_to_pg, wal_minimal, recipes, partitioned, "
                          "merge (the last three lineitem only), runtime, memory, mysql (MariaDB <-> PostgreSQL), "
+                         "clickhouse (PostgreSQL -> ClickHouse -> Parquet, benchmarks/clickhouse_group.py), "
                          "schema (TPC-H's 8 tables in one job against pg_dump | pg_restore and one job per table; not in the default list), "
                          "awkward (uuid, jsonb, char(n), time, enum, int4[] against the same values in plain types, into Parquet; "
                          "not in the default list), verify (conveyor verify of a table against its Parquet copy; not in the default list)")
@@ -1009,6 +1010,12 @@ def main() -> int:
                     bench.mysql(t, work / t, [d for d in degrees if d <= 2], duck, keys.get(t, "1"))
                 if "verify" in groups:
                     bench.verify(t, max(d for d in degrees if d <= 2))
+                if "clickhouse" in groups:
+                    sys.path.insert(0, str(Path(__file__).parent))
+                    import clickhouse_group  # benchmarks/clickhouse_group.py, beside this script
+
+                    clickhouse_group.run(bench, t, [d for d in degrees if d <= 2], keys.get(t, "1"), work, conveyor,
+                                         lambda pid: _ticks(pid) / os.sysconf("SC_CLK_TCK"))
             if "runtime" in groups:
                 bench.runtime(tables[0], 8)
             if "awkward" in groups:

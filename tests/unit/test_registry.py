@@ -32,6 +32,7 @@ def test_listing_imports_no_plugin_module() -> None:
     ("source", "postgres", "conveyor.connectors.postgres.sink"),
     ("sink", "postgres", "conveyor.connectors.postgres.source"),
     ("source", "mysql", "conveyor.connectors.mysql.sink"),
+    ("source", "clickhouse", "conveyor.connectors.clickhouse.sink"),
     ("sink", "parquet", "conveyor.connectors.files.sources"),
 ])
 def test_loading_a_connector_imports_its_side_only(kind: str, name: str, other: str) -> None:
