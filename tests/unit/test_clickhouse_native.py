@@ -29,6 +29,14 @@ def test_strings_of_every_varint_width_and_nulls() -> None:
     assert got.column("s").to_pylist() == values * 2
 
 
+def test_string_views_are_written_as_strings() -> None:
+    values = ["a", None, "b" * 300]
+    lens = pa.array([len(v or "") for v in values], pa.uint64())
+    batch = pa.record_batch([lens, pa.array(values, pa.string_view())], names=[native.LENGTHS + "s", "s"])
+    got = _roundtrip(batch, ["UInt64", "Nullable(String)"], [pa.field("s", pa.string())])
+    assert got.column("s").to_pylist() == values * 2
+
+
 def test_decimals_arrays_and_uuids() -> None:
     d9 = pa.array([decimal.Decimal("-9.999"), decimal.Decimal("1.5"), None], pa.decimal128(9, 3))
     d18 = pa.array([decimal.Decimal("-999999999999999.999"), decimal.Decimal("0"), decimal.Decimal("1")], pa.decimal128(18, 3))

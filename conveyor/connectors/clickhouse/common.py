@@ -125,8 +125,13 @@ class ClickHouseConnConfig:
             return ConnectError(text, hint=f"is the server's HTTP interface running and reachable at {self.host}:{self.port}?")
         return TransferError(text, partition=partition, retriable=isinstance(exc, OSError) or any(m in msg for m in _RETRIABLE))
 
-    def _connection(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self.secure else http.client.HTTPConnection
+    def _connection(self, plain: bool = False) -> http.client.HTTPConnection:
+        """``plain``: an HTTP/1.0 request, whose reply comes without chunked framing (a reply of rows read in
+        large reads, not parsed chunk by chunk in Python)."""
+        if plain:
+            cls = _Https10 if self.secure else _Http10
+        else:
+            cls = http.client.HTTPSConnection if self.secure else http.client.HTTPConnection
         return cls(self.host or "127.0.0.1", int(self.port or 8123), timeout=self.connect_timeout)
 
     def _target(self, sql: str | None, settings: dict[str, Any] | None) -> str:
@@ -142,7 +147,7 @@ class ClickHouseConnConfig:
     def response(self, sql: str, body: Iterable[bytes] | bytes | None = None, settings: dict[str, Any] | None = None,
                  doing: str = "running SQL", partition: str | None = None) -> Any:
         """The server's reply to ``sql`` (with ``body``: the statement's data, e.g. Native blocks of an INSERT), open."""
-        con = self._connection()
+        con = self._connection(plain=body is None)
         try:
             try:
                 if body is None:  # the statement in the body: no URL length limit
@@ -184,6 +189,16 @@ class ClickHouseConnConfig:
 
     def server_zone(self) -> str:
         return self.run("SELECT timezone()", doing="reading the server's time zone")[0][0]
+
+
+class _Http10(http.client.HTTPConnection):
+    _http_vsn = 10
+    _http_vsn_str = "HTTP/1.0"
+
+
+class _Https10(http.client.HTTPSConnection):
+    _http_vsn = 10
+    _http_vsn_str = "HTTP/1.0"
 
 
 def _unescape(text: str) -> str:

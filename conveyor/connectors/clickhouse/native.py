@@ -28,35 +28,38 @@ _UNIT = {"s": 1, "ms": 1000, "us": 1_000_000, "ns": 1_000_000_000}
 
 
 class Stream:
-    """Exact reads from a byte stream (an HTTP response), buffered."""
+    """Exact reads from a byte stream (an HTTP response), in large reads."""
 
-    def __init__(self, raw: Any, chunk: int = 1 << 20) -> None:
+    def __init__(self, raw: Any, chunk: int = 4 << 20) -> None:
         self.raw, self.chunk = raw, chunk
-        self.buf = bytearray()
+        self.buf = b""
         self.pos = 0
 
     def _fill(self, n: int) -> bool:
-        while len(self.buf) - self.pos < n:
-            more = self.raw.read(max(self.chunk, n - (len(self.buf) - self.pos)))
+        have = len(self.buf) - self.pos
+        if have >= n:
+            return True
+        parts = [self.buf[self.pos:]]
+        while have < n:
+            more = self.raw.read(max(self.chunk, n - have))
             if not more:
-                return False
-            if self.pos:
-                del self.buf[: self.pos]
-                self.pos = 0
-            self.buf += more
-        return True
+                break
+            parts.append(more)
+            have += len(more)
+        self.buf, self.pos = b"".join(parts), 0
+        return have >= n
 
     def at_end(self) -> bool:
         return not self._fill(1)
 
     def peek(self, n: int) -> bytes:
         self._fill(n)
-        return bytes(self.buf[self.pos:self.pos + n])
+        return self.buf[self.pos:self.pos + n]
 
     def read(self, n: int) -> bytes:
         if not self._fill(n):
             raise TransferError("clickhouse: the server's reply ended in the middle of a block (connection lost?)", retriable=True)
-        out = bytes(self.buf[self.pos:self.pos + n])
+        out = self.buf[self.pos:self.pos + n]
         self.pos += n
         return out
 
@@ -80,7 +83,8 @@ def blocks(stream: Stream, fields: list[Any]) -> Iterator[Any]:
     schema = pa.schema(fields)
     while not stream.at_end():
         if stream.peek(6) == b"Code: ":  # the server failed after the reply had started: its exception text follows
-            raise TransferError("clickhouse: " + stream.read(len(stream.buf) - stream.pos).decode(errors="replace").strip())
+            stream._fill(1 << 16)
+            raise TransferError("clickhouse: " + stream.buf[stream.pos:stream.pos + (1 << 16)].decode(errors="replace").strip())
         ncols, nrows = stream.varint(), stream.varint()
         arrays, lengths, at = [], None, 0
         for _ in range(ncols):
@@ -147,9 +151,13 @@ def _read(stream: Stream, ch: ChType, n: int, typ: Any, lengths: np.ndarray | No
 
 
 def _varint_sizes(lengths: np.ndarray) -> np.ndarray:
+    """Bytes of each length's varint (7 bits a byte)."""
     sizes = np.ones(len(lengths), np.int64)
-    for bits in (7, 14, 21, 28, 35, 42, 49, 56, 63):
+    top = int(lengths.max()) if len(lengths) else 0
+    bits = 7
+    while bits < 64 and top >= (1 << bits):  # only as many passes as the longest value needs (usually none)
         sizes += lengths >= (1 << bits)
+        bits += 7
     return sizes
 
 
@@ -222,6 +230,8 @@ def _write(arr: Any, ch: ChType, column: str) -> list[bytes]:
         arr = arr.storage
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
+    if pa.types.is_string_view(arr.type) or pa.types.is_binary_view(arr.type):  # views: the offsets layout, large enough
+        arr = arr.cast(pa.large_string() if pa.types.is_string_view(arr.type) else pa.large_binary())
     n = len(arr)
     if ch.name == "Nullable":
         nulls = np.asarray(arr.is_null(), dtype=np.uint8) if arr.null_count else np.zeros(n, np.uint8)

@@ -164,7 +164,8 @@ def _created(typ: Any, column: str) -> str:
         return "UInt8"
     if t.is_decimal128(typ):
         return f"Decimal({typ.precision}, {typ.scale})"
-    if t.is_string(typ) or t.is_large_string(typ) or t.is_binary(typ) or t.is_large_binary(typ):
+    if (t.is_string(typ) or t.is_large_string(typ) or t.is_binary(typ) or t.is_large_binary(typ) or t.is_string_view(typ)
+            or t.is_binary_view(typ)):
         return "String"
     if t.is_fixed_size_binary(typ):
         return f"FixedString({typ.byte_width})"
