@@ -401,3 +401,62 @@ def test_create_makes_columns_for_uuid_time_and_json_and_leaves_no_staging_label
     m.execute("ALTER TABLE to_my2 COMMENT = 'kept''s'")
     job(src, _my(m, table="to_my2"), load_mode="replace")
     assert m.execute(comment) == [("kept's",)] and not _leftovers(m)
+
+
+# --- MySQL -> PostgreSQL as COPY text lines (conveyor/connectors/mysql/textcopy.py) -----------------------
+
+
+@pytest.fixture(scope="module")
+def text_types(types_table):
+    """The types table less its FLOAT, DOUBLE and BIT columns (whose MySQL text is not exact): every column can travel as text."""
+    m = types_table
+    m.execute("DROP TABLE IF EXISTS types_text", "CREATE TABLE types_text AS SELECT id, ti, tu, bo, si, mi, bi, bu, d, d38, d65, c, vc, vb, "
+              "tx, bl, dt, dtm, ts, tm, yr, js, en, st FROM types",
+              "INSERT INTO types_text (id, tx, vc, bl) VALUES (4, CONCAT('tab', CHAR(9), 'cr', CHAR(13), 'lf', CHAR(10), 'bs', CHAR(92), "
+              "'N', CHAR(92), 'N'), '\\\\N', X'5c4e0a09')")
+    return m
+
+
+def test_mysql_to_postgres_passes_text_lines_through_and_they_equal_the_arrow_paths(text_types, pg_target) -> None:
+    """The same table through the pass-through and through Arrow batches: PostgreSQL holds the same rows, value
+    for value (escapes, a literal \\N, NULLs, bytes, wide decimals, times past 24 h, the unsigned maximum)."""
+    m = text_types
+    pg_exec(pg_target, "DROP TABLE IF EXISTS my_text_pass", "DROP TABLE IF EXISTS my_text_arrow")
+    sink = {"type": "postgres", "port": pg_target.port}
+    passed = job(_my(m, table="types_text"), {**sink, "table": "my_text_pass"}, load_mode="create", strategy="rangeid",
+                 strategy_params={"distribute_key": "id", "partitions": 2}, degree=2)
+    assert passed.sink_plan.native == "pgcopy-text", passed.sink_plan.path
+    arrow = job(_my(m, table="types_text"), {**sink, "table": "my_text_arrow", "copy_path": "arrow"}, load_mode="create")
+    assert arrow.sink_plan.native is None
+    assert pg_exec(pg_target, "SELECT count(*) FROM my_text_pass")[0][0] == 4
+    for a, b in (("my_text_pass", "my_text_arrow"), ("my_text_arrow", "my_text_pass")):
+        assert pg_exec(pg_target, f"SELECT count(*) FROM (SELECT * FROM {a} EXCEPT ALL SELECT * FROM {b}) d")[0][0] == 0, (a, b)
+    assert pg_exec(pg_target, "SELECT tx, vc, encode(bl, 'hex'), bu::text FROM my_text_pass WHERE id IN (1, 4) ORDER BY id") == [
+        ("line\nbreak \"q\" 's' \\ back", "héllo 🦆", "00ff00", "18446744073709551615"),
+        ("tab\tcr\rlf\nbs\\N\\N", "\\N", "5c4e0a09", None)]
+
+
+def test_the_pass_through_is_not_taken_where_text_is_not_exact_or_a_length_is_checked(types_table, text_types, pg_target) -> None:
+    m = types_table
+    pg_exec(pg_target, "DROP TABLE IF EXISTS my_float", "DROP TABLE IF EXISTS my_narrow",
+            "CREATE TABLE my_narrow (id int, vc varchar(20))")
+    floats = job(_my(m, query="SELECT id, f, db FROM types"), {"type": "postgres", "port": pg_target.port, "table": "my_float"},
+                 load_mode="create")
+    assert floats.sink_plan.native is None and "column f (float)" in floats.sink_plan.path, floats.sink_plan.path
+    narrow = job(_my(m, query="SELECT id, vc FROM types_text"), {"type": "postgres", "port": pg_target.port, "table": "my_narrow"},
+                 load_mode="append")
+    assert narrow.sink_plan.native is None and "length is checked" in narrow.sink_plan.path, narrow.sink_plan.path
+
+
+def test_a_zero_date_in_the_pass_through_is_refused_by_its_column_or_read_as_null(mysql_server, pg_target) -> None:
+    m = mysql_server
+    m.execute("DROP TABLE IF EXISTS zeroes_pg", "CREATE TABLE zeroes_pg (id INT, d DATE)", "SET SESSION sql_mode = ''",
+              "INSERT INTO zeroes_pg VALUES (1, '2024-01-01'), (2, '0000-00-00')")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS my_zero", "CREATE TABLE my_zero (id int, d date)")
+    sink = {"type": "postgres", "port": pg_target.port, "table": "my_zero"}
+    with pytest.raises(ConveyorError, match=r"mysql column d holds a zero date"):
+        job(_my(m, table="zeroes_pg"), sink, load_mode="append")
+    assert pg_exec(pg_target, "SELECT count(*) FROM my_zero")[0][0] == 0
+    report = job(_my(m, table="zeroes_pg", zero_dates="null"), sink, load_mode="append")
+    assert report.sink_plan.native == "pgcopy-text"
+    assert pg_exec(pg_target, "SELECT id, d FROM my_zero ORDER BY id") == [(1, __import__("datetime").date(2024, 1, 1)), (2, None)]

@@ -17,10 +17,12 @@ SET (as text). Values DuckDB cannot hold are refused by name, never changed (``_
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.connectors.mysql import textcopy
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, _duck_connection, qident
 from conveyor.core import JobOptions, Partition, SourceInfo
 from conveyor.errors import ConveyorError, SchemaError, TransferError
@@ -153,7 +155,14 @@ class MySqlSource(SqlSource):
         self._schema = pa.schema([pa.field(c.name, _arrow_type(c, f.type)) for c, f in zip(self._cols, raw)])
         label = f"mysql table {conf.database}.{conf.table}" if conf.table else "mysql query"
         return SourceInfo(schema=self._schema, label=label, estimated_rows=estimate, estimated_bytes=size,
-                          reader="Arrow batches decoded by DuckDB's mysql extension")
+                          reader="Arrow batches decoded by DuckDB's mysql extension", native=textcopy.offer(self._cols))
+
+    def export_native(self, part: Partition, columns: tuple[str, ...]) -> contextlib.AbstractContextManager[Any]:
+        """The partition as lines of PostgreSQL's COPY text, written by the server (``textcopy.py``)."""
+        if self._schema is None:
+            self.describe()
+        sql = textcopy.select_sql(self._cols, columns, self._from(), self._predicate(part)[0], self.config.zero_dates or "error")
+        return textcopy.export(self.config, sql, part.key)
 
     def select_sql(self, part: Partition | None, limit0: bool = False) -> str:
         where = "" if part is None else self._predicate(part)[0]

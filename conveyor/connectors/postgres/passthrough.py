@@ -50,6 +50,8 @@ from conveyor.core import NativeExport, NativeStream, cancel_requested
 from conveyor.errors import Cancelled, SchemaError, TransferError
 
 FORMAT = "pgcopy-binary"
+#: a MySQL source's rows as lines of COPY's text format (conveyor/connectors/mysql/textcopy.py)
+TEXT_FORMAT = "pgcopy-text"
 CHUNK = 1 << 20
 #: where psql could interpolate one of its variables: a colon (not one of "::") before a letter,
 #: an underscore, a non-ASCII byte, a quote or a brace (``:NAME``, ``:'NAME'``, ``:"NAME"``,
@@ -172,6 +174,8 @@ def negotiate(native: NativeExport | None, pairs: Sequence[tuple[str, str]], tar
     identical column types; ``copy_path=passthrough`` refuses anything else, ``arrow`` never asks."""
     if copy_path == "arrow":
         return None, "arrow: copy_path=arrow"
+    if native is not None and native.dialect == "mysql":
+        return _negotiate_text(native, pairs, targets, copy_path)
     src = source_columns(native)
     why = None
     if not src or native is None:
@@ -195,6 +199,22 @@ def negotiate(native: NativeExport | None, pairs: Sequence[tuple[str, str]], tar
             return FORMAT, ("pass-through: PostgreSQL binary COPY stream, same column types; typmods differ "
                             f"(each value checked by PostgreSQL): {', '.join(differ)}")
         return FORMAT, "pass-through: PostgreSQL binary COPY stream, identical column types"
+    if copy_path == "passthrough":
+        raise SchemaError(f"copy_path=passthrough is not possible: {why}", hint="use sink.copy_path=auto or arrow")
+    return None, f"arrow: {why}"
+
+
+def _negotiate_text(native: NativeExport, pairs: Sequence[tuple[str, str]], targets: Sequence[PgColumn],
+                    copy_path: str) -> tuple[str | None, str]:
+    """A MySQL source's COPY text lines (``mysql/textcopy.py``): taken where the target reads each value as the Arrow
+    path would write it (the cast policy judged the columns already); not into a length-limited column, whose
+    values the Arrow path checks one by one (PostgreSQL would cut a longer value's trailing spaces)."""
+    why = native.why_not if native.format != TEXT_FORMAT else None
+    for (s, _), t in zip(pairs, targets):
+        if why is None and text_length_limit(None, t) is not None:
+            why = f"column {s} -> {t.type_sql}: each value's length is checked"
+    if why is None:
+        return TEXT_FORMAT, "pass-through: MySQL's rows as COPY text lines, written by the server, read by its client"
     if copy_path == "passthrough":
         raise SchemaError(f"copy_path=passthrough is not possible: {why}", hint="use sink.copy_path=auto or arrow")
     return None, f"arrow: {why}"
@@ -285,11 +305,13 @@ def _last_bytes(f: Any, size: int = 1 << 16) -> bytes:
     return f.read()
 
 
-def relay(con: Any, table: str, columns: Sequence[str], stream: NativeStream, key: str, freeze: bool = False) -> tuple[int, int]:
+def relay(con: Any, table: str, columns: Sequence[str], stream: NativeStream, key: str, freeze: bool = False,
+          fmt: str = FORMAT) -> tuple[int, int]:
     """Forward ``stream`` into ``COPY table FROM STDIN`` on ``con`` (in its transaction): (rows, bytes).
-    ``freeze``: the table was truncated in this transaction, so its rows are written frozen."""
+    ``freeze``: the table was truncated in this transaction, so its rows are written frozen. ``fmt``: the
+    stream's format (binary COPY, or COPY text lines)."""
     nbytes = 0
-    options = "FORMAT binary, FREEZE" if freeze else "FORMAT binary"
+    options = ("FORMAT text" if fmt == TEXT_FORMAT else "FORMAT binary") + (", FREEZE" if freeze else "")
     with con.cursor() as cur:
         with cur.copy(f"COPY {table} ({', '.join(ident(c) for c in columns)}) FROM STDIN ({options})") as cp:
             while chunk := stream.read(CHUNK):

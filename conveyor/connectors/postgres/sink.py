@@ -150,7 +150,7 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
 class PostgresSink(PgChangeApplier, SinkBase):
     config_class = PostgresSinkConfig
     capabilities = SinkCapabilities(transactional=True, load_modes=("truncate", "append", "create", "replace", "merge"),
-                                    native_formats=(passthrough.FORMAT,))
+                                    native_formats=(passthrough.FORMAT, passthrough.TEXT_FORMAT))
 
     def __init__(self, config: PostgresSinkConfig, options: JobOptions) -> None:
         self.config = config
@@ -254,7 +254,8 @@ class PostgresSink(PgChangeApplier, SinkBase):
         con = connect(self.config, partition=part.key)
 
         def relayed() -> tuple[int, int, int | None]:
-            stored, nbytes = passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key, once.freeze)
+            stored, nbytes = passthrough.relay(con, self._qualified(plan.write_target), plan.columns, stream, part.key, once.freeze,
+                                               plan.native or passthrough.FORMAT)
             return stored, nbytes, getattr(stream, "rows", None)  # what the source's COPY said it sent, where it says
 
         try:
