@@ -52,7 +52,7 @@ def run(bench: Any, table: str, degrees: list[int], key: str, work: Path, convey
             return ticks(ch._proc.pid) if ch._proc is not None else 0.0
 
         group = f"pg->clickhouse {table}"
-        jobs = [("baseline psql COPY | clickhouse-client TSV", raw_in, verify, {"method": "pipe", "degree": 1})]
+        jobs = [("baseline psql COPY piped into clickhouse-client TSV", raw_in, verify, {"method": "pipe", "degree": 1})]
         for degree in degrees:
             cfg = {"source": src, "sink": {**conn, "table": dest}, "strategy": {"type": "ctid"}, "load_mode": "append", "degree": degree}
             jobs.append((f"conveyor ctid degree={degree}", lambda c=cfg: conveyor(c), verify, {"method": "ctid", "degree": degree}))
