@@ -114,6 +114,30 @@ def run_mysql_to_parquet(cli, tmp_path, tpch_orders, pg_source, pg_target, reque
     return pq.read_table(tmp_path / "myout").num_rows
 
 
+def _clickhouse_env(request) -> tuple:
+    """The test ClickHouse server, and the variables that point the pipelines at it (the CLI reads them)."""
+    ch = request.getfixturevalue("clickhouse_server")
+    return ch, {"CLICKHOUSE_HTTP_PORT": str(ch.http_port), "CLICKHOUSE_PASSWORD": ch.password}
+
+
+def run_pg_to_clickhouse(cli, tmp_path, tpch_orders, pg_source, pg_target, request=None):
+    ch, env = _clickhouse_env(request)
+    _load_orders_into_source(cli, tpch_orders, pg_source)
+    ch.execute("DROP TABLE IF EXISTS p_orders")
+    res = cli("run", "pipeline=pg_to_clickhouse", f"source.port={pg_source.port}", "source.table=orders", "sink.table=p_orders",
+              env=env)
+    assert res.code == 0, res.err
+    return int(ch.execute("SELECT count() FROM p_orders")[0][0])
+
+
+def run_clickhouse_to_parquet(cli, tmp_path, tpch_orders, pg_source, pg_target, request=None):
+    ch, env = _clickhouse_env(request)
+    run_pg_to_clickhouse(cli, tmp_path, tpch_orders, pg_source, pg_target, request)
+    res = cli("run", "pipeline=clickhouse_to_parquet", "source.table=p_orders", f"sink.path={tmp_path}/chout", env=env)
+    assert res.code == 0, res.err
+    return pq.read_table(tmp_path / "chout").num_rows
+
+
 def test_every_pipeline_has_a_run() -> None:
     assert PIPELINES and all(f"run_{name}" in globals() for name in PIPELINES), PIPELINES
 
