@@ -269,11 +269,6 @@ def _markers(ch, table: str, state: str) -> int:
                           "AND at >= now() - 60")[0][0])
 
 
-def _wait_for_insert(ch, seconds: float = 90) -> None:
-    wait_until(lambda: ch.execute("SELECT count() FROM system.processes WHERE query LIKE 'INSERT INTO %_conveyor_part_%'")[0][0] != "0",
-               "an INSERT into a partition's table", seconds)
-
-
 def _wait_until_idle(ch, seconds: float = 90) -> None:
     wait_quiet(lambda: int(ch.execute("SELECT count() FROM system.processes WHERE query LIKE '%_conveyor_part_%' "
                                       "AND query NOT LIKE '%system.processes%'")[0][0]), seconds)
@@ -286,19 +281,20 @@ def _run_args(pg_source, ch, table: str, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["local", "ray"])
 def test_driver_killed_mid_load_then_resumed_is_exact(ch, pg_source, tmp_path: Path, kind: str, request) -> None:
-    _fresh(ch, "ch_killed")
-    args = _run_args(pg_source, ch, "ch_killed", "degree=2", "strategy.partitions=8", *runtime_args(kind, request))
+    target = f"ch_killed_{kind}"  # (markers of another test's run into the same name would end the wait early)
+    _fresh(ch, target)
+    args = _run_args(pg_source, ch, target, "degree=2", "strategy.partitions=40", "batch_size=1000", *runtime_args(kind, request))
     proc = popen_run(args, tmp_path, "first")
-    _wait_for_insert(ch)
-    time.sleep(0.3)
-    proc.kill()  # no handler, no report, no manifest update
+    wait_until(lambda: _markers(ch, target, "committed") > 0, "a committed partition", 90)  # rows are moving (a poll for a
+    proc.kill()  # running INSERT missed every one of a fast run's): no handler, no report, no manifest update
     proc.communicate(timeout=30)
     _wait_until_idle(ch)
+    assert _markers(ch, target, "committed") < 40, "the run ended before the kill: it tests nothing"
     res = subprocess.run([str(BIN / "conveyor"), *args, f"resume={tmp_path}/first", f"hydra.run.dir={tmp_path}/second"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "resume:" in res.stderr
-    assert _content(ch, "ch_killed") == EXACT
+    assert _content(ch, target) == EXACT
 
 
 @pytest.mark.parametrize("kind", ["local", "ray"])
