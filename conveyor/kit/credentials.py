@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from conveyor.errors import ConfigError
+from conveyor.errors import ConfigError, scrub_value
 
 
 def fill_from_env(conf: Any, defaults: Mapping[str, tuple[str, str]]) -> None:
@@ -40,3 +40,19 @@ def read_password(password_env: str | None, password_file: str | None, client_de
         raise ConfigError(f"password_env: the environment variable {password_env} is not set",
                           key="password_env", hint=f"export {password_env}=..., or use password_file")
     return value
+
+
+class ScrubsPassword:
+    """``scrub(text)``: ``text`` with the connection's password (its ``password()``) masked where it stands as
+    a value; a password that cannot be read (its variable unset) leaves the text as it is."""
+
+    def password(self) -> str | None:
+        raise NotImplementedError
+
+    def scrub(self, text: str) -> str:
+        try:
+            pw = self.password()
+        except ConfigError:
+            return text
+        return scrub_value(text, pw)
+

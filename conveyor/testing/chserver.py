@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -22,7 +21,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from conveyor.testing.pgserver import free_port
+from conveyor.testing.pgserver import discard, free_port
 
 CONFIG_DIR = Path("/etc/clickhouse-server")
 
@@ -139,16 +138,8 @@ class ClickHouseServer:
         return out
 
     def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.send_signal(signal.SIGKILL)  # a throwaway: no shutdown work worth waiting for
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-            self._proc = None
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
-            self.root = None
+        discard(self._proc, self.root)
+        self._proc, self.root = None, None
 
     def __enter__(self) -> ClickHouseServer:
         return self.start()

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conveyor.testing.pgserver import free_port
+from conveyor.testing.pgserver import discard, free_port
 
 
 def _binary(*names: str) -> str:
@@ -101,16 +100,8 @@ class MySqlServer:
         raise RuntimeError(f"MariaDB {self.name} did not accept connections on port {self.port} within {timeout}s")
 
     def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.send_signal(signal.SIGKILL)  # a throwaway: no shutdown work worth waiting for
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-            self._proc = None
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
-            self.root = None
+        discard(self._proc, self.root)
+        self._proc, self.root = None, None
 
     def connect(self, **kw):  # a pymysql connection, for tests' SQL
         import pymysql

@@ -8,16 +8,19 @@ Debian's package), otherwise as the current user.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def find_bindir() -> Path:
@@ -32,6 +35,16 @@ def find_bindir() -> Path:
     if initdb:
         return Path(initdb).parent
     raise RuntimeError("PostgreSQL server binaries not found: run scripts/ensure-postgres.sh (make test does)")
+
+
+def discard(proc: Any, root: Any) -> None:
+    """A throwaway server's process killed (no shutdown work worth waiting for) and its folder removed."""
+    if proc is not None:
+        proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def free_port() -> int:

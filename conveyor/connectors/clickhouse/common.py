@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
-from conveyor.kit.credentials import fill_from_env, read_password
+from conveyor.errors import ConnectError, ConveyorError, SchemaError, TransferError, first_line
+from conveyor.kit.credentials import ScrubsPassword, fill_from_env, read_password
 from conveyor.kit.sql import Dialect
 
 _CH_ENV = {"host": ("CLICKHOUSE_HOST", "127.0.0.1"), "port": ("CLICKHOUSE_HTTP_PORT", "8123"), "user": ("CLICKHOUSE_USER", "default"),
@@ -70,7 +70,7 @@ CH_DIALECT = ClickHouseDialect()
 
 
 @dataclass
-class ClickHouseConnConfig:
+class ClickHouseConnConfig(ScrubsPassword):
     ENVIRONMENT_KEYS: ClassVar[tuple[str, ...]] = tuple(_CH_ENV)
 
     #: null: $CLICKHOUSE_HOST, else 127.0.0.1
@@ -102,19 +102,11 @@ class ClickHouseConnConfig:
     def where(self) -> str:
         return f"clickhouse {self.user}@{self.host}:{self.port}/{self.database}"
 
-    def scrub(self, text: str) -> str:
-        try:
-            pw = self.password()
-        except ConfigError:
-            return text
-        return scrub_value(text, pw)
-
     def translate(self, exc: BaseException, doing: str, partition: str | None = None) -> ConveyorError:
         """A server or network error as one Conveyor error, classified and scrubbed of the password."""
         if isinstance(exc, ConveyorError):
             return exc
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-        msg = self.scrub(lines[0]).replace("e.displayText() = ", "")
+        msg = self.scrub(first_line(exc)).replace("e.displayText() = ", "")
         text = f"{self.where()}: {doing}: {msg}"
         if "Code: 516" in msg or "Code: 192" in msg or "Code: 193" in msg or "Authentication failed" in msg or "Wrong password" in msg:
             return ConnectError(text, hint=f"check the user and the password in ${self.password_env or 'CLICKHOUSE_PASSWORD'} "

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError
 from conveyor.kit import duckext
-from conveyor.kit.credentials import fill_from_env, read_password
+from conveyor.kit.credentials import ScrubsPassword, fill_from_env, read_password
 from conveyor.kit.merge import MergeOptions
 from conveyor.kit.sql import Dialect
 
@@ -26,7 +26,7 @@ def qident(name: str) -> str:
 
 
 @dataclass
-class MySqlConnConfig:
+class MySqlConnConfig(ScrubsPassword):
     ENVIRONMENT_KEYS: ClassVar[tuple[str, ...]] = tuple(_MY_ENV)
 
     #: null: $MYSQL_HOST, else 127.0.0.1
@@ -55,13 +55,6 @@ class MySqlConnConfig:
 
     def where(self) -> str:
         return f"mysql {self.user}@{self.host}:{self.port}/{self.database}"
-
-    def scrub(self, text: str) -> str:
-        try:
-            pw = self.password()
-        except ConfigError:
-            return text
-        return scrub_value(text, pw)
 
     def translate(self, exc: BaseException, doing: str, partition: str | None = None) -> ConveyorError:
         """A driver error as one Conveyor error, classified and scrubbed of the password."""
