@@ -1,0 +1,1 @@
+"""Lakehouse tables: Apache Iceberg (pyiceberg) and Delta Lake (deltalake) sources and sinks."""

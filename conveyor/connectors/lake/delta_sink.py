@@ -1,0 +1,324 @@
+"""The Delta Lake sink (``sink=delta``): each task writes its partition with ``write_deltalake`` as one commit
+carrying an application transaction id (``txn``) of the load and partition, so a retried or resumed partition
+is never committed twice; truncate / create / replace write into a stage table inside the target's folder,
+whose files are made the target's content in one commit at the end. See docs/delta.md."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.connectors.lake.common import LOAD, PARTITION, Beat, Counted, app_id, failed, live_runs, secret_values
+from conveyor.connectors.lake.types import conform, written_schema, written_type
+from conveyor.core import (
+    JobOptions,
+    Partition,
+    PrepareRequest,
+    SinkBase,
+    SinkCapabilities,
+    SinkPlan,
+    TargetInfo,
+    WriteStats,
+    check_partition_rows,
+    check_stored,
+    target_for,
+)
+from conveyor.errors import ConfigError, SchemaError, TransferError
+from conveyor.kit import fs as fs_util
+from conveyor.kit.mapping import TargetColumn, map_columns
+from conveyor.kit.staged import check_mode, check_taken
+from conveyor.log import warn
+
+STAGE = "conveyor-stage-"
+
+
+@dataclass
+class DeltaSinkConfig:
+    #: the table's folder: a local path or s3://bucket/path (a template with {table} / {schema} for several tables)
+    path: str = ""
+    #: delta-rs storage options (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...; unset: the environment's)
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    #: create / replace: partition columns
+    partition_by: list[str] = field(default_factory=list)
+    #: create / replace: table configuration (delta.* properties)
+    configuration: dict[str, Any] = field(default_factory=dict)
+    #: source columns whose values may change type by Arrow's safe cast (the cast policy's overrides)
+    allow_cast: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("path: name the table's folder")
+
+    def where(self) -> str:
+        return f"delta table {self.path}"
+
+    def storage(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self.storage_options.items()}
+
+    def fsspec_options(self) -> dict[str, Any]:
+        s = {k.upper(): v for k, v in self.storage().items()}
+        out: dict[str, Any] = {}
+        for src, dst in (("AWS_ENDPOINT_URL", "endpoint_url"), ("AWS_ACCESS_KEY_ID", "key"), ("AWS_SECRET_ACCESS_KEY", "secret")):
+            if src in s:
+                out[dst] = s[src]
+        return out
+
+
+def _deltalake() -> Any:
+    try:
+        import deltalake
+    except ImportError:
+        raise ConfigError("the Delta Lake connector needs deltalake", hint="pip install 'conveyor[delta]'") from None
+    return deltalake
+
+
+def open_table(path: str, storage: dict[str, str], version: int | None = None) -> Any | None:
+    dl = _deltalake()
+    if not dl.DeltaTable.is_deltatable(path, storage):
+        return None
+    return dl.DeltaTable(path, version=version, storage_options=storage)
+
+
+def commits_of(table: Any, load: str) -> dict[str, int]:
+    """{partition: rows it added} of this load's commits, from the table's history (commitInfo)."""
+    out = {}
+    for entry in table.history():
+        if entry.get(LOAD) == load and PARTITION in entry:
+            out[entry[PARTITION]] = int((entry.get("operationMetrics") or {}).get("num_added_rows", 0))
+    return out
+
+
+class DeltaSink(SinkBase):
+    """A commit per partition with its transaction id (append), or a stage table swapped in at the end."""
+
+    config_class = DeltaSinkConfig
+    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace"))
+
+    def __init__(self, config: DeltaSinkConfig, options: JobOptions) -> None:
+        self.config = config
+        self.options = options
+        self._beat: Beat | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # the catalog's connections and the driver's beat stay where they were made
+        return {**self.__dict__, "_beat": None} | ({"_catalog": None} if "_catalog" in self.__dict__ else {})
+
+    def for_target(self, schema: str, table: str, options: JobOptions) -> DeltaSink:
+        return DeltaSink(dataclasses.replace(self.config, path=target_for(self.config.path, schema, table, "sink.path")), options)
+
+    def _stage(self) -> str:
+        return f"{self.config.path.rstrip('/')}/{STAGE}{self.options.load}"
+
+    def describe_target(self, request: PrepareRequest) -> TargetInfo:
+        mode = self.options.load_mode
+        path = ("one commit per partition (write_deltalake, with the partition's transaction id)" if mode == "append" else
+                "each partition committed into a stage table in the target's folder, its files made the target's in one commit at the end")
+        return TargetInfo(label=self.config.where(), checks_before_commit=mode == "append", path=path)
+
+    def prepare(self, request: PrepareRequest) -> SinkPlan:
+        conf, mode, where = self.config, self.options.load_mode, self.config.where()
+        existing = open_table(conf.path, conf.storage())
+        check_mode(mode, existing is not None, where)
+        schema = request.schema
+        if mode in ("create", "replace"):
+            pairs = [(n, n) for n in schema.names]
+            arrow = written_schema(schema, "delta")
+            unknown = [c for c in conf.partition_by if c not in schema.names]
+            if unknown:
+                raise ConfigError(f"sink.partition_by: {', '.join(unknown)} is not a column of the source", key="sink.partition_by")
+            partition_by = list(conf.partition_by)
+        else:
+            arrow = _arrow(existing.schema())
+            target = [TargetColumn(f.name, str(f.type), f.nullable) for f in arrow]
+            pairs = map_columns(schema.names, target, self.options.map_method, where, self.options.schema_drift)
+            self._check_casts(pairs, schema, arrow)
+            partition_by = list(existing.metadata().partition_columns)
+        import pyarrow as pa
+
+        arrow = pa.schema([arrow.field(t) for _, t in pairs])
+        write_target = conf.path
+        if mode != "append":
+            write_target = self._stage()
+            if open_table(write_target, conf.storage()) is None:
+                try:
+                    _deltalake().DeltaTable.create(write_target, schema=arrow, partition_by=partition_by or None, mode="error",
+                                                   storage_options=conf.storage())
+                except Exception as exc:
+                    raise failed(f"{where}: creating its stage table", exc, secret_values(conf.storage_options)) from None
+        self._beat = Beat(conf.path, self.options.run_id, conf.fsspec_options())
+        return SinkPlan(target=where, write_target=write_target, load_mode=mode, columns=tuple(t for _, t in pairs),
+                        source_columns=tuple(s for s, _ in pairs), schema=schema, rows_before=None if mode == "append" else 0,
+                        checks_before_commit=mode == "append", own=(arrow, partition_by))
+
+    def _check_casts(self, pairs: list[tuple[str, str]], schema: Any, fields: Any) -> None:
+        from conveyor.kit.casts import ColumnType, check_casts
+
+        sources = [ColumnType(written_type(schema.field(s).type, "delta", s)) for s, _ in pairs]
+        targets = [ColumnType(fields.field(t).type, sql=str(fields.field(t).type)) for _, t in pairs]
+        check_casts(pairs, sources, targets, self.config.where(), self.config.allow_cast, engine="Arrow")
+
+    # --- the tasks -------------------------------------------------------------------------------
+
+    def committed(self, plan: SinkPlan) -> dict[str, int] | None:
+        table = open_table(plan.write_target, self.config.storage())
+        return {} if table is None else commits_of(table, self.options.load)
+
+    def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+        import pyarrow as pa
+
+        dl = _deltalake()
+        start, key, conf = time.perf_counter(), part.key, self.config
+        arrow, _ = plan.own
+        where, txn = conf.where(), app_id(self.options.load, key)
+        table = open_table(plan.write_target, conf.storage())
+        if table is None:
+            raise TransferError(f"{where}: {plan.write_target} is gone", partition=key, hint="run again without resume")
+        if table.transaction_version(txn) is not None:
+            return WriteStats(key, commits_of(table, self.options.load).get(key, 0), 0, time.perf_counter() - start, already_committed=True)
+
+        def before_commit(rows: int) -> None:  # raised inside the stream: write_deltalake commits nothing then
+            check_partition_rows(where, key, plan.expecting, rows)
+
+        sent = Counted(batches, lambda b: conform(b.select(list(plan.source_columns)), arrow, where), before_commit)
+        props = dl.CommitProperties(custom_metadata={LOAD: self.options.load, PARTITION: key},
+                                    app_transactions=[dl.Transaction(txn, 1)])
+        try:
+            dl.write_deltalake(table, pa.RecordBatchReader.from_batches(arrow, iter(sent)), mode="append", commit_properties=props)
+        except Exception as exc:
+            if sent.error is not None:  # the source's error, or a check of ours, raised inside the stream
+                raise sent.error from None
+            raise failed(f"{where}: writing partition {key}", exc, secret_values(conf.storage_options), partition=key) from None
+        table.update_incremental()
+        stored = commits_of(table, self.options.load).get(key)
+        check_stored(where, key, sent.rows, stored)
+        return WriteStats(key, stored or 0, sent.bytes, time.perf_counter() - start)
+
+    def target_rows(self, plan: SinkPlan) -> int:
+        table = open_table(plan.write_target, self.config.storage())
+        return 0 if table is None else int(table.count())
+
+    def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        try:
+            if plan.load_mode != "append":
+                self._swap_in(plan, results)
+        finally:
+            self._stop()
+
+    def _swap_in(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        """The stage's files become the target's content in one commit (the stage's own log is then removed)."""
+        import pyarrow as pa
+
+        dl = _deltalake()
+        from deltalake.transaction import AddAction, create_table_with_add_actions
+
+        conf, where = self.config, self.config.where()
+        stage = open_table(plan.write_target, conf.storage())
+        _, partition_by = plan.own
+        adds = pa.table(stage.get_add_actions(flatten=True)).to_pylist()
+        check_taken(where, sum(int(a["num_records"] or 0) for a in adds), sum(r.rows for r in results))
+        prefix = plan.write_target.rsplit("/", 1)[-1]
+        actions = [AddAction(path=f"{prefix}/{a['path']}", size=a["size_bytes"], partition_values=_partition_values(a, partition_by),
+                             modification_time=_millis(a["modification_time"]), data_change=True,
+                             stats=json.dumps({"numRecords": int(a["num_records"] or 0)})) for a in adds]
+        props = dl.CommitProperties(custom_metadata={LOAD: self.options.load, "conveyor.operation": plan.load_mode})
+        target = open_table(conf.path, conf.storage())
+        try:
+            if target is None:
+                create_table_with_add_actions(conf.path, stage.schema(), actions, mode="error", partition_by=partition_by or None,
+                                              configuration={str(k): str(v) for k, v in conf.configuration.items()} or None,
+                                              storage_options=conf.storage(), commit_properties=props)
+            elif plan.load_mode == "create":
+                raise SchemaError(f"{where} was created by someone else during the load", hint="use load_mode=replace")
+            else:
+                target.create_write_transaction(actions, mode="overwrite", schema=stage.schema(), partition_by=partition_by or None,
+                                                commit_properties=props)
+        except SchemaError:
+            raise
+        except Exception as exc:
+            raise failed(f"{where}: making the load the table's content", exc, secret_values(conf.storage_options)) from None
+        fs, base = fs_util.filesystem(f"{plan.write_target}/_delta_log", conf.fsspec_options())
+        with contextlib.suppress(Exception):
+            fs.rm(base, recursive=True)
+
+    def abort(self, plan: SinkPlan) -> None:
+        try:
+            if plan.load_mode != "append":
+                fs, base = fs_util.filesystem(plan.write_target, self.config.fsspec_options())
+                with contextlib.suppress(Exception):
+                    fs.rm(base, recursive=True)
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._beat is not None:
+            self._beat.close()
+            self._beat = None
+
+    def leftovers(self, remove: bool) -> list[str]:
+        """Stage tables of loads that did not finish, and data files no version of the log refers to (a killed
+        task's); with ``remove``, removed once no load of the table beats (see common.Beat)."""
+        conf = self.config
+        fs, base = fs_util.filesystem(conf.path, conf.fsspec_options())
+        found = []
+        with contextlib.suppress(FileNotFoundError, OSError):
+            for p in fs.ls(base, detail=False):
+                name = p.rstrip("/").rsplit("/", 1)[-1]
+                if name.startswith(STAGE) and fs.exists(f"{p}/_delta_log"):
+                    found.append((f"stage table {fs_util.display(fs, p)}", p, True))
+        table = open_table(conf.path, conf.storage())
+        if table is not None:
+            used = _every_file(table, conf.storage())
+            root = base.rstrip("/")
+            for p in fs.find(base):
+                rel = p[len(root) + 1:]
+                if rel.endswith(".parquet") and not rel.startswith(("_delta_log", STAGE)) and rel not in used:
+                    found.append((f"data file {fs_util.display(fs, p)} (no version of the log refers to it)", p, False))
+        if not remove:
+            return [what for what, _, _ in found]
+        live = live_runs(conf.path, conf.fsspec_options())
+        if live:
+            warn(f"{conf.where()}: run(s) {', '.join(live)} still write to it: nothing removed")
+            return [f"kept (in use) {what}" for what, _, _ in found]
+        for _, p, folder in found:
+            with contextlib.suppress(Exception):
+                fs.rm(p, recursive=folder)
+        return [f"removed {what}" for what, _, _ in found]
+
+
+def _every_file(table: Any, storage: dict[str, str]) -> set[str]:
+    """Every data file (relative path) any version still in the log adds."""
+    import pyarrow as pa
+
+    out: set[str] = set()
+    current = table.version()
+    oldest = min((h.get("version", current) for h in table.history()), default=current)
+    for v in range(oldest, current + 1):
+        with contextlib.suppress(Exception):
+            t = _deltalake().DeltaTable(table.table_uri, version=v, storage_options=storage)
+            out.update(pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist())
+    return out
+
+
+def _arrow(schema: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.schema(schema.to_arrow())
+
+
+def _millis(value: Any) -> int:
+    return value if isinstance(value, int) else int(value.timestamp() * 1000)
+
+
+def _partition_values(action: dict[str, Any], columns: list[str]) -> dict[str, str | None]:
+    out = {}
+    for c in columns:
+        v = action.get(f"partition.{c}")
+        out[c] = None if v is None else (v.isoformat() if hasattr(v, "isoformat") else str(v))
+    return out
+
+
+__all__ = ["DeltaSink", "DeltaSinkConfig", "open_table", "commits_of"]
