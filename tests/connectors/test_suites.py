@@ -402,3 +402,118 @@ class TestClickHouseSource(_ClickHouse, SourceSuite):
 
     def create_source(self, table: str, rows: pa.Table) -> None:
         self.create_table(table, rows, key=True)
+
+
+# --- Iceberg (pyiceberg's SQL catalog on a SQLite file) and Delta Lake, on the local filesystem -------------
+
+
+class _Iceberg:
+    tmp: Path
+
+    def catalog_props(self) -> dict[str, Any]:
+        return {"type": "sql", "uri": f"sqlite:///{self.tmp}/catalog.db", "warehouse": f"file://{self.tmp}/warehouse"}
+
+    def catalog(self) -> Any:
+        from pyiceberg.catalog import load_catalog
+
+        cat = load_catalog("default", **self.catalog_props())
+        cat.create_namespace_if_not_exists("kit")
+        return cat
+
+    def create_table(self, table: str, rows: pa.Table, id_type: pa.DataType = pa.int64(), key: bool = False) -> None:
+        from pyiceberg.schema import Schema
+        from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType
+
+        schema = pa.schema([pa.field("id", id_type, not key), ("name", pa.string()), ("x", pa.float64())])
+        fields = Schema(NestedField(1, "id", IntegerType() if id_type == pa.int32() else LongType(), required=key),
+                        NestedField(2, "name", StringType()), NestedField(3, "x", DoubleType()), identifier_field_ids=[1] if key else [])
+        made = self.catalog().create_table(f"kit.{table}", schema=fields)
+        if rows.num_rows:
+            made.append(rows.cast(schema))
+
+
+class TestIcebergSink(_Iceberg, SinkSuite):
+    sink = "iceberg"
+    modes = ("create", "append", "truncate", "replace", "merge")
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"catalog": self.catalog_props(), "table": f"kit.{target}"}
+
+    def create_target(self, target: str, rows: pa.Table, key: bool) -> None:
+        self.create_table(target, rows, key=key)
+
+    def read_target(self, target: str) -> pa.Table | None:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            got = self.catalog().load_table(f"kit.{target}").scan().to_arrow()
+        except NoSuchTableError:
+            return None
+        return got.select(["id", "name", "x"]).cast(pa.schema([("id", pa.int64()), ("name", pa.string()), ("x", pa.float64())]))
+
+    def narrow_target(self, target: str) -> str | None:
+        self.create_table(target, pa.table({"id": pa.array([], pa.int32()), "name": pa.array([], pa.string()),
+                                            "x": pa.array([], pa.float64())}), pa.int32())
+        return "id"
+
+
+class TestIcebergSource(_Iceberg, SourceSuite):
+    source = "iceberg"
+    strategies = {"files": {}, "none": {}}
+
+    def source_config(self, table: str) -> dict[str, Any]:
+        return {"catalog": self.catalog_props(), "table": f"kit.{table}"}
+
+    def create_source(self, table: str, rows: pa.Table) -> None:
+        self.create_table(table, rows.slice(0, 0))
+        made = self.catalog().load_table(f"kit.{table}")
+        for i in range(3):  # three appends: three data files
+            made.append(rows.slice(i * 1700, 1700).cast(made.schema().as_arrow().remove_metadata()))
+
+
+class _Delta:
+    tmp: Path
+
+    def path(self, table: str) -> str:
+        return str(self.tmp / "delta" / table)
+
+
+class TestDeltaSink(_Delta, SinkSuite):
+    sink = "delta"
+    modes = ("create", "append", "truncate", "replace", "merge")
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"path": self.path(target), "merge_keys": ["id"]}  # a Delta table has no key of its own
+
+    def create_target(self, target: str, rows: pa.Table, key: bool) -> None:
+        from deltalake import write_deltalake
+
+        write_deltalake(self.path(target), rows, mode="error")
+
+    def read_target(self, target: str) -> pa.Table | None:
+        from deltalake import DeltaTable
+
+        if not DeltaTable.is_deltatable(self.path(target)):
+            return None
+        return pa.table(DeltaTable(self.path(target)).to_pyarrow_table()).select(["id", "name", "x"])
+
+    def narrow_target(self, target: str) -> str | None:
+        from deltalake import write_deltalake
+
+        write_deltalake(self.path(target), pa.table({"id": pa.array([], pa.int32()), "name": pa.array([], pa.string()),
+                                                     "x": pa.array([], pa.float64())}), mode="error")
+        return "id"
+
+
+class TestDeltaSource(_Delta, SourceSuite):
+    source = "delta"
+    strategies = {"files": {}, "none": {}}
+
+    def source_config(self, table: str) -> dict[str, Any]:
+        return {"path": self.path(table)}
+
+    def create_source(self, table: str, rows: pa.Table) -> None:
+        from deltalake import write_deltalake
+
+        for i in range(3):
+            write_deltalake(self.path(table), rows.slice(i * 1700, 1700), mode="append")

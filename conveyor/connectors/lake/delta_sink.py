@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.connectors.lake.common import LOAD, PARTITION, Beat, Counted, app_id, failed, live_runs, secret_values
+from conveyor.connectors.files import cursors
+from conveyor.connectors.lake import deltaops
+from conveyor.connectors.lake.common import LOAD, PARTITION, Beat, Counted, app_id, failed, secret_values
+from conveyor.connectors.lake.deltaops import STAGE, arrow_schema, commits_of, open_table
 from conveyor.connectors.lake.types import conform, written_schema, written_type
 from conveyor.core import (
+    CursorState,
     JobOptions,
     Partition,
     PrepareRequest,
@@ -28,17 +31,15 @@ from conveyor.core import (
     check_stored,
     target_for,
 )
-from conveyor.errors import ConfigError, SchemaError, TransferError
+from conveyor.errors import ConfigError, TransferError
 from conveyor.kit import fs as fs_util
+from conveyor.kit import merge as merging
 from conveyor.kit.mapping import TargetColumn, map_columns
-from conveyor.kit.staged import check_mode, check_taken
-from conveyor.log import warn
-
-STAGE = "conveyor-stage-"
+from conveyor.kit.staged import check_mode
 
 
 @dataclass
-class DeltaSinkConfig:
+class DeltaSinkConfig(merging.MergeOptions):
     #: the table's folder: a local path or s3://bucket/path (a template with {table} / {schema} for several tables)
     path: str = ""
     #: delta-rs storage options (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...; unset: the environment's)
@@ -53,6 +54,7 @@ class DeltaSinkConfig:
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("path: name the table's folder")
+        self.check_merge_options()
 
     def where(self) -> str:
         return f"delta table {self.path}"
@@ -69,35 +71,19 @@ class DeltaSinkConfig:
         return out
 
 
-def _deltalake() -> Any:
-    try:
-        import deltalake
-    except ImportError:
-        raise ConfigError("the Delta Lake connector needs deltalake", hint="pip install 'conveyor[delta]'") from None
-    return deltalake
-
-
-def open_table(path: str, storage: dict[str, str], version: int | None = None) -> Any | None:
-    dl = _deltalake()
-    if not dl.DeltaTable.is_deltatable(path, storage):
-        return None
-    return dl.DeltaTable(path, version=version, storage_options=storage)
-
-
-def commits_of(table: Any, load: str) -> dict[str, int]:
-    """{partition: rows it added} of this load's commits, from the table's history (commitInfo)."""
-    out = {}
-    for entry in table.history():
-        if entry.get(LOAD) == load and PARTITION in entry:
-            out[entry[PARTITION]] = int((entry.get("operationMetrics") or {}).get("num_added_rows", 0))
-    return out
+@dataclass(frozen=True)
+class DeltaPlan:
+    schema: Any
+    partition_by: list[str]
+    merge: merging.MergePlan | None = None
+    window: Any = None
 
 
 class DeltaSink(SinkBase):
     """A commit per partition with its transaction id (append), or a stage table swapped in at the end."""
 
     config_class = DeltaSinkConfig
-    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace"))
+    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"))
 
     def __init__(self, config: DeltaSinkConfig, options: JobOptions) -> None:
         self.config = config
@@ -115,8 +101,9 @@ class DeltaSink(SinkBase):
 
     def describe_target(self, request: PrepareRequest) -> TargetInfo:
         mode = self.options.load_mode
+        last = "merged into the target by its keys" if mode == "merge" else "its files made the target's"
         path = ("one commit per partition (write_deltalake, with the partition's transaction id)" if mode == "append" else
-                "each partition committed into a stage table in the target's folder, its files made the target's in one commit at the end")
+                f"each partition committed into a stage table in the target's folder, {last} in one commit at the end")
         return TargetInfo(label=self.config.where(), checks_before_commit=mode == "append", path=path)
 
     def prepare(self, request: PrepareRequest) -> SinkPlan:
@@ -132,27 +119,31 @@ class DeltaSink(SinkBase):
                 raise ConfigError(f"sink.partition_by: {', '.join(unknown)} is not a column of the source", key="sink.partition_by")
             partition_by = list(conf.partition_by)
         else:
-            arrow = _arrow(existing.schema())
+            arrow = arrow_schema(existing.schema())
             target = [TargetColumn(f.name, str(f.type), f.nullable) for f in arrow]
             pairs = map_columns(schema.names, target, self.options.map_method, where, self.options.schema_drift)
             self._check_casts(pairs, schema, arrow)
             partition_by = list(existing.metadata().partition_columns)
         import pyarrow as pa
 
+        merge = merging.plan(self.config, request.info.primary_key, [t for _, t in pairs], arrow.names, where) if mode == "merge" else None
         arrow = pa.schema([arrow.field(t) for _, t in pairs])
         write_target = conf.path
         if mode != "append":
             write_target = self._stage()
             if open_table(write_target, conf.storage()) is None:
                 try:
-                    _deltalake().DeltaTable.create(write_target, schema=arrow, partition_by=partition_by or None, mode="error",
+                    deltaops.deltalake().DeltaTable.create(write_target, schema=arrow, partition_by=partition_by or None, mode="error",
                                                    storage_options=conf.storage())
                 except Exception as exc:
                     raise failed(f"{where}: creating its stage table", exc, secret_values(conf.storage_options)) from None
+        if request.window is not None:  # before any file of the load: a run that stops half way is known to the next
+            fs, root = self._cursor_root()
+            cursors.record_pending(fs, root, request.window, self.options.load, mode, self.options.run_id)
         self._beat = Beat(conf.path, self.options.run_id, conf.fsspec_options())
         return SinkPlan(target=where, write_target=write_target, load_mode=mode, columns=tuple(t for _, t in pairs),
                         source_columns=tuple(s for s, _ in pairs), schema=schema, rows_before=None if mode == "append" else 0,
-                        checks_before_commit=mode == "append", own=(arrow, partition_by))
+                        checks_before_commit=mode == "append", own=DeltaPlan(arrow, partition_by, merge, request.window))
 
     def _check_casts(self, pairs: list[tuple[str, str]], schema: Any, fields: Any) -> None:
         from conveyor.kit.casts import ColumnType, check_casts
@@ -170,9 +161,9 @@ class DeltaSink(SinkBase):
     def write(self, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
         import pyarrow as pa
 
-        dl = _deltalake()
+        dl = deltaops.deltalake()
         start, key, conf = time.perf_counter(), part.key, self.config
-        arrow, _ = plan.own
+        arrow = plan.own.schema
         where, txn = conf.where(), app_id(self.options.load, key)
         table = open_table(plan.write_target, conf.storage())
         if table is None:
@@ -203,46 +194,15 @@ class DeltaSink(SinkBase):
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         try:
-            if plan.load_mode != "append":
-                self._swap_in(plan, results)
+            if plan.load_mode == "merge":
+                deltaops.merge(self.config, plan, self.options.load, results)
+            elif plan.load_mode != "append":
+                deltaops.swap_in(self.config, plan, self.options.load, results)
+            if plan.own.window is not None:  # the load is visible: the window's end becomes the cursor
+                fs, root = self._cursor_root()
+                cursors.commit(fs, root, plan.own.window, self.options.load, self.options.run_id)
         finally:
             self._stop()
-
-    def _swap_in(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
-        """The stage's files become the target's content in one commit (the stage's own log is then removed)."""
-        import pyarrow as pa
-
-        dl = _deltalake()
-        from deltalake.transaction import AddAction, create_table_with_add_actions
-
-        conf, where = self.config, self.config.where()
-        stage = open_table(plan.write_target, conf.storage())
-        _, partition_by = plan.own
-        adds = pa.table(stage.get_add_actions(flatten=True)).to_pylist()
-        check_taken(where, sum(int(a["num_records"] or 0) for a in adds), sum(r.rows for r in results))
-        prefix = plan.write_target.rsplit("/", 1)[-1]
-        actions = [AddAction(path=f"{prefix}/{a['path']}", size=a["size_bytes"], partition_values=_partition_values(a, partition_by),
-                             modification_time=_millis(a["modification_time"]), data_change=True,
-                             stats=json.dumps({"numRecords": int(a["num_records"] or 0)})) for a in adds]
-        props = dl.CommitProperties(custom_metadata={LOAD: self.options.load, "conveyor.operation": plan.load_mode})
-        target = open_table(conf.path, conf.storage())
-        try:
-            if target is None:
-                create_table_with_add_actions(conf.path, stage.schema(), actions, mode="error", partition_by=partition_by or None,
-                                              configuration={str(k): str(v) for k, v in conf.configuration.items()} or None,
-                                              storage_options=conf.storage(), commit_properties=props)
-            elif plan.load_mode == "create":
-                raise SchemaError(f"{where} was created by someone else during the load", hint="use load_mode=replace")
-            else:
-                target.create_write_transaction(actions, mode="overwrite", schema=stage.schema(), partition_by=partition_by or None,
-                                                commit_properties=props)
-        except SchemaError:
-            raise
-        except Exception as exc:
-            raise failed(f"{where}: making the load the table's content", exc, secret_values(conf.storage_options)) from None
-        fs, base = fs_util.filesystem(f"{plan.write_target}/_delta_log", conf.fsspec_options())
-        with contextlib.suppress(Exception):
-            fs.rm(base, recursive=True)
 
     def abort(self, plan: SinkPlan) -> None:
         try:
@@ -261,64 +221,19 @@ class DeltaSink(SinkBase):
     def leftovers(self, remove: bool) -> list[str]:
         """Stage tables of loads that did not finish, and data files no version of the log refers to (a killed
         task's); with ``remove``, removed once no load of the table beats (see common.Beat)."""
-        conf = self.config
-        fs, base = fs_util.filesystem(conf.path, conf.fsspec_options())
-        found = []
-        with contextlib.suppress(FileNotFoundError, OSError):
-            for p in fs.ls(base, detail=False):
-                name = p.rstrip("/").rsplit("/", 1)[-1]
-                if name.startswith(STAGE) and fs.exists(f"{p}/_delta_log"):
-                    found.append((f"stage table {fs_util.display(fs, p)}", p, True))
-        table = open_table(conf.path, conf.storage())
-        if table is not None:
-            used = _every_file(table, conf.storage())
-            root = base.rstrip("/")
-            for p in fs.find(base):
-                rel = p[len(root) + 1:]
-                if rel.endswith(".parquet") and not rel.startswith(("_delta_log", STAGE)) and rel not in used:
-                    found.append((f"data file {fs_util.display(fs, p)} (no version of the log refers to it)", p, False))
-        if not remove:
-            return [what for what, _, _ in found]
-        live = live_runs(conf.path, conf.fsspec_options())
-        if live:
-            warn(f"{conf.where()}: run(s) {', '.join(live)} still write to it: nothing removed")
-            return [f"kept (in use) {what}" for what, _, _ in found]
-        for _, p, folder in found:
-            with contextlib.suppress(Exception):
-                fs.rm(p, recursive=folder)
-        return [f"removed {what}" for what, _, _ in found]
+        return deltaops.leftovers(self.config, remove)
+
+    # --- incremental cursors, kept beside the table (as a file sink keeps them: conveyor/connectors/files/cursors.py)
+
+    def _cursor_root(self) -> tuple[Any, str]:
+        return fs_util.filesystem(self.config.path, self.config.fsspec_options())
+
+    def cursor_state(self, column: str) -> CursorState:
+        table = open_table(self.config.path, self.config.storage())
+        if table is None:
+            return CursorState()
+        fs, root = self._cursor_root()
+        return cursors.state(fs, root, column, lambda load: len(commits_of(table, load)))
 
 
-def _every_file(table: Any, storage: dict[str, str]) -> set[str]:
-    """Every data file (relative path) any version still in the log adds."""
-    import pyarrow as pa
-
-    out: set[str] = set()
-    current = table.version()
-    oldest = min((h.get("version", current) for h in table.history()), default=current)
-    for v in range(oldest, current + 1):
-        with contextlib.suppress(Exception):
-            t = _deltalake().DeltaTable(table.table_uri, version=v, storage_options=storage)
-            out.update(pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist())
-    return out
-
-
-def _arrow(schema: Any) -> Any:
-    import pyarrow as pa
-
-    return pa.schema(schema.to_arrow())
-
-
-def _millis(value: Any) -> int:
-    return value if isinstance(value, int) else int(value.timestamp() * 1000)
-
-
-def _partition_values(action: dict[str, Any], columns: list[str]) -> dict[str, str | None]:
-    out = {}
-    for c in columns:
-        v = action.get(f"partition.{c}")
-        out[c] = None if v is None else (v.isoformat() if hasattr(v, "isoformat") else str(v))
-    return out
-
-
-__all__ = ["DeltaSink", "DeltaSinkConfig", "open_table", "commits_of"]
+__all__ = ["DeltaSink", "DeltaSinkConfig"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.connectors.lake.common import failed, secret_values
-from conveyor.connectors.lake.delta_sink import _arrow, open_table
+from conveyor.connectors.lake.deltaops import arrow_schema, open_table
 from conveyor.core import FileEntry, FileSet, JobOptions, Partition, SourceBase, SourceInfo
 from conveyor.errors import ConfigError, SchemaError
 
@@ -112,7 +112,7 @@ class DeltaSource(SourceBase):
     def describe(self) -> SourceInfo:
         import pyarrow as pa
 
-        schema = _arrow(self.table().schema())
+        schema = arrow_schema(self.table().schema())
         if self.config.columns:
             missing = [c for c in self.config.columns if c not in schema.names]
             if missing:

@@ -13,10 +13,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.connectors.files import cursors
 from conveyor.connectors.lake import icecommon as ice
-from conveyor.connectors.lake.common import LOAD, PARTITION, Beat, Counted, failed, live_runs
+from conveyor.connectors.lake import icefinal
+from conveyor.connectors.lake.common import LOAD, PARTITION, Beat, Counted, failed
+from conveyor.connectors.lake.icefinal import BRANCH, STAGE
 from conveyor.connectors.lake.types import conform, written_schema, written_type
 from conveyor.core import (
+    CursorState,
     JobOptions,
     Partition,
     PrepareRequest,
@@ -29,25 +33,27 @@ from conveyor.core import (
     check_stored,
     target_for,
 )
-from conveyor.errors import SchemaError, TransferError
+from conveyor.errors import ConfigError, SchemaError, TransferError
+from conveyor.kit import merge as merging
 from conveyor.kit.mapping import TargetColumn, map_columns
-from conveyor.kit.staged import check_mode, check_taken
-from conveyor.log import warn
+from conveyor.kit.staged import check_mode
 
-STAGE = "__conveyor_"
-BRANCH = "conveyor-"
 #: a chunk of a partitioned table's rows written at once (pyiceberg splits a table, not a stream, by partition)
 CHUNK_BYTES = 256 << 20
 
 
 @dataclass
-class IcebergSinkConfig(ice.IcebergConnConfig):
+class IcebergSinkConfig(ice.IcebergConnConfig, merging.MergeOptions):
     #: create / replace: the partition spec, e.g. [day(l_shipdate)], [bucket(16, id)], [region]
     partition_by: list[str] = field(default_factory=list)
     #: create / replace: table properties (write.parquet.compression-codec, format-version, ...)
     properties: dict[str, Any] = field(default_factory=dict)
     #: source columns whose values may change type by Arrow's safe cast (the cast policy's overrides)
     allow_cast: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_merge_options()
 
 
 @dataclass(frozen=True)
@@ -56,13 +62,15 @@ class IcePlan:
     table: str
     branch: str | None
     schema: Any
+    merge: merging.MergePlan | None = None
+    window: Any = None
 
 
 class IcebergSink(SinkBase):
     """Data files written by the tasks, committed with a marker per partition (append) or in one snapshot at the end."""
 
     config_class = IcebergSinkConfig
-    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace"))
+    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"))
 
     def __init__(self, config: IcebergSinkConfig, options: JobOptions) -> None:
         self.config = config
@@ -86,7 +94,8 @@ class IcebergSink(SinkBase):
         mode = self.options.load_mode
         how = "data files written by each task"
         path = {"append": f"{how}, committed as one snapshot per partition (its marker in the snapshot's summary)",
-                "truncate": f"{how} onto a branch, made the table's content in one snapshot at the end"}.get(
+                "truncate": f"{how} onto a branch, made the table's content in one snapshot at the end",
+                "merge": f"{how} onto a branch, upserted into the table by its keys in one snapshot at the end"}.get(
             mode, f"{how} into a stage table, renamed to the target at the end")
         return TargetInfo(label=self.config.where(), checks_before_commit=mode == "append", path=path)
 
@@ -119,14 +128,25 @@ class IcebergSink(SinkBase):
             pairs = map_columns(schema.names, target, self.options.map_method, where, self.options.schema_drift)
             self._check_casts(pairs, schema, fields)
             arrow = fields
-            table, branch = conf.table, (f"{BRANCH}{self.options.load}" if mode == "truncate" else None)
+            table, branch = conf.table, (f"{BRANCH}{self.options.load}" if mode in ("truncate", "merge") else None)
             stage = existing
-        self._beat = Beat(stage.location(), self.options.run_id, _storage(stage))
+        merge = None
+        if mode == "merge":
+            ids = existing.schema().identifier_field_names()  # the table's own key (identifier fields), else the source's
+            merge = merging.plan(conf, sorted(ids) if ids else request.info.primary_key, [t for _, t in pairs], arrow.names, where)
+            if merge.delete != "none" or set(merge.update) != {t for _, t in pairs} - set(merge.keys):
+                raise ConfigError(f"load_mode=merge into {where}: pyiceberg's upsert updates every column of a matched row and "
+                                  "deletes nothing", key="sink.merge_delete" if merge.delete != "none" else "sink.merge_update",
+                                  hint="leave sink.merge_update and sink.merge_delete unset (or merge into a Delta or database table)")
+        if request.window is not None:  # before any file of the load: a run that stops half way is known to the next
+            fs, root = self._cursor_root(stage)
+            cursors.record_pending(fs, root, request.window, self.options.load, mode, self.options.run_id)
+        self._beat = Beat(stage.location(), self.options.run_id, icefinal.storage(stage))
         target_schema = _schema_for(arrow, [t for _, t in pairs])
         return SinkPlan(target=where, write_target=table if branch is None else f"{table}@{branch}", load_mode=mode,
                         columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
                         rows_before=None if mode == "append" else 0, checks_before_commit=mode == "append",
-                        own=IcePlan(table, branch, target_schema))
+                        own=IcePlan(table, branch, target_schema, merge, request.window))
 
     def _check_casts(self, pairs: list[tuple[str, str]], schema: Any, fields: Any) -> None:
         from conveyor.kit.casts import ColumnType, check_casts
@@ -242,71 +262,22 @@ class IcebergSink(SinkBase):
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         try:
+            conf, load = self.config, self.options.load
             if plan.load_mode == "truncate":
-                self._overwrite(plan, results)
+                icefinal.overwrite(self._table(plan), plan, load, results, conf.where())
+            elif plan.load_mode == "merge":
+                icefinal.merge(self._table(plan), plan, load, results, conf.where())
             elif plan.load_mode in ("create", "replace"):
-                self._rename_in(plan, results)
+                icefinal.rename_in(self.catalog, conf, self._table(plan), plan, self.options, results)
+            if plan.own.window is not None:  # the load is visible: the window's end becomes the cursor
+                fs, root = self._cursor_root()
+                cursors.commit(fs, root, plan.own.window, load, self.options.run_id)
         finally:
             self._stop()
 
-    def _overwrite(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
-        """The branch's files become main's whole content in one snapshot (main's files deleted in it)."""
-        from pyiceberg.exceptions import CommitFailedException
-
-        table = self._table(plan)
-        marks = ice.markers(table, self.options.load)
-        files = ice.added_files(table, {sid for _, sid in marks.values()})
-        check_taken(self.config.where(), sum(f.record_count for f in files), sum(r.rows for r in results))
-        for attempt in range(50):
-            txn = table.transaction()
-            with txn.update_snapshot(snapshot_properties={LOAD: self.options.load}).overwrite() as ow:
-                for task in (table.scan().plan_files() if table.current_snapshot() else []):
-                    ow.delete_data_file(task.file)
-                for f in files:
-                    ow.append_data_file(f)
-            try:
-                txn.commit_transaction()
-                break
-            except CommitFailedException:
-                time.sleep(0.1 * (attempt + 1))
-                table = ice.no_retry(table.refresh())
-        else:
-            raise TransferError(f"{self.config.where()}: the truncate's snapshot kept meeting other commits", hint="run again")
-        with contextlib.suppress(Exception):
-            table.refresh().manage_snapshots().remove_branch(plan.own.branch).commit()
-
-    def _rename_in(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
-        conf, where = self.config, self.config.where()
-        stage = self._table(plan)
-        held = int(stage.current_snapshot().summary.additional_properties.get("total-records", 0)) if stage.current_snapshot() else 0
-        check_taken(where, held, sum(r.rows for r in results))
-        old = conf.load(self.catalog)
-        if old is not None and plan.load_mode == "create":
-            raise SchemaError(f"{where} was created by someone else during the load", hint="use load_mode=replace")
-        ns, name = conf.identifier
-        try:
-            if old is not None:  # replace: the old table aside, the stage in, the old one dropped with its files
-                aside = f"{ns}.{name}{STAGE}old_{self.options.run_id}"
-                self.catalog.rename_table(conf.table, aside)
-                self.catalog.rename_table(plan.own.table, conf.table)
-                with contextlib.suppress(Exception):
-                    self.catalog.purge_table(aside)
-            else:
-                self.catalog.rename_table(plan.own.table, conf.table)
-        except Exception as exc:
-            raise failed(f"{where}: renaming the stage in", exc, conf.secrets()) from None
-
     def abort(self, plan: SinkPlan) -> None:
         try:
-            with contextlib.suppress(Exception):
-                if plan.load_mode == "truncate":
-                    table = self._table(plan)
-                    marks = ice.markers(table, self.options.load)
-                    paths = [f.file_path for f in ice.added_files(table, {sid for _, sid in marks.values()})]
-                    table.manage_snapshots().remove_branch(plan.own.branch).commit()
-                    ice.delete_quietly(table.io, paths)
-                elif plan.load_mode in ("create", "replace"):
-                    self.catalog.purge_table(plan.own.table)
+            icefinal.discard(self.catalog, self._table(plan) if plan.own.branch else None, plan, self.options.load)
         finally:
             self._stop()
 
@@ -318,61 +289,24 @@ class IcebergSink(SinkBase):
     def leftovers(self, remove: bool) -> list[str]:
         """Stage tables, branches and data files no snapshot refers to, of the target's loads; with ``remove``,
         removed once no load of the table beats (see common.Beat)."""
-        conf = self.config
-        ns, name = conf.identifier
-        table = conf.load(self.catalog)
-        found: list[tuple[str, Any]] = []
-        for ident in self.catalog.list_tables(ns):
-            if ident[-1].startswith(f"{name}{STAGE}"):
-                found.append((f"stage table {ns}.{ident[-1]}", ("table", f"{ns}.{ident[-1]}")))
-        if table is not None:
-            for ref in table.metadata.refs:
-                if ref.startswith(BRANCH):
-                    found.append((f"branch {ref} of {conf.table}", ("branch", ref)))
-            found += [(f"data file {p} (no snapshot refers to it)", ("file", p)) for p in _orphans(table)]
-        live = live_runs(table.location(), _storage(table)) if table is not None else []
-        if not remove:
-            return [what for what, _ in found]
-        if live:
-            warn(f"{conf.where()}: run(s) {', '.join(live)} still write to it: nothing removed")
-            return [f"kept (in use) {what}" for what, _ in found]
-        for _, (kind, name_) in found:
-            with contextlib.suppress(Exception):
-                if kind == "table":
-                    self.catalog.purge_table(name_)
-                elif kind == "branch":
-                    table.manage_snapshots().remove_branch(name_).commit()
-                    table = table.refresh()
-                else:
-                    table.io.delete(name_)
-        return [f"removed {what}" for what, _ in found]
+        return icefinal.leftovers(self.catalog, self.config, remove)
 
+    # --- incremental cursors, kept beside the table (as a file sink keeps them: conveyor/connectors/files/cursors.py)
 
-def _orphans(table: Any) -> list[str]:
-    """Data files under the table's data folder that no snapshot refers to (a killed task's)."""
-    from conveyor.kit import fs as fs_util
+    def _cursor_root(self, table: Any = None) -> tuple[Any, str]:
+        from conveyor.kit import fs as fs_util
 
-    data = table.metadata.properties.get("write.data.path", f"{table.location().rstrip('/')}/data")
-    fs, base = fs_util.filesystem(data, _storage(table))
-    try:
-        paths = [p for p in fs.find(base) if p.endswith(".parquet")]
-    except (FileNotFoundError, OSError):
-        return []
-    used = {fs_util.filesystem(p, _storage(table))[1] for p in ice.referenced(table)}
-    return [fs_util.display(fs, p) for p in paths if p not in used]
+        table = table or self.config.load(self.catalog)
+        if table is None:
+            raise SchemaError(f"{self.config.where()} does not exist")
+        return fs_util.filesystem(table.location(), icefinal.storage(table))
 
-
-def _storage(table: Any) -> dict[str, Any]:
-    """fsspec options for the table's storage, from the FileIO's properties (s3.endpoint, s3.access-key-id, ...)."""
-    props = getattr(table.io, "properties", {}) or {}
-    out: dict[str, Any] = {}
-    if props.get("s3.endpoint"):
-        out["endpoint_url"] = props["s3.endpoint"]
-    if props.get("s3.access-key-id"):
-        out["key"] = props["s3.access-key-id"]
-    if props.get("s3.secret-access-key"):
-        out["secret"] = props["s3.secret-access-key"]
-    return out
+    def cursor_state(self, column: str) -> CursorState:
+        table = self.config.load(self.catalog)
+        if table is None:
+            return CursorState()
+        fs, root = self._cursor_root(table)
+        return cursors.state(fs, root, column, lambda load: len(ice.markers(table, load)))
 
 
 def _schema_for(arrow: Any, names: list[str]) -> Any:
