@@ -106,7 +106,8 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
     expected = out.source_rows if out.source_rows is not None else out.written_rows
     if counting in (Counting.BEFORE, Counting.STREAM, Counting.READ) and plan.checks_before_commit:
         # the target's COPY count met the source's in each partition's transaction: no table scan
-        out.notes.append("the target's rows per partition (its COPY count) checked against the source's before each commit")
+        out.notes.append(getattr(sink, "commit_check", "the target's rows per partition (its COPY count) checked against the source's "
+                                                       "before each commit"))
     elif plan.rows_before is None:  # an append whose target was not counted before it: its count tells nothing
         out.notes.append("the target's rows before the append were not counted: the rows each partition's COPY wrote stand in")
     elif not isinstance(sink, SupportsTargetCount):
@@ -115,8 +116,8 @@ def verify(mode: str, partitions: Sequence[Any], results: Sequence[Any], source:
         out.staged_rows = sink.target_rows(plan)
         if out.staged_rows != expected:
             out.mismatched.append(f"staged for the merge: {out.staged_rows:,} rows, source {expected:,}")
-        out.notes.append("the merge reads back, before it commits, that the target holds every staged key"
-                         + (" with the staged values" if mode == "checksum" else ""))
+        out.notes.append(getattr(sink, "merge_check", "the merge reads back, before it commits, that the target holds every staged key"
+                                 + (" with the staged values" if mode == "checksum" else "")))
     else:
         out.target_rows = sink.target_rows(plan) - plan.rows_before
         if out.target_rows != expected:

@@ -82,6 +82,11 @@ class DeltaPlan:
 class DeltaSink(SinkBase):
     """A commit per partition with its transaction id (append), or a stage table swapped in at the end."""
 
+    #: what verify=count says of the checks this sink makes (conveyor/pipelines/verify.py)
+    commit_check = ("the rows each partition sent checked against the source's before its "
+                    "commit, and the rows its commit added (its metrics) against those sent")
+    merge_check = ("the staged keys are checked (no NULL, none twice) before the "
+                   "merge; its commit's metrics must show every staged row updated or inserted")
     config_class = DeltaSinkConfig
     capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"))
 

@@ -69,6 +69,11 @@ class IcePlan:
 class IcebergSink(SinkBase):
     """Data files written by the tasks, committed with a marker per partition (append) or in one snapshot at the end."""
 
+    #: what verify=count says of the checks this sink makes (conveyor/pipelines/verify.py)
+    commit_check = ("the rows each partition's data files hold (their own footers, "
+                    "as written) checked against the source's before its snapshot commits")
+    merge_check = ("the staged keys are checked (no NULL, none twice) before the merge; "
+                   "after it, the table's growth must be the rows pyiceberg says it inserted")
     config_class = IcebergSinkConfig
     capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"))
 
