@@ -178,7 +178,7 @@ def _one_clear_line(res, code: int, *needles: str) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "needles"),
     [
-        (["source.type=nope"], 2, ["error: unknown source 'nope'", "available source plugins: adbc, clickhouse, csv, duckdb, flight, mysql, parquet, postgres"]),
+        (["source.type=nope"], 2, ["error: unknown source 'nope'", "available source plugins: adbc, clickhouse, csv, delta, duckdb, flight, iceberg, mysql, parquet, postgres"]),
         (["source=nope"], 2, ["Could not find 'source/nope'", "Available options in 'source'", "parquet"]),
         (["+source.pathh=x"], 2, ["error: source.pathh: unknown key"]),
         (["batch_size=lots"], 2, ["error: batch_size:", "lots"]),

@@ -58,7 +58,7 @@ def test_an_unknown_option_is_one_clear_line(cli) -> None:
 def test_hydra_knows_the_app_as_conveyor(cli, tpch_orders: Path, tmp_path: Path) -> None:
     res = cli("run", "--help")
     assert res.code == 0 and "cli" not in res.out.split() and "conveyor_defaults" not in res.out
-    assert "source: adbc, clickhouse, csv, duckdb, flight, mysql, parquet, postgres" in res.out
+    assert "source: adbc, clickhouse, csv, delta, duckdb, flight, iceberg, mysql, parquet, postgres" in res.out
     res = run_cli("run", "pipeline=demo", f"source.path={tpch_orders}", f"sink.database={tmp_path}/d.duckdb", "runtime=local",
                   f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert res.code == 0, res.err

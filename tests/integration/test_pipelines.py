@@ -138,6 +138,26 @@ def run_clickhouse_to_parquet(cli, tmp_path, tpch_orders, pg_source, pg_target, 
     return pq.read_table(tmp_path / "chout").num_rows
 
 
+def run_pg_to_iceberg(cli, tmp_path, tpch_orders, pg_source, pg_target):
+    from pyiceberg.catalog import load_catalog
+
+    _load_orders_into_source(cli, tpch_orders, pg_source)
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/lake/catalog.db", "warehouse": f"file://{tmp_path}/lake/warehouse"}
+    res = cli("run", "pipeline=pg_to_iceberg", f"source.port={pg_source.port}", "source.table=orders", "sink.table=tpch.orders",
+              f"sink.catalog.uri={catalog['uri']}", f"sink.catalog.warehouse={catalog['warehouse']}")
+    assert res.code == 0, res.err
+    return len(load_catalog("default", **catalog).load_table("tpch.orders").scan().to_arrow())
+
+
+def run_pg_to_delta(cli, tmp_path, tpch_orders, pg_source, pg_target):
+    from deltalake import DeltaTable
+
+    _load_orders_into_source(cli, tpch_orders, pg_source)
+    res = cli("run", "pipeline=pg_to_delta", f"source.port={pg_source.port}", "source.table=orders", f"sink.path={tmp_path}/lake/orders")
+    assert res.code == 0, res.err
+    return DeltaTable(str(tmp_path / "lake" / "orders")).count()
+
+
 def test_every_pipeline_has_a_run() -> None:
     assert PIPELINES and all(f"run_{name}" in globals() for name in PIPELINES), PIPELINES
 

@@ -90,6 +90,8 @@ def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders:
     assert checksum(pg_source, "orders_copy") == checksum(pg_source, "orders") and checksum(pg_source, "orders")[0] == 15000
     assert ds.dataset(box / "out" / "orders").count_rows() == 15000
     assert ds.dataset(box / "out" / "ch_orders").count_rows() == 15000  # PostgreSQL -> ClickHouse -> Parquet (docs/clickhouse.md)
+    assert ds.dataset(box / "out" / "from_iceberg").count_rows() == 15000  # PostgreSQL -> Iceberg -> Parquet (docs/iceberg.md)
+    assert ds.dataset(box / "out" / "from_delta").count_rows() == 15000  # PostgreSQL -> Delta -> Parquet (docs/delta.md)
     # and the Python blocks, with the same server (the Python API reads PGHOST / PGPORT as the command line does)
     python = python_blocks()
     assert len(python) >= 3, "the README's and the docs' Python blocks moved: check this test still runs them"
@@ -122,7 +124,7 @@ def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3
     first = ["conveyor run source=parquet source.path='demo-data/orders/*.parquet' sink=duckdb sink.database=my.duckdb "
              "sink.table=orders load_mode=replace runtime=local"]
     order = ["parquet_to_postgres", "pg_to_pg", "postgres_to_parquet", "pg_to_mysql", "mysql_to_pg", "mysql_to_parquet",
-             "pg_to_clickhouse", "clickhouse_to_parquet",
+             "pg_to_clickhouse", "clickhouse_to_parquet", "pg_to_iceberg", "pg_to_delta",
              "parquet_to_duckdb", "duckdb_to_parquet", "s3_parquet_to_postgres"]
     examples.sort(key=lambda e: order.index(e.split()[2].split("=")[1]))
     for command in first + examples:
@@ -135,6 +137,12 @@ def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3
     assert ds.dataset(box / "out" / "from_mysql").count_rows() == 15000
     assert clickhouse_server.execute("SELECT count(), uniqExact(o_orderkey) FROM orders")[0] == ["15000", "15000"]
     assert ds.dataset(box / "out" / "from_clickhouse").count_rows() == 15000
+    from deltalake import DeltaTable
+    from pyiceberg.catalog import load_catalog
+
+    catalog = load_catalog("default", type="sql", uri=f"sqlite:///{box}/lake/catalog.db", warehouse=f"file://{box}/lake/warehouse")
+    assert len(catalog.load_table("tpch.orders").scan().to_arrow()) == 15000
+    assert DeltaTable(str(box / "lake" / "orders")).count() == 15000
 
 
 def test_the_readme_connector_template_commands_run_as_written(tmp_path: Path) -> None:

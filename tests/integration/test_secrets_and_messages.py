@@ -80,7 +80,7 @@ def test_hydra_composition_errors_are_one_line_and_a_hint(cli) -> None:
     res = cli("run", "source=nope")
     assert res.code == 2
     assert res.error_lines == ["error: In 'config': Could not find 'source/nope'"]
-    assert "hint: Available options in 'source': adbc, clickhouse, csv, duckdb, flight, mysql, parquet, postgres" in res.err
+    assert "hint: Available options in 'source': adbc, clickhouse, csv, delta, duckdb, flight, iceberg, mysql, parquet, postgres" in res.err
     assert len(res.err.strip().splitlines()) == 2
     res = cli("run", "source.query=SELECT (1)")
     assert res.code == 2 and res.error_lines == ["error: Error parsing override 'source.query=SELECT (1)'"]

@@ -54,6 +54,10 @@ class DeltaSinkConfig(merging.MergeOptions):
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("path: name the table's folder")
+        if "://" not in self.path and "{" not in self.path:  # a local folder, absolute where the job is declared (a Ray worker runs elsewhere)
+            import os
+
+            self.path = os.path.abspath(self.path)
         self.check_merge_options()
 
     def where(self) -> str:

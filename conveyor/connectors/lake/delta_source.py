@@ -34,6 +34,10 @@ class DeltaSourceConfig:
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("path: name the table's folder")
+        if "://" not in self.path and "{" not in self.path:  # a local folder, absolute where the job is declared (a Ray worker runs elsewhere)
+            import os
+
+            self.path = os.path.abspath(self.path)
         if self.version is not None and self.as_of is not None:
             raise ValueError("set at most one of version and as_of")
 

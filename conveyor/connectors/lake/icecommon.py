@@ -24,6 +24,7 @@ class IcebergConnConfig:
     def __post_init__(self) -> None:
         if not self.table or "." not in self.table:
             raise ValueError(f"table: {self.table!r}: name the table as namespace.name")
+        self.catalog = absolute_locations(dict(self.catalog))
 
     @property
     def identifier(self) -> tuple[str, str]:
@@ -58,6 +59,23 @@ class IcebergConnConfig:
 
     def where(self) -> str:
         return f"iceberg table {self.table}"
+
+
+def absolute_locations(props: dict[str, Any]) -> dict[str, Any]:
+    """A SQLite catalog file and a local warehouse given as relative paths, made absolute where the job is declared
+    (a Ray worker runs in a folder of its own); the SQLite file's folder is made."""
+    import os
+
+    uri = str(props.get("uri", ""))
+    if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
+        path = os.path.abspath(uri.removeprefix("sqlite:///"))
+        with contextlib.suppress(OSError):  # (a folder that cannot be made: the catalog says so by name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        props["uri"] = f"sqlite:///{path}"
+    warehouse = str(props.get("warehouse", ""))
+    if warehouse and "://" not in warehouse:
+        props["warehouse"] = f"file://{os.path.abspath(warehouse)}"
+    return props
 
 
 def no_retry(table: Any) -> Any:
