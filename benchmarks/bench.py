@@ -941,11 +941,12 @@ def main() -> int:
     ap.add_argument("--parts", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--groups", default="defaults,pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,recipes,partitioned,merge,"
-                                        "runtime,memory,mysql,clickhouse",
+                                        "runtime,memory,mysql,clickhouse,lake",
                     help="comma-separated: defaults (the shipped pipelines as a user runs them), pg_to_pg, parquet_to_pg, pg_to_parquet, "
                          "duckdb_to_pg, wal_minimal, recipes, partitioned, "
                          "merge (the last three lineitem only), runtime, memory, mysql (MariaDB <-> PostgreSQL), "
                          "clickhouse (PostgreSQL -> ClickHouse -> Parquet, benchmarks/clickhouse_group.py), "
+                         "lake (PostgreSQL -> Iceberg and -> Delta Lake against the libraries' own writes, benchmarks/lake_group.py), "
                          "schema (TPC-H's 8 tables in one job against pg_dump | pg_restore and one job per table; not in the default list), "
                          "awkward (uuid, jsonb, char(n), time, enum, int4[] against the same values in plain types, into Parquet; "
                          "not in the default list), verify (conveyor verify of a table against its Parquet copy; not in the default list)")
@@ -1016,6 +1017,11 @@ def main() -> int:
 
                     clickhouse_group.run(bench, t, [d for d in degrees if d <= 2], keys.get(t, "1"), work, conveyor,
                                          lambda pid: _ticks(pid) / os.sysconf("SC_CLK_TCK"))
+                if "lake" in groups:
+                    sys.path.insert(0, str(Path(__file__).parent))
+                    import lake_group  # benchmarks/lake_group.py, beside this script
+
+                    lake_group.run(bench, t, [d for d in degrees if d <= 2], work, conveyor, psql)
             if "runtime" in groups:
                 bench.runtime(tables[0], 8)
             if "awkward" in groups:
