@@ -131,9 +131,9 @@ def check(spec: JobSpec) -> None:
     if type(spec.source) is not PostgresSource or spec.source.config.query:
         raise ConfigError("incremental.method=replication reads a PostgreSQL table's changes: the source must be postgres with "
                           "source.table or source.tables (not a query, not columns/rename)", key="incremental.method")
-    if not isinstance(spec.sink, SqlChangeApplier):
+    if not isinstance(spec.sink, SqlChangeApplier) and not hasattr(spec.sink, "apply_sync"):
         raise ConfigError(f"incremental.method=replication: sink {spec.names.get('sink')} cannot apply changes (it deletes and "
-                          "inserts rows by key in one transaction)", key="sink", hint="sync into postgres, duckdb or mysql")
+                          "inserts rows by key in one transaction)", key="sink", hint="sync into postgres, duckdb, mysql, iceberg or delta")
     if spec.options.load_mode not in ("replace", "truncate", "create"):
         raise ConfigError(f"incremental.method=replication: load_mode={spec.options.load_mode}; a sync's first run loads each table "
                           "whole, and later runs apply changes", key="load_mode", hint="use load_mode=replace (or truncate / create)")
@@ -289,7 +289,8 @@ def _stage(spec: JobSpec, table: SyncTable, sink: Any, stage: str, query: str, s
     options = dataclasses.replace(spec.options, load_mode=sink._stage_mode, run_id=uuid.uuid4().hex[:12], load_id="", cursor=None)
     source = PostgresSource(dataclasses.replace(spec.source.config, table=None, tables=[], exclude=[], query=query), options)
     source.imported_snapshot = snapshot
-    target = type(sink)(dataclasses.replace(sink.config, table=stage), options)
+    target = (sink.stage_sink(stage, options) if hasattr(sink, "stage_sink") else
+              type(sink)(dataclasses.replace(sink.config, table=stage), options))
     job = JobSpec(source=source, sink=target, strategy=NoneStrategy(NoneStrategyConfig(), options),
                   runtime=LocalRuntime(LocalRuntimeConfig(), options), options=options,
                   names={**spec.names, "strategy": "none", "runtime": "local"}, incremental=spec.incremental)

@@ -16,6 +16,7 @@ from conveyor.connectors.files import cursors
 from conveyor.connectors.lake import deltaops
 from conveyor.connectors.lake.common import LOAD, PARTITION, Beat, Counted, app_id, failed, secret_values
 from conveyor.connectors.lake.deltaops import STAGE, arrow_schema, commits_of, open_table
+from conveyor.connectors.lake.deltasync import DeltaChangeApplier
 from conveyor.connectors.lake.types import conform, written_schema, written_type
 from conveyor.core import (
     CursorState,
@@ -83,7 +84,7 @@ class DeltaPlan:
     window: Any = None
 
 
-class DeltaSink(SinkBase):
+class DeltaSink(DeltaChangeApplier, SinkBase):
     """A commit per partition with its transaction id (append), or a stage table swapped in at the end."""
 
     #: what verify=count says of the checks this sink makes (conveyor/pipelines/verify.py)

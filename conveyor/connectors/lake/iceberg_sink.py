@@ -18,6 +18,7 @@ from conveyor.connectors.lake import icecommon as ice
 from conveyor.connectors.lake import icefinal
 from conveyor.connectors.lake.common import LOAD, PARTITION, Beat, Counted, failed
 from conveyor.connectors.lake.icefinal import BRANCH, STAGE
+from conveyor.connectors.lake.icesync import IcebergChangeApplier
 from conveyor.connectors.lake.types import conform, written_schema, written_type
 from conveyor.core import (
     CursorState,
@@ -66,7 +67,7 @@ class IcePlan:
     window: Any = None
 
 
-class IcebergSink(SinkBase):
+class IcebergSink(IcebergChangeApplier, SinkBase):
     """Data files written by the tasks, committed with a marker per partition (append) or in one snapshot at the end."""
 
     #: what verify=count says of the checks this sink makes (conveyor/pipelines/verify.py)

@@ -207,7 +207,7 @@ def orphans(table: Any) -> list[str]:
         paths = [p for p in fs.find(base) if p.endswith(".parquet")]
     except (FileNotFoundError, OSError):
         return []
-    used = {fs_util.filesystem(p, storage(table))[1] for p in ice.referenced(table)}
+    used = {fs._strip_protocol(p) for p in ice.referenced(table)}
     return [fs_util.display(fs, p) for p in paths if p not in used]
 
 
