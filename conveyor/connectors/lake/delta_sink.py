@@ -192,6 +192,12 @@ class DeltaSink(DeltaChangeApplier, SinkBase):
         except Exception as exc:
             if sent.error is not None:  # the source's error, or a check of ours, raised inside the stream
                 raise sent.error from None
+            table.update_incremental()
+            if table.transaction_version(txn) is not None:  # another attempt of this partition committed first (delta-rs
+                # refuses a second commit of one transaction id): its rows are there once; the files this one wrote are
+                # referenced by no version (conveyor clean removes them)
+                return WriteStats(key, commits_of(table, self.options.load).get(key, 0), 0, time.perf_counter() - start,
+                                  already_committed=True)
             raise failed(f"{where}: writing partition {key}", exc, secret_values(conf.storage_options), partition=key) from None
         table.update_incremental()
         stored = commits_of(table, self.options.load).get(key)
