@@ -442,3 +442,33 @@ def test_a_sync_applies_updates_deletes_and_inserts_in_one_commit_each_run(sync_
     same()
     synced("third")  # nothing changed: the position alone moves
     same()
+
+
+@pytest.mark.parametrize("fmt", ["iceberg", "delta"])
+def test_a_filter_and_columns_are_pushed_down_to_the_files(cli, tmp_path: Path, fmt: str) -> None:
+    """Three data files of disjoint id ranges: a filter that only the first can match plans one partition (the other
+    files are not read), and only the named columns come out."""
+    rows = pa.table({"id": pa.array(range(3000), pa.int64()), "name": [f"n{i}" for i in range(3000)], "x": [float(i) for i in range(3000)]})
+    if fmt == "iceberg":
+        cat = _catalog(tmp_path)
+        cat.create_namespace_if_not_exists("lake")
+        made = cat.create_table("lake.pushed", schema=rows.schema)
+        for i in range(3):
+            made.append(rows.slice(i * 1000, 1000))
+        where = ["source.row_filter='id < 100'"]
+    else:
+        from deltalake import write_deltalake
+
+        for i in range(3):
+            write_deltalake(str(tmp_path / "delta" / "pushed"), rows.slice(i * 1000, 1000), mode="append")
+        where = ["source.filters=[[id, '<', 100]]"]
+    out = tmp_path / "out"
+    res = cli("run", *_source(fmt, tmp_path, "pushed"), *where, "source.columns=[id, x]", "strategy=files", "sink=parquet",
+              f"sink.path={out}", "load_mode=replace")
+    assert res.code == 0, res.err
+    import json
+
+    report = json.loads((tmp_path / "hydra-run" / "report.json").read_text())
+    assert len(report["partitions"]) == 1  # the other two files were ruled out by their statistics: not read
+    got = pq.read_table(out)
+    assert got.column_names == ["id", "x"] and sorted(got.column("id").to_pylist()) == list(range(100))
