@@ -192,14 +192,14 @@ class IcebergSink(IcebergChangeApplier, SinkBase):
             stored = sum(f.record_count for f in files)  # each file's count, from its own footer as written
             check_stored(where, key, sent.rows, stored)
             check_partition_rows(where, key, plan.expecting, stored)
-            committed = self._commit(table, plan, key, files, stored)
-        except BaseException:
+        except BaseException:  # nothing of the partition was committed: its files go
             ice.delete_quietly(table.io, [f.file_path for f in files])
             raise
+        committed = self._commit(table, plan, key, files)
         if committed is None:  # another attempt of this partition committed first: its rows are there once
-            ice.delete_quietly(table.io, [f.file_path for f in files])
             done = ice.markers(self._table(plan), self.options.load)[key]
             return WriteStats(key, done[0], 0, time.perf_counter() - start, already_committed=True)
+        check_stored(where, key, stored, committed)  # the snapshot's own added-records
         return WriteStats(key, committed, sent.bytes, time.perf_counter() - start)
 
     def _write_files(self, table: Any, schema: Any, sent: Counted, names: list[str]) -> list[Any]:
@@ -225,16 +225,18 @@ class IcebergSink(IcebergChangeApplier, SinkBase):
         except Exception as exc:
             raise failed(f"{self.config.where()}: writing data files", exc, self.config.secrets()) from None
 
-    def _commit(self, table: Any, plan: SinkPlan, key: str, files: list[Any], rows: int) -> int | None:
-        """Commit the files as one snapshot with the partition's marker, unless the marker is there already
-        (None); pyiceberg's own retry is off (``no_retry``): after a conflict the table is read again and the
-        marker looked for first. Returns the rows the snapshot added, as its summary says."""
+    def _commit(self, table: Any, plan: SinkPlan, key: str, files: list[Any]) -> int | None:
+        """Commit the files as one snapshot with the partition's marker, unless the marker is there already (None: the
+        files are deleted). pyiceberg's own retry is off (``no_retry``): after a conflict the table is read again and
+        the marker looked for first. Returns the rows the snapshot added, as its summary says. The files are deleted
+        only where the commit surely did not land (a conflict, or an error after which the marker is not there)."""
         from pyiceberg.exceptions import CommitFailedException
 
-        props = {LOAD: self.options.load, PARTITION: key}
+        where, props = self.config.where(), {LOAD: self.options.load, PARTITION: key}
         deadline = time.monotonic() + 300
         for attempt in range(200):
             if key in ice.markers(table, self.options.load):
+                ice.delete_quietly(table.io, [f.file_path for f in files])
                 return None
             txn = table.transaction()
             with txn.update_snapshot(snapshot_properties=props, branch=plan.own.branch or "main").fast_append() as append:
@@ -244,20 +246,27 @@ class IcebergSink(IcebergChangeApplier, SinkBase):
                 txn.commit_transaction()
             except CommitFailedException:
                 if time.monotonic() > deadline:
-                    raise TransferError(f"{self.config.where()}: partition {key}: its commit kept meeting other commits for 300 s",
+                    ice.delete_quietly(table.io, [f.file_path for f in files])
+                    raise TransferError(f"{where}: partition {key}: its commit kept meeting other commits for 300 s",
                                         partition=key, hint="run again with resume (it is not committed)") from None
                 time.sleep(min(2.0, 0.05 * (attempt + 1)) * (1 + random.random()))
                 table = ice.no_retry(table.refresh())
                 continue
-            except Exception as exc:
-                raise failed(f"{self.config.where()}: committing partition {key}", exc, self.config.secrets(), partition=key) from None
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    table = ice.no_retry(table.refresh())
+                got = ice.markers(table, self.options.load).get(key)
+                if got is not None:  # it landed after all
+                    return got[0]
+                ice.delete_quietly(table.io, [f.file_path for f in files])
+                if not isinstance(exc, Exception):  # a stop (Ctrl-C, a cancelled task) goes on as it is
+                    raise
+                raise failed(f"{where}: committing partition {key}", exc, self.config.secrets(), partition=key) from None
             got = ice.markers(table, self.options.load).get(key)
             if got is None:
-                raise TransferError(f"{self.config.where()}: partition {key}: its snapshot is not in the table after its commit",
-                                    partition=key)
-            check_stored(self.config.where(), key, rows, got[0])
+                raise TransferError(f"{where}: partition {key}: its snapshot is not in the table after its commit", partition=key)
             return got[0]
-        raise TransferError(f"{self.config.where()}: partition {key}: no commit after 200 tries", partition=key)
+        raise TransferError(f"{where}: partition {key}: no commit after 200 tries", partition=key)
 
     def target_rows(self, plan: SinkPlan) -> int:
         table = self._table(plan)
