@@ -224,10 +224,23 @@ class DeltaSink(DeltaChangeApplier, SinkBase):
         try:
             if plan.load_mode != "append":
                 fs, base = fs_util.filesystem(plan.write_target, self.config.fsspec_options())
+                if self._stage_in_use(plan):  # the load was made the table's content before the failure: its files stay
+                    base = f"{base}/_delta_log"
                 with contextlib.suppress(Exception):
                     fs.rm(base, recursive=True)
         finally:
             self._stop()
+
+    def _stage_in_use(self, plan: SinkPlan) -> bool:
+        """Whether the target's current version refers to files of the load's stage."""
+        import pyarrow as pa
+
+        with contextlib.suppress(Exception):
+            target = open_table(self.config.path, self.config.storage())
+            prefix = plan.write_target.rstrip("/").rsplit("/", 1)[-1] + "/"
+            if target is not None:
+                return any(p.startswith(prefix) for p in pa.table(target.get_add_actions(flatten=True)).column("path").to_pylist())
+        return False
 
     def _stop(self) -> None:
         if self._beat is not None:

@@ -144,8 +144,10 @@ def discard(catalog: Any, table: Any | None, plan: SinkPlan, load: str) -> None:
     """A failed load: its branch and the files on it, or its stage table with its files, are removed."""
     with contextlib.suppress(Exception):
         if table is not None:
-            paths = [f.file_path for f in _staged_files(table, load)]
-            table.manage_snapshots().remove_branch(plan.own.branch).commit()
+            current = {t.file.file_path for t in table.scan().plan_files()} if table.current_snapshot() else set()
+            paths = [f.file_path for f in _staged_files(table, load) if f.file_path not in current]  # (main's own stay)
+            if plan.own.branch in table.metadata.refs:
+                table.manage_snapshots().remove_branch(plan.own.branch).commit()
             ice.delete_quietly(table.io, paths)
         elif plan.load_mode in ("create", "replace"):
             catalog.purge_table(plan.own.table)
