@@ -472,3 +472,27 @@ def test_a_filter_and_columns_are_pushed_down_to_the_files(cli, tmp_path: Path, 
     assert len(report["partitions"]) == 1  # the other two files were ruled out by their statistics: not read
     got = pq.read_table(out)
     assert got.column_names == ["id", "x"] and sorted(got.column("id").to_pylist()) == list(range(100))
+
+
+@pytest.mark.parametrize("fmt,spec", [("iceberg", "['day(d)', 'bucket(4, id)']"), ("delta", "[d]")])
+def test_a_partitioned_table_is_created_and_appended_to_exactly(eo, cli, tmp_path: Path, fmt: str, spec: str) -> None:
+    query = "SELECT id, grp, h, date '2020-01-01' + (id % 3)::int AS d FROM lake_eo WHERE id {} 100000"
+    args = ["run", *_pg(eo, "lake_eo"), *_sink(fmt, tmp_path, "parted"), "source.table=null", "strategy=rangeid",
+            "strategy.distribute_key=id", "strategy.partitions=3", "degree=2"]
+    res = cli(*args, f'source.query="{query.format("<=")}"', "load_mode=create", f"sink.partition_by={spec}")
+    assert res.code == 0, res.err
+    res = cli(*args, f'source.query="{query.format(">")}"', "load_mode=append")
+    assert res.code == 0, res.err
+    got = _read(fmt, tmp_path, "parted")
+    _exact(got)
+    assert duckdb.sql("SELECT count(*) FROM got WHERE d <> date '2020-01-01' + (id % 3)::int OR h <> md5(id::varchar)").fetchone()[0] == 0
+    if fmt == "iceberg":
+        table = _catalog(tmp_path).load_table("lake.parted")
+        assert [f.name for f in table.spec().fields] == ["d_day", "id_bucket"]
+        assert {t.file.partition[0] for t in table.scan().plan_files()} == {18262, 18263, 18264}  # days since 1970 of the 3 dates
+    else:
+        from deltalake import DeltaTable
+
+        table = DeltaTable(str(tmp_path / "delta" / "parted"))
+        assert table.metadata().partition_columns == ["d"]
+        assert {p["d"] for p in table.partitions()} == {"2020-01-01", "2020-01-02", "2020-01-03"}

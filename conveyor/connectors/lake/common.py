@@ -98,10 +98,6 @@ def live_runs(location: str, storage: dict[str, Any] | None = None) -> list[str]
     return out
 
 
-def counted(batches: Iterable[Any], convert: Callable[[Any], Any], check_end: Callable[[int], None] | None = None) -> Counted:
-    return Counted(batches, convert, check_end)
-
-
 class Counted:
     """The batches, converted, with the rows and bytes that went through counted; ``check_end`` is called with the
     rows once the last batch has been taken (a check there raises before the library commits)."""
@@ -131,4 +127,4 @@ class Counted:
             self._check_end(self.rows)
 
 
-__all__ = ["LOAD", "PARTITION", "Beat", "live_runs", "app_id", "failed", "secret_values", "scrub", "Counted", "counted"]
+__all__ = ["LOAD", "PARTITION", "Beat", "live_runs", "app_id", "failed", "secret_values", "scrub", "Counted"]

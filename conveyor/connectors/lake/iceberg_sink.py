@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import random
 import time
 import uuid
@@ -184,11 +185,10 @@ class IcebergSink(IcebergChangeApplier, SinkBase):
         if done is not None:
             return WriteStats(key, done[0], 0, time.perf_counter() - start, already_committed=True)
         where = self.config.where()
-        names = own.schema.names
         sent = Counted(batches, lambda b: conform(b.select(list(plan.source_columns)), own.schema, where), None)
         files: list[Any] = []
         try:
-            files = self._write_files(table, own.schema, sent, names)
+            files = self._write_files(table, own.schema, sent)
             stored = sum(f.record_count for f in files)  # each file's count, from its own footer as written
             check_stored(where, key, sent.rows, stored)
             check_partition_rows(where, key, plan.expecting, stored)
@@ -202,7 +202,7 @@ class IcebergSink(IcebergChangeApplier, SinkBase):
         check_stored(where, key, stored, committed)  # the snapshot's own added-records
         return WriteStats(key, committed, sent.bytes, time.perf_counter() - start)
 
-    def _write_files(self, table: Any, schema: Any, sent: Counted, names: list[str]) -> list[Any]:
+    def _write_files(self, table: Any, schema: Any, sent: Counted) -> list[Any]:
         import pyarrow as pa
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
@@ -213,7 +213,7 @@ class IcebergSink(IcebergChangeApplier, SinkBase):
                 return list(_dataframe_to_data_files(table.metadata, reader, table.io, write_uuid=write_uuid))
             files: list[Any] = []
             chunk: list[Any] = []
-            counter = __import__("itertools").count(0)
+            counter = itertools.count(0)
             for batch in [*sent, None]:
                 if batch is not None:
                     chunk.append(batch)

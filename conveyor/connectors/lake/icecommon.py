@@ -172,9 +172,10 @@ def partition_spec(schema: Any, fields: list[str]) -> Any:
 def iceberg_schema(arrow: Any) -> Any:
     """The Iceberg schema of an Arrow one (ids 1..n in order), refusing what it cannot hold by name."""
     from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import assign_fresh_schema_ids
 
-    try:
-        return Catalog._convert_schema_if_needed(arrow)
+    try:  # (converted without ids: -1 each; a partition spec names its source columns by id)
+        return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow))
     except (ValueError, TypeError) as exc:
         raise SchemaError(f"iceberg: {exc}", hint="cast the column in the source (source.query)") from None
 
