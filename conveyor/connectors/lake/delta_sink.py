@@ -15,7 +15,7 @@ from typing import Any
 from conveyor.connectors.files import cursors
 from conveyor.connectors.lake import deltaops
 from conveyor.connectors.lake.common import LOAD, PARTITION, Beat, Counted, app_id, failed, secret_values
-from conveyor.connectors.lake.deltaops import STAGE, arrow_schema, commits_of, open_table
+from conveyor.connectors.lake.deltaops import STAGE, DeltaConnConfig, arrow_schema, commits_of, open_table
 from conveyor.connectors.lake.deltasync import DeltaChangeApplier
 from conveyor.connectors.lake.types import conform, written_schema, written_type
 from conveyor.core import (
@@ -40,11 +40,7 @@ from conveyor.kit.staged import check_mode
 
 
 @dataclass
-class DeltaSinkConfig(merging.MergeOptions):
-    #: the table's folder: a local path or s3://bucket/path (a template with {table} / {schema} for several tables)
-    path: str = ""
-    #: delta-rs storage options (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...; unset: the environment's)
-    storage_options: dict[str, Any] = field(default_factory=dict)
+class DeltaSinkConfig(DeltaConnConfig, merging.MergeOptions):
     #: create / replace: partition columns
     partition_by: list[str] = field(default_factory=list)
     #: create / replace: table configuration (delta.* properties)
@@ -53,27 +49,8 @@ class DeltaSinkConfig(merging.MergeOptions):
     allow_cast: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not self.path:
-            raise ValueError("path: name the table's folder")
-        if "://" not in self.path and "{" not in self.path:  # a local folder, absolute where the job is declared (a Ray worker runs elsewhere)
-            import os
-
-            self.path = os.path.abspath(self.path)
+        super().__post_init__()
         self.check_merge_options()
-
-    def where(self) -> str:
-        return f"delta table {self.path}"
-
-    def storage(self) -> dict[str, str]:
-        return {str(k): str(v) for k, v in self.storage_options.items()}
-
-    def fsspec_options(self) -> dict[str, Any]:
-        s = {k.upper(): v for k, v in self.storage().items()}
-        out: dict[str, Any] = {}
-        for src, dst in (("AWS_ENDPOINT_URL", "endpoint_url"), ("AWS_ACCESS_KEY_ID", "key"), ("AWS_SECRET_ACCESS_KEY", "secret")):
-            if src in s:
-                out[dst] = s[src]
-        return out
 
 
 @dataclass(frozen=True)
@@ -100,8 +77,8 @@ class DeltaSink(DeltaChangeApplier, SinkBase):
         self.options = options
         self._beat: Beat | None = None
 
-    def __getstate__(self) -> dict[str, Any]:  # the catalog's connections and the driver's beat stay where they were made
-        return {**self.__dict__, "_beat": None} | ({"_catalog": None} if "_catalog" in self.__dict__ else {})
+    def __getstate__(self) -> dict[str, Any]:  # the driver's beat stays where it was made
+        return {**self.__dict__, "_beat": None}
 
     def for_target(self, schema: str, table: str, options: JobOptions) -> DeltaSink:
         return DeltaSink(dataclasses.replace(self.config, path=target_for(self.config.path, schema, table, "sink.path")), options)

@@ -11,16 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.connectors.lake.common import failed, secret_values
-from conveyor.connectors.lake.deltaops import arrow_schema, open_table
+from conveyor.connectors.lake.deltaops import DeltaConnConfig, arrow_schema, open_table
 from conveyor.core import FileEntry, FileSet, JobOptions, Partition, SourceBase, SourceInfo
 from conveyor.errors import ConfigError, SchemaError
 
 
 @dataclass
-class DeltaSourceConfig:
-    #: the table's folder: a local path or s3://bucket/path
-    path: str = ""
-    storage_options: dict[str, Any] = field(default_factory=dict)
+class DeltaSourceConfig(DeltaConnConfig):
     #: read this version (time travel); or ``as_of``; none: the latest
     version: int | None = None
     #: the version current at this time (ISO 8601)
@@ -32,20 +29,9 @@ class DeltaSourceConfig:
     filters: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not self.path:
-            raise ValueError("path: name the table's folder")
-        if "://" not in self.path and "{" not in self.path:  # a local folder, absolute where the job is declared (a Ray worker runs elsewhere)
-            import os
-
-            self.path = os.path.abspath(self.path)
+        super().__post_init__()
         if self.version is not None and self.as_of is not None:
             raise ValueError("set at most one of version and as_of")
-
-    def where(self) -> str:
-        return f"delta table {self.path}"
-
-    def storage(self) -> dict[str, str]:
-        return {str(k): str(v) for k, v in self.storage_options.items()}
 
 
 class DeltaSource(SourceBase):

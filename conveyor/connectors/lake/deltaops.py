@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.connectors.lake.common import LOAD, PARTITION, failed, live_runs, secret_values
@@ -17,6 +19,32 @@ from conveyor.kit.staged import check_taken
 from conveyor.log import note, warn
 
 STAGE = "conveyor-stage-"
+
+
+@dataclass
+class DeltaConnConfig:
+    #: the table's folder: a local path or s3://bucket/path (a sink's: a template with {table} / {schema} for several tables)
+    path: str = ""
+    #: delta-rs storage options (AWS_REGION, AWS_ENDPOINT_URL, AWS_ALLOW_HTTP, ...; credentials: the environment's)
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("path: name the table's folder")
+        if "://" not in self.path and "{" not in self.path:  # a local folder, absolute where the job is declared (a Ray worker runs elsewhere)
+            self.path = os.path.abspath(self.path)
+
+    def where(self) -> str:
+        return f"delta table {self.path}"
+
+    def storage(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self.storage_options.items()}
+
+    def fsspec_options(self) -> dict[str, Any]:
+        """The storage options as fsspec (s3fs) takes them, for the files Conveyor itself reads and removes."""
+        s = {k.upper(): v for k, v in self.storage().items()}
+        names = (("AWS_ENDPOINT_URL", "endpoint_url"), ("AWS_ACCESS_KEY_ID", "key"), ("AWS_SECRET_ACCESS_KEY", "secret"))
+        return {dst: s[src] for src, dst in names if src in s}
 
 
 def deltalake() -> Any:
@@ -200,4 +228,4 @@ def _partition_values(action: dict[str, Any], columns: list[str]) -> dict[str, s
     return out
 
 
-__all__ = ["deltalake", "open_table", "commits_of", "arrow_schema", "swap_in", "merge", "leftovers", "STAGE"]
+__all__ = ["DeltaConnConfig", "deltalake", "open_table", "commits_of", "arrow_schema", "swap_in", "merge", "leftovers", "STAGE"]

@@ -109,24 +109,17 @@ class IcebergSource(SourceBase):
                          hint="columns must be the table's; row_filter in pyiceberg's syntax: \"a > 1 and b = 'x'\"") from None
 
     def describe(self) -> SourceInfo:
-        scan = self._scan()
-        try:
-            schema = scan.projection().as_arrow()
-        except Exception as exc:
-            raise failed(f"{self.config.where()}: source.columns", exc, self.config.secrets()) from None
-        import pyarrow as pa
-
-        schema = pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])  # without the field ids
+        schema = _schema(self._scan(), self.config)
         snap = self.table().snapshot_by_id(self._snapshot) if self._snapshot is not None else None
         rows = int(snap.summary.additional_properties.get("total-records", 0)) if snap and snap.summary else 0
         at = f" at snapshot {self._snapshot}" if self._snapshot is not None else " (no snapshot: empty)"
         return SourceInfo(schema=schema, label=f"{self.config.where()}{at}", estimated_rows=None if self.config.row_filter else rows)
 
-    def _tasks(self) -> list[Any]:
+    def _tasks(self, scan: Any = None) -> list[Any]:
         if self._snapshot is None:
             return []
         try:
-            return list(self._scan().plan_files())
+            return list((scan or self._scan()).plan_files())
         except Exception as exc:
             raise failed(f"{self.config.where()}: planning the scan", exc, self.config.secrets()) from None
 
@@ -145,7 +138,8 @@ class IcebergSource(SourceBase):
     def read(self, part: Partition) -> Iterator[Any]:
         from pyiceberg.io.pyarrow import ArrowScan
 
-        tasks = self._tasks()
+        scan = self._scan()
+        tasks = self._tasks(scan)
         if isinstance(part, FileSet):
             wanted = set(part.paths)
             tasks = [t for t in tasks if t.file.file_path in wanted]
@@ -154,20 +148,24 @@ class IcebergSource(SourceBase):
                                   hint="the table's snapshot was expired during the run: run again")
         if not tasks:
             return
-        scan = self._scan()
         table = self.table()
         arrow = ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter, scan.case_sensitive)
-        schema = self.describe_schema()
+        schema = _schema(scan, self.config)
         try:
             for batch in arrow.to_record_batches(tasks):
                 yield batch.cast(schema) if not batch.schema.equals(schema, check_metadata=False) else batch
         except Exception as exc:
             raise failed(f"{self.config.where()}: reading {part.key}", exc, self.config.secrets(), partition=part.key) from None
 
-    def describe_schema(self) -> Any:
-        import pyarrow as pa
 
-        return pa.schema([pa.field(f.name, f.type, f.nullable) for f in self._scan().projection().as_arrow()])
+def _schema(scan: Any, conf: IcebergSourceConfig) -> Any:
+    """The Arrow schema of a scan's columns (without the field ids), the one every batch is read as."""
+    import pyarrow as pa
+
+    try:
+        return pa.schema([pa.field(f.name, f.type, f.nullable) for f in scan.projection().as_arrow()])
+    except Exception as exc:
+        raise failed(f"{conf.where()}: source.columns", exc, conf.secrets()) from None
 
 
 __all__ = ["IcebergSource", "IcebergSourceConfig"]
