@@ -142,7 +142,9 @@ class IcebergChangeApplier:
 
 
 def _key_filter(keys_table: Any, keys: Sequence[str]) -> Any:
-    """A row filter matching the staged keys: ``k IN (...)`` for one key column, else an OR of each key's ANDs."""
+    """A row filter matching the staged keys: ``k IN (...)`` for one key column, else for a composite key, per value of its
+    first column, that value AND the rest's (an IN of the last column's values where the others are one row): an OR of them
+    built as a balanced tree, so that binding and evaluating it recurses log2(keys) deep, not once per key."""
     from functools import reduce
 
     from pyiceberg.expressions import AlwaysFalse, And, EqualTo, In, Or
@@ -151,8 +153,20 @@ def _key_filter(keys_table: Any, keys: Sequence[str]) -> Any:
         return AlwaysFalse()
     if len(keys) == 1:
         return In(keys[0], set(keys_table.column(0).to_pylist()))
-    rows = keys_table.to_pylist()
-    return reduce(Or, (reduce(And, (EqualTo(k, r[k]) for k in keys)) for r in rows))
+    groups: dict[tuple[Any, ...], set[Any]] = {}
+    head, last = list(keys[:-1]), keys[-1]
+    for row in keys_table.select([*head, last]).to_pylist():  # the changed keys (a fraction of the table), once per run
+        groups.setdefault(tuple(row[k] for k in head), set()).add(row[last])
+    terms = [reduce(And, [*(EqualTo(k, v) for k, v in zip(head, values)), In(last, tail) if len(tail) > 1 else EqualTo(last, next(iter(tail)))])
+             for values, tail in groups.items()]
+    return _balanced(Or, terms)
+
+
+def _balanced(op: Any, terms: list[Any]) -> Any:
+    if len(terms) == 1:
+        return terms[0]
+    mid = len(terms) // 2
+    return op(_balanced(op, terms[:mid]), _balanced(op, terms[mid:]))
 
 
 __all__ = ["IcebergChangeApplier"]
