@@ -23,6 +23,9 @@ class IncrementalConfig:
     follow: float = 0
     #: replication: the changed keys one transaction applies at most (a larger change set takes several)
     chunk_keys: int = 1_000_000
+    #: replication: how long a run waits for the source's open transactions to end before its snapshot can begin
+    #: (each wait is said: which transaction, since when), in seconds; 0: as long as it takes
+    wait_timeout: float = 0
 
 
 @dataclass(frozen=True)

@@ -4,22 +4,26 @@ the one transaction that applies them.
 
 A run stages, for every key the source's changes touched, the key and the row it holds at the run's
 position (``_conveyor_present`` false where the row is gone). Applying is then set-based and
-idempotent: delete every staged key from the target, insert the staged rows that exist, and read
-back, in the same transaction, what the target now holds for those keys: each present key once
-with the staged values, no absent key left. A trigger or rule that dropped or changed a row fails
-the run by name and the target keeps what it had. The position applied is written in that
-transaction (``_conveyor_sync``: slot, target, source table, position, the source's columns when the
-sync started), so the target says exactly which changes it holds.
+idempotent (:func:`apply_changes`): the keys whose rows exist at both ends are updated, the rows that
+are new inserted, the keys gone at the source deleted, in an order the foreign keys between the
+synced tables accept, every table in one transaction. What the targets then hold is read back in it:
+each present key once with the staged values, no absent key left, and no row inserted, updated or
+deleted beyond the changes (a trigger, rule or foreign key action of the target that touched other
+rows). Any of them fails the run by name and the targets keep what they had. The position applied is
+written in that transaction (``_conveyor_sync``: slot, target, source table, position, the source's
+columns when the sync started), so the target says exactly which changes it holds; it is read (and
+locked, where the engine locks rows) first, so a second run of the job applying at once is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.errors import VerificationError
+from conveyor.errors import ConveyorError, VerificationError
 
 STATE = "_conveyor_sync"
 PRESENT = "_conveyor_present"
@@ -137,12 +141,12 @@ class SqlChangeApplier:
             if con.execute(f"SELECT count(*) FROM {state} WHERE {where}").fetchone()[0]:
                 con.execute(f"DELETE FROM {state} WHERE {where}")
                 out.append(f"sync state of {self._sync_target} ({slot})")
-            con.execute(f"DROP TABLE IF EXISTS {self._qualified(stage_name(slot))}")
+            con.execute(f"DROP TABLE IF EXISTS {self._qualified(stage_name(slot, self._sync_target))}")
         return out
 
     def sync_stage(self, slot: str) -> str:
-        """A new, empty stage for ``slot``'s changed rows: the target's columns and ``_conveyor_present``."""
-        stage = stage_name(slot)
+        """A new, empty stage for ``slot``'s changed rows of this target: the target's columns and ``_conveyor_present``."""
+        stage = stage_name(slot, self._sync_target)
         with self._sync_connection() as con:
             for sql in self._stage_sql(stage):
                 con.execute(sql)
@@ -153,27 +157,53 @@ class SqlChangeApplier:
             con.execute(f"DROP TABLE IF EXISTS {self._qualified(stage)}")
 
     def apply_sync(self, stage: str, keys: Sequence[str], full: bool, record: SyncRecord | None) -> Applied:
-        """Apply the staged rows in one transaction (see the module's docstring), recording ``record``
-        in it; raises, with the target as it was, where the target did not take them."""
-        with self._sync_connection() as con:
-            con.execute("BEGIN")
-            try:
-                for sql in self._planned(con, keys):
-                    con.execute(sql)
-                applied = _apply(con, self._qualified(), self._qualified(stage), keys, full, self._quote, self._sync_mysql,
-                                 self._sync_target, self._row_differs)
-                if record is not None:
-                    self._record(con, record)
-                con.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    con.execute("ROLLBACK")
-                raise
-        return applied
+        """Apply one table's staged rows in one transaction (see :func:`apply_changes`)."""
+        return apply_changes([Change(self, stage, tuple(keys), full, record)])[0]
+
+    # --- what differs by engine -------------------------------------------------------------------
+
+    def _held_position(self, con: Any, slot: str) -> int | None:
+        """The position the state row of ``slot`` holds, locked until the transaction ends where the engine locks rows."""
+        row = con.execute(f"SELECT position FROM {self._qualified(STATE)} WHERE slot = '{slot}' AND "
+                          f"target = {_text(self._sync_target, self._sync_mysql)}{self._for_update}").fetchone()
+        return int(row[0]) if row else None
+
+    _for_update = " FOR UPDATE"
+
+    def _effects(self, con: Any) -> tuple[int, int, int] | None:
+        """The rows this transaction inserted, updated and deleted in the target so far, as the engine counts them
+        (triggers' and foreign key actions' changes included); None where the engine does not count them."""
+        return None
+
+    def _deferred(self) -> list[str]:
+        """Statements at the start of the apply that defer the constraints that can be deferred (checked at its commit)."""
+        return []
+
+    def _outside_possible(self, con: Any) -> bool:
+        """Whether a trigger or a foreign key action could change this target's rows beyond the statements' own
+        (then a count before and after stands in where :meth:`_effects` is None)."""
+        return False
 
 
-def stage_name(slot: str) -> str:
-    return f"_conveyor_sync_stage_{slot[-16:]}"
+@dataclass
+class Change:
+    """One target table's part of a run: its stage, its keys, whether it is loaded again whole (a TRUNCATE at the
+    source), the state to record, the position its state must hold when the apply begins (None: not checked),
+    and whether another synced table's foreign key refers to it (its deletes then wait for every table's inserts)."""
+
+    sink: SqlChangeApplier
+    #: None: no key of the table changed (its position is recorded, and that nothing else changed its rows checked)
+    stage: str | None
+    keys: tuple[str, ...]
+    full: bool
+    record: SyncRecord | None
+    expect: int | None = None
+    referenced: bool = False
+
+
+def stage_name(slot: str, target: str) -> str:
+    """The stage of one target of one sync job: a name no other job or target shares (a hash of both)."""
+    return "_conveyor_sync_stage_" + hashlib.sha1(f"{slot}\n{target}".encode()).hexdigest()[:20]
 
 
 def _text(value: str, mysql: bool = False) -> str:
@@ -181,36 +211,155 @@ def _text(value: str, mysql: bool = False) -> str:
     return "'" + (value.replace("\\", "\\\\") if mysql else value).replace("'", "''") + "'"
 
 
-def _apply(con: Any, target: str, stage: str, keys: Sequence[str], full: bool, quote: Callable[[str], str], mysql: bool,
-           where: str, row_differs: Callable[[Sequence[str], Callable[[str], str]], str] = lambda cols, quote: "") -> Applied:
-    from conveyor.kit.merge import _differs, _ints
+@dataclass
+class _Table:
+    change: Change
+    target: str
+    stage: str
+    columns: list[str]
+    on: str
+    staged: int = 0
+    existing: int = 0
+    matched: int = 0
+    gone: int = 0
+    before: tuple[int, int, int] | None = None
+    count: int | None = None
 
+
+def apply_changes(changes: Sequence[Change]) -> list[Applied]:
+    """Apply the staged rows of every table in ``changes`` (one target database) in one transaction, and record each
+    table's position in it; raises, with every target as it was, where a target did not take them.
+
+    Each change arrives as the source made it: a key whose row exists at both ends is UPDATEd (what the target's
+    triggers and foreign key actions then see), a key gone at the source is DELETEd, a new one INSERTed. ``changes``
+    come parents first; a table other synced tables refer to deletes after every table's inserts and updates, the
+    others before theirs (a unique value a deleted row held can then be taken by an inserted one). Every table's
+    state must still hold the position the run started from (a second run of the job applied meanwhile: refused). What
+    the targets hold afterwards is read back in the transaction: each present key once with the staged values, no gone
+    key left, and no more rows inserted, updated or deleted in any of them than the changes say (a trigger, rule or
+    foreign key action that touched other rows is refused by name)."""
+    first = changes[0].sink
+    mysql = first._sync_mysql
+    quote = first._quote
+    with first._sync_connection() as con:
+        con.execute("BEGIN")
+        try:
+            tables = [_prepare(con, c, quote) for c in changes]
+            for t in tables:
+                _check_position(con, t)
+            for t in tables:
+                t.before = t.change.sink._effects(con)
+                if t.before is None and t.change.sink._outside_possible(con):
+                    t.count = _count(con, t.target)
+            for sql in first._deferred():
+                con.execute(sql)
+            for t in reversed(tables):  # children first: their deletes, and whole tables emptied
+                if t.change.full:
+                    con.execute(f"DELETE FROM {t.target}")
+                elif not t.change.referenced:
+                    _delete(con, t, quote, mysql)
+            for t in tables:  # parents first: updates and inserts
+                for sql in t.change.sink._planned(con, t.change.keys):
+                    con.execute(sql)
+                if not t.change.full:
+                    _update(con, t, quote, mysql)
+                _insert(con, t, quote)
+            for t in reversed(tables):
+                if t.change.referenced and not t.change.full:
+                    _delete(con, t, quote, mysql)
+            out = [_verify(con, t, quote, mysql) for t in tables]
+            for t in tables:
+                if t.change.record is not None:
+                    t.change.sink._record(con, t.change.record)
+            con.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                con.execute("ROLLBACK")
+            raise
+    return out
+
+
+def _prepare(con: Any, change: Change, quote: Callable[[str], str]) -> _Table:
+    from conveyor.kit.merge import _ints
+
+    sink = change.sink
+    if change.stage is None:
+        return _Table(change, sink._qualified(), "", [], "")
+    target, stage = sink._qualified(), sink._qualified(change.stage)
     present = f"s.{quote(PRESENT)}"
     columns = [d[0] for d in con.execute(f"SELECT * FROM {stage} LIMIT 0").description if d[0] != PRESENT]
-    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
-    staged, existing = _ints(con, f"SELECT count(*), sum(CASE WHEN {present} THEN 1 ELSE 0 END) FROM {stage} AS s")
-    gone = (_ints(con, f"SELECT count(*) FROM {target}")[0] if full else
-            _ints(con, f"SELECT count(*) FROM {target} AS t JOIN {stage} AS s ON {on} WHERE NOT {present}")[0])
-    if full:
-        con.execute(f"DELETE FROM {target}")
-    elif mysql:
-        con.execute(f"DELETE t FROM {target} AS t JOIN {stage} AS s ON {on}")
+    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in change.keys)
+    t = _Table(change, target, stage, columns, on)
+    t.staged, t.existing = _ints(con, f"SELECT count(*), sum(CASE WHEN {present} THEN 1 ELSE 0 END) FROM {stage} AS s")
+    if change.full:
+        t.gone = _count(con, target)
     else:
-        # a join, not EXISTS: the staged keys are distinct, and the target's rows are then found in the stage's key order
-        con.execute(f"DELETE FROM {target} AS t USING {stage} AS s WHERE {on}")
-    cols = ", ".join(quote(c) for c in columns)
+        t.matched, t.gone = _ints(con, f"SELECT sum(CASE WHEN {present} THEN 1 ELSE 0 END), sum(CASE WHEN {present} THEN 0 ELSE 1 END) "
+                                       f"FROM {target} AS t JOIN {stage} AS s ON {on}")
+    return t
+
+
+def _count(con: Any, table: str) -> int:
+    return int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] or 0)
+
+
+def _check_position(con: Any, t: _Table) -> None:
+    change = t.change
+    if change.expect is None or change.record is None:
+        return
+    held = change.sink._held_position(con, change.record.slot)
+    if held != change.expect:
+        now = "no sync state" if held is None else f"the changes up to position {held}"
+        raise ConveyorError(f"sync of {change.sink._sync_target}: another run of this job applied changes meanwhile (the target holds "
+                            f"{now}, this run began at {change.expect}): this run applied nothing",
+                            hint="run one sync of a job at a time; run it again to go on from the target's position")
+
+
+def _delete(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> None:
+    if not t.gone:
+        return
+    present = f"s.{quote(PRESENT)}"
+    if mysql:
+        con.execute(f"DELETE t FROM {t.target} AS t JOIN {t.stage} AS s ON {t.on} WHERE NOT {present}")
+    else:
+        con.execute(f"DELETE FROM {t.target} AS t USING {t.stage} AS s WHERE {t.on} AND NOT {present}")
+
+
+def _update(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> None:
+    values = [c for c in t.columns if c not in t.change.keys]
+    if not t.matched or not values:
+        return
+    present = f"s.{quote(PRESENT)}"
+    if mysql:
+        sets = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in values)
+        con.execute(f"UPDATE {t.target} AS t JOIN {t.stage} AS s ON {t.on} SET {sets} WHERE {present}")
+    else:
+        sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in values)
+        con.execute(f"UPDATE {t.target} AS t SET {sets} FROM {t.stage} AS s WHERE {t.on} AND {present}")
+
+
+def _insert(con: Any, t: _Table, quote: Callable[[str], str]) -> None:
+    new = t.existing - (0 if t.change.full else t.matched)
+    if not new:
+        return
+    cols = ", ".join(quote(c) for c in t.columns)
+    keys = t.change.keys
     order = ", ".join(f"s.{quote(k)}" for k in keys)  # in key order: the target's key index grows page by page
-    con.execute(f"INSERT INTO {target} ({cols}) SELECT {', '.join(f's.{quote(c)}' for c in columns)} FROM {stage} AS s WHERE {present} "
-                f"ORDER BY {order}")
-    # what the target holds now, in this transaction
-    compared = [c for c in columns if c not in keys]
-    differs = row_differs(compared, quote) or " OR ".join(_differs(f"t.{quote(c)}", f"s.{quote(c)}", mysql) for c in compared) or "1 = 0"
-    held, changed, kept = _ints(con, f"SELECT sum(CASE WHEN {present} THEN 1 ELSE 0 END), "
-                                     f"sum(CASE WHEN {present} AND ({differs}) THEN 1 ELSE 0 END), "
-                                     f"sum(CASE WHEN {present} THEN 0 ELSE 1 END) FROM {target} AS t JOIN {stage} AS s ON {on}")
-    total = _ints(con, f"SELECT count(*) FROM {target}")[0] if full else existing
-    if held != existing or total != existing:
-        raise VerificationError(f"verification failed for {where}: after applying the changes it holds {held:,} of the {existing:,} "
+    anti = "" if t.change.full else f" AND t.{quote(keys[0])} IS NULL"
+    join = "" if t.change.full else f" LEFT JOIN {t.target} AS t ON {t.on}"
+    con.execute(f"INSERT INTO {t.target} ({cols}) SELECT {', '.join(f's.{quote(c)}' for c in t.columns)} FROM {t.stage} AS s{join} "
+                f"WHERE s.{quote(PRESENT)}{anti} ORDER BY {order}")
+
+
+def _verify(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> Applied:
+    """What the target holds now, in this transaction: each present key once with the staged values, no gone key left,
+    and the rows inserted, updated and deleted (as the engine counts them, or its count of rows) no more than the changes'."""
+    sink, where = t.change.sink, t.change.sink._sync_target
+    compared = [c for c in t.columns if c not in t.change.keys]
+    held, changed, kept = (0, 0, 0) if t.change.stage is None else _read_back(con, t, quote, mysql, compared)
+    total = _count(con, t.target) if t.change.full else t.existing
+    if held != t.existing or total != t.existing:
+        raise VerificationError(f"verification failed for {where}: after applying the changes it holds {held:,} of the {t.existing:,} "
                                 "rows written (a trigger or rule on it skipped rows without an error): rolled back",
                                 hint="the target was not changed; see its triggers and rules")
     if changed:
@@ -219,5 +368,33 @@ def _apply(con: Any, target: str, stage: str, keys: Sequence[str], full: bool, q
     if kept:
         raise VerificationError(f"verification failed for {where}: {kept:,} rows deleted at the source are still in it after the "
                                 "delete (a rule on it kept them): rolled back", hint="the target was not changed; see its rules")
-    return Applied(keys=staged, written=existing, deleted=gone, full=full)
+    inserted = t.existing - (0 if t.change.full else t.matched)
+    updated = 0 if t.change.full or not compared else t.matched
+    if t.before is not None:
+        after = sink._effects(con)
+        did = tuple(a - b for a, b in zip(after or t.before, t.before))
+        if did != (inserted, updated, t.gone):
+            raise VerificationError(f"verification failed for {where}: the changes insert {inserted:,}, update {updated:,} and delete "
+                                    f"{t.gone:,} rows of it, and {did[0]:,} were inserted, {did[1]:,} updated and {did[2]:,} deleted "
+                                    "(a trigger, rule or foreign key action of the target changed rows the source did not): rolled back",
+                                    hint="the target was not changed; drop or change that trigger, rule or ON DELETE/ON UPDATE action "
+                                         "on the target (the source's own changes arrive as its inserts, updates and deletes)")
+    elif t.count is not None:
+        now = _count(con, t.target)
+        if now != t.count - t.gone + inserted:
+            raise VerificationError(f"verification failed for {where}: it holds {now:,} rows after the apply, and the changes make "
+                                    f"{t.count - t.gone + inserted:,} (a trigger or foreign key action of the target changed rows the "
+                                    "source did not): rolled back", hint="the target was not changed; drop or change that trigger or "
+                                    "ON DELETE/ON UPDATE action on the target")
+    return Applied(keys=t.staged, written=t.existing, deleted=t.gone, full=t.change.full)
 
+
+def _read_back(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool, compared: Sequence[str]) -> tuple[int, ...]:
+    """(staged rows present in the target, of them those whose values differ, gone keys still there)."""
+    from conveyor.kit.merge import _differs, _ints
+
+    present = f"s.{quote(PRESENT)}"
+    differs = (t.change.sink._row_differs(compared, quote) or " OR ".join(_differs(f"t.{quote(c)}", f"s.{quote(c)}", mysql) for c in compared)
+               or "1 = 0")
+    return _ints(con, f"SELECT sum(CASE WHEN {present} THEN 1 ELSE 0 END), sum(CASE WHEN {present} AND ({differs}) THEN 1 ELSE 0 END), "
+                      f"sum(CASE WHEN {present} THEN 0 ELSE 1 END) FROM {t.target} AS t JOIN {t.stage} AS s ON {t.on}")

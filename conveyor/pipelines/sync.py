@@ -32,7 +32,7 @@ from conveyor.connectors.postgres.common import connect
 from conveyor.connectors.postgres.replication import SyncTable, lsn_text
 from conveyor.core import cancel_requested, wait_for_cancel
 from conveyor.errors import Cancelled, ConfigError, ConveyorError, SchemaError
-from conveyor.kit.syncapply import Applied, SyncRecord
+from conveyor.kit.syncapply import Applied, Change, SqlChangeApplier, SyncRecord, apply_changes
 from conveyor.log import note, say
 
 #: the source settings that say which tables, and the sink settings that say which target: the slot's default name
@@ -126,7 +126,6 @@ def slot_of(spec: JobSpec) -> str:
 def check(spec: JobSpec) -> None:
     """A sync job's config, refused by name before anything connects."""
     from conveyor.connectors.postgres.source import PostgresSource
-    from conveyor.kit.syncapply import SqlChangeApplier
 
     if type(spec.source) is not PostgresSource or spec.source.config.query:
         raise ConfigError("incremental.method=replication reads a PostgreSQL table's changes: the source must be postgres with "
@@ -137,8 +136,9 @@ def check(spec: JobSpec) -> None:
     if spec.options.load_mode not in ("replace", "truncate", "create"):
         raise ConfigError(f"incremental.method=replication: load_mode={spec.options.load_mode}; a sync's first run loads each table "
                           "whole, and later runs apply changes", key="load_mode", hint="use load_mode=replace (or truncate / create)")
-    if spec.incremental.chunk_keys <= 0 or spec.incremental.follow < 0:
-        raise ConfigError("incremental.chunk_keys must be > 0 and incremental.follow >= 0", key="incremental")
+    if spec.incremental.chunk_keys <= 0 or spec.incremental.follow < 0 or spec.incremental.wait_timeout < 0:
+        raise ConfigError("incremental.chunk_keys must be > 0, and incremental.follow and incremental.wait_timeout >= 0",
+                          key="incremental")
 
 
 def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[SyncReport], None] | None = None) -> SyncReport:
@@ -151,6 +151,7 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[SyncRep
     con = connect(source.config, autocommit=True)
     try:
         replication.check_source(con, source.config.where())
+        replication.lock(con, slot)  # one run of the job at a time, until this connection closes
         version = int(con.execute("SHOW server_version_num").fetchone()[0])
         names = [(t.schema, t.name) for t in source.tables()] if source.many() else [(source.config.schema, source.config.table)]
         tables = [replication.describe(con, schema, name, version) for schema, name in names]
@@ -162,10 +163,19 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[SyncRep
             if held is not None:
                 note(f"sync: slot {slot} exists but the target has no record of the load that began with it (a first run that "
                      "stopped): loading again")
+            elif any(s is not None for s in states):
+                note(f"sync: the target holds a sync of slot {slot}, and the source has no such slot (dropped, or the source is "
+                     "another server): the changes since are lost to it, so the tables are loaded again")
             report.initial, report.position = _first(spec, con, slot, tables, sinks, version, load)
             report.retained_bytes = (replication.slot_state(con, slot) or (0, 0))[1]
             report.seconds = time.perf_counter() - start
-            return report
+            if on_run is not None:
+                on_run(report)
+            if not spec.incremental.follow:
+                return report
+            if wait_for_cancel(spec.incremental.follow):
+                raise Cancelled(f"sync stopped: {report.target} holds the source as of {lsn_text(report.position)}, every applied "
+                                "change committed", hint="run it again to go on from there")
         while True:
             done = _apply(spec, con, slot, tables, sinks, version)
             report.runs.append(done)
@@ -191,7 +201,8 @@ def _first(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: l
         note(f"sync: dropped {dropped} (its first load had not finished)")
     replication.publish(con, slot, tables, version)  # before the slot: pgoutput reads it as of each change
     try:
-        with replication.exported(spec.source.config, slot, temporary=False) as (position, snapshot):
+        with replication.exported(spec.source.config, slot, temporary=False, wait_timeout=spec.incremental.wait_timeout) as (position,
+                                                                                                                      snapshot):
             say(f"sync: slot {slot} made at {lsn_text(position)}: loading the tables in its snapshot")
             spec.source.imported_snapshot = snapshot
             job = load(spec)
@@ -212,6 +223,7 @@ def _apply(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: l
         raise ConveyorError(f"sync: the sync state of {', '.join(s._sync_target for s, st in zip(sinks, states) if st is None)} is gone",
                             hint=f"conveyor clean --drop (this job's settings) drops slot {slot}; the next run loads the tables again")
     at = min(s.position for s in states)
+    replication.check_published(con, slot, tables, version)
     for table, state in zip(tables, states):
         now = replication.describe(con, table.schema, table.name, version)
         if state.signature != now.signature:
@@ -220,7 +232,7 @@ def _apply(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: l
                               hint="change the target to match, then conveyor clean --drop (this job's settings) and run again: "
                                    "the first run loads the table again")
     temporary = f"conveyor_run_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with replication.exported(spec.source.config, temporary, temporary=True) as (upto, snapshot):
+    with replication.exported(spec.source.config, temporary, temporary=True, wait_timeout=spec.incremental.wait_timeout) as (upto, snapshot):
         taken = time.time()
         confirmed, _ = replication.slot_state(con, slot) or (0, 0)
         if confirmed > at:
@@ -235,10 +247,13 @@ def _apply(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: l
         done.changes = replication.collect(con, slot, upto)
         done.lap("decode", lap)
         try:
-            for table, sink in zip(tables, sinks):
-                if cancel_requested():
-                    raise Cancelled("cancelled")
-                done.tables[table.label] = _apply_table(spec, con, slot, table, sink, upto, snapshot, done)
+            if all(isinstance(s, SqlChangeApplier) for s in sinks):
+                done.tables.update(_apply_sql(spec, con, slot, tables, sinks, [s.position for s in states], upto, snapshot, done))
+            else:
+                for table, sink in zip(tables, sinks):
+                    if cancel_requested():
+                        raise Cancelled("cancelled")
+                    done.tables[table.label] = _apply_table(spec, con, slot, table, sink, upto, snapshot, done)
         except Cancelled:
             applied = f" ({', '.join(done.tables)} up to {lsn_text(upto)})" if done.tables else ""
             raise Cancelled(f"sync stopped while applying: every target holds this run's changes{applied} or the last run's, "
@@ -250,6 +265,46 @@ def _apply(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: l
         done.lag_seconds = time.time() - taken
     done.seconds = time.perf_counter() - began
     return done
+
+
+def _apply_sql(spec: JobSpec, con: Any, slot: str, tables: list[SyncTable], sinks: list[Any], held: list[int], upto: int,
+               snapshot: str, done: SyncRun) -> dict[str, Applied]:
+    """One run into an SQL target: every table's changed rows staged (in chunks of ``incremental.chunk_keys`` keys), then
+    applied in one target transaction across the tables, parents first (:func:`conveyor.kit.syncapply.apply_changes`)."""
+    order, referenced = replication.parents_first(con, tables)
+    changes: list[Change] = []
+    staged: list[tuple[Any, str]] = []
+    lap = time.perf_counter()
+    try:
+        for i in order:
+            if cancel_requested():
+                raise Cancelled("cancelled")
+            table, sink = tables[i], sinks[i]
+            record = SyncRecord(slot, table.label, upto, table.signature)
+            full = replication.truncated(con, table)
+            count = 0 if full else replication.changed_keys(con, table)
+            lap = done.lap("keys", lap)
+            if not full and not count:
+                changes.append(Change(sink, None, table.keys, False, record, held[i], i in referenced))
+                continue
+            stage = sink.sync_stage(slot)
+            staged.append((sink, stage))
+            chunks = 1 if full else -(-count // spec.incremental.chunk_keys)
+            for c in range(chunks):
+                query = replication.whole_query(table) if full else replication.rows_query(con, table, c, chunks)
+                _stage(spec, table, sink, stage, query, snapshot, sink._stage_mode if c == 0 else "append")
+            lap = done.lap("stage", lap)
+            changes.append(Change(sink, stage, table.keys, full, record, held[i], i in referenced))
+        if cancel_requested():
+            raise Cancelled("cancelled")
+        applied = apply_changes(changes)
+        done.lap("apply", lap)
+    finally:
+        for sink, stage in staged:
+            with contextlib.suppress(Exception):  # the next run makes it again; conveyor clean --drop removes a left one
+                sink.drop_stage(stage)
+    by_table = {c.record.source: a for c, a in zip(changes, applied) if c.record is not None}
+    return {t.label: by_table[t.label] for t in tables}
 
 
 def _apply_table(spec: JobSpec, con: Any, slot: str, table: SyncTable, sink: Any, upto: int, snapshot: str, done: SyncRun) -> Applied:
@@ -278,7 +333,7 @@ def _apply_table(spec: JobSpec, con: Any, slot: str, table: SyncTable, sink: Any
     return total
 
 
-def _stage(spec: JobSpec, table: SyncTable, sink: Any, stage: str, query: str, snapshot: str) -> Any:
+def _stage(spec: JobSpec, table: SyncTable, sink: Any, stage: str, query: str, snapshot: str, mode: str | None = None) -> Any:
     """The rows of one chunk of keys, read in the run's snapshot by the usual exact path into the stage
     (one partition on the driver; the load's own count check compares what the stage stored)."""
     from conveyor.connectors.postgres.source import PostgresSource
@@ -286,7 +341,7 @@ def _stage(spec: JobSpec, table: SyncTable, sink: Any, stage: str, query: str, s
     from conveyor.runtime.local import LocalRuntime, LocalRuntimeConfig
     from conveyor.strategies.basic import NoneStrategy, NoneStrategyConfig
 
-    options = dataclasses.replace(spec.options, load_mode=sink._stage_mode, run_id=uuid.uuid4().hex[:12], load_id="", cursor=None)
+    options = dataclasses.replace(spec.options, load_mode=mode or sink._stage_mode, run_id=uuid.uuid4().hex[:12], load_id="", cursor=None)
     source = PostgresSource(dataclasses.replace(spec.source.config, table=None, tables=[], exclude=[], query=query), options)
     source.imported_snapshot = snapshot
     target = (sink.stage_sink(stage, options) if hasattr(sink, "stage_sink") else

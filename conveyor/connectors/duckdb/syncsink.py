@@ -29,3 +29,6 @@ class DuckChangeApplier(SqlChangeApplier):
 
     def _stage_sql(self, stage: str) -> list[str]:
         return [f"DROP TABLE IF EXISTS {self._qualified(stage)}"]
+
+    # DuckDB has no row locks: a second apply's write of the state row conflicts with the first's at its commit
+    _for_update = ""

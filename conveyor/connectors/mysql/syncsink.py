@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from conveyor.connectors.mysql.common import Statements
-from conveyor.kit.syncapply import SqlChangeApplier
+from conveyor.kit.syncapply import SqlChangeApplier, _text
 
 
 class MyChangeApplier(SqlChangeApplier):
@@ -31,3 +31,12 @@ class MyChangeApplier(SqlChangeApplier):
 
     def _stage_sql(self, stage: str) -> list[str]:
         return [f"DROP TABLE IF EXISTS {self._qualified(stage)}"]
+
+    def _outside_possible(self, con: Any) -> bool:
+        # a trigger on the target, or a foreign key whose action changes rows (CASCADE, SET NULL, SET DEFAULT) into or out of it
+        database, table = (_text(v, True) for v in (self.config.database, self.config.table))
+        row = con.execute(f"SELECT (SELECT count(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = {database} AND "
+                          f"EVENT_OBJECT_TABLE = {table}) + (SELECT count(*) FROM information_schema.REFERENTIAL_CONSTRAINTS WHERE "
+                          f"CONSTRAINT_SCHEMA = {database} AND (TABLE_NAME = {table} OR REFERENCED_TABLE_NAME = {table}) AND "
+                          "(DELETE_RULE NOT IN ('RESTRICT', 'NO ACTION') OR UPDATE_RULE NOT IN ('RESTRICT', 'NO ACTION')))").fetchone()
+        return bool(row[0])

@@ -2,8 +2,10 @@
 publication, the snapshot a run reads, the keys the changes since the target's position touched.
 
 The slot decodes with ``pgoutput`` (built into PostgreSQL 10+: nothing to install on the source)
-and the job's publication lists only each table's key columns (PostgreSQL 15+), so a change is a
-few bytes whatever the row's width. What a run takes of the changes is *which keys* changed, parsed
+and the job's publication lists each table whole: a column list (15+) would carry only the keys, but
+PostgreSQL then refuses the table's own UPDATE and DELETE as soon as its replica identity needs a
+column the list leaves out (``REPLICA IDENTITY FULL``), and a data mover must never make its source
+refuse writes. What a run takes of the changes is *which keys* changed, parsed
 from the binary messages by one SQL statement on the server (never per row in Python); the rows
 those keys hold are then read by the job's exact readers in a snapshot exported at a position
 ``L`` (a temporary slot made with ``EXPORT_SNAPSHOT``): every transaction that committed before
@@ -20,8 +22,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.connectors.postgres.common import PgConnConfig, ident, literal, translate
-from conveyor.errors import ConfigError, SchemaError
+from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, translate
+from conveyor.errors import ConfigError, ConveyorError, SchemaError
 
 #: the column the rows query adds: true where the key's row exists at the run's position
 PRESENT = "_conveyor_present"
@@ -119,9 +121,8 @@ def describe(con: Any, schema: str, name: str, server_version: int) -> SyncTable
                           key="source.table", hint=f"ALTER TABLE {label} REPLICA IDENTITY DEFAULT")
     names = tuple(c[0] for c in cols)
     key_names = tuple(k[0] for k in keys)
-    # a column list (15+) carries the keys alone; a table whose identity is FULL publishes every column
-    published = (tuple(n for n in names if n in key_names) if server_version >= 150000 and identity == "d"
-                 else tuple(c[0] for c in cols if not c[2]))
+    # pgoutput carries every column but the generated ones (before 18, or where the publication leaves them out)
+    published = tuple(c[0] for c in cols if not c[2])
     signature = ", ".join(f"{c[0]} {c[1]}" for c in cols) + f"; primary key ({', '.join(key_names)})"
     return SyncTable(schema, name, oid, key_names, tuple(k[1] for k in keys), names, published, signature)
 
@@ -166,10 +167,60 @@ def drop(con: Any, slot: str) -> list[str]:
 
 
 def publish(con: Any, slot: str, tables: Sequence[SyncTable], server_version: int) -> None:
-    """The job's publication: each table with the columns its changes carry (its key, where the server has column lists)."""
-    lists = [t.qualified + (f" ({', '.join(ident(c) for c in t.published)})" if server_version >= 150000 else "") for t in tables]
+    """The job's publication: each table whole (no column list: see the module's docstring)."""
     via_root = " WITH (publish_via_partition_root = true)" if server_version >= 130000 else ""
-    con.execute(f"CREATE PUBLICATION {ident(slot)} FOR TABLE {', '.join(lists)}{via_root}")
+    con.execute(f"CREATE PUBLICATION {ident(slot)} FOR TABLE {', '.join(t.qualified for t in tables)}{via_root}")
+
+
+def check_published(con: Any, slot: str, tables: Sequence[SyncTable], server_version: int) -> None:
+    """Every table of the job still in its publication, as the table it is now (a table dropped and created again is
+    another one, whose changes the publication does not carry): refused by name. A publication that lists columns (made
+    by an earlier Conveyor) is set to the whole tables, so a change of a table's replica identity never makes the source
+    refuse its own writes."""
+    if not con.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (slot,)).fetchone():
+        raise SchemaError(f"sync stopped: the job's publication {slot} is gone from the source: the changes since it went are not "
+                          "decoded", hint="conveyor clean --drop (this job's settings), then run it again: the first run loads the tables again")
+    lists = ", r.prattrs IS NOT NULL" if server_version >= 150000 else ", false"
+    rows = con.execute(f"SELECT r.prrelid::int8{lists} FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+                       "WHERE p.pubname = %s", (slot,)).fetchall()
+    held = {int(r[0]) for r in rows}
+    for t in tables:
+        if t.oid not in held:
+            raise SchemaError(f"sync of {t.label} stopped: the source table is not in the job's publication {slot} (it was dropped and "
+                              "created again, or taken out of the publication): its changes since are not decoded",
+                              hint="conveyor clean --drop (this job's settings), then run it again: the first run loads the tables again")
+    if any(r[1] for r in rows):
+        con.execute(f"ALTER PUBLICATION {ident(slot)} SET TABLE {', '.join(t.qualified for t in tables)}")
+
+
+def lock(con: Any, slot: str) -> None:
+    """The job's lock, held by ``con``'s session on the source until it closes: a second run of the job is refused by name."""
+    key = "SELECT hashtextextended('conveyor sync ' || %s, 0)"
+    if con.execute(f"SELECT pg_try_advisory_lock(({key}))", (slot,)).fetchone()[0]:
+        return
+    row = con.execute("SELECT l.pid, a.application_name, extract(epoch FROM now() - a.backend_start)::int FROM pg_locks l "
+                      "LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+                      f"AND ((l.classid::int8 << 32) | l.objid::int8) = ({key})", (slot,)).fetchone()
+    who = f" (source backend pid {row[0]}, connected {row[2]} s ago)" if row else ""
+    raise ConveyorError(f"sync: another run of this job is running{who}: one run of a sync job applies at a time (slot {slot})",
+                        hint="wait for it to end, or stop it (a run with incremental.follow runs until Ctrl-C or SIGTERM)")
+
+
+def parents_first(con: Any, tables: Sequence[SyncTable]) -> tuple[list[int], set[int]]:
+    """The tables' order with every table after the tables its foreign keys refer to (as the source's catalog has them),
+    and the tables another of them refers to."""
+    oids = [t.oid for t in tables]
+    pairs = con.execute("SELECT conrelid::int8, confrelid::int8 FROM pg_constraint WHERE contype = 'f' AND conrelid = ANY(%s) "
+                        "AND confrelid = ANY(%s) AND conrelid <> confrelid", (oids, oids)).fetchall()
+    index = {oid: i for i, oid in enumerate(oids)}
+    parents: dict[int, set[int]] = {i: set() for i in range(len(tables))}
+    for child, parent in pairs:
+        parents[index[int(child)]].add(index[int(parent)])
+    order: list[int] = []
+    while len(order) < len(tables):
+        ready = [i for i in range(len(tables)) if i not in order and parents[i] <= set(order)]
+        order.extend(ready or [i for i in range(len(tables)) if i not in order])  # a cycle: as listed (its constraints deferred)
+    return order, {p for ps in parents.values() for p in ps}
 
 
 def advance(con: Any, slot: str, to: int) -> None:
@@ -177,10 +228,11 @@ def advance(con: Any, slot: str, to: int) -> None:
 
 
 @contextlib.contextmanager
-def exported(config: PgConnConfig, slot: str, temporary: bool) -> Iterator[tuple[int, str]]:
+def exported(config: PgConnConfig, slot: str, temporary: bool, wait_timeout: float = 0) -> Iterator[tuple[int, str]]:
     """A logical slot made on a replication connection with an exported snapshot: yields (its
     position, the snapshot's name); the snapshot lives until the block ends. A temporary slot goes
-    with its connection."""
+    with its connection. The slot is made once every transaction running on the source has ended: a
+    wait for one is said (which, since when), and given up after ``wait_timeout`` seconds (0: none)."""
     import psycopg
 
     where = config.where()
@@ -189,10 +241,16 @@ def exported(config: PgConnConfig, slot: str, temporary: bool) -> Iterator[tuple
     except psycopg.Error as exc:
         raise translate(exc, config, "connecting for replication") from None
     try:
-        # the replication protocol takes simple queries only (psycopg's execute uses the extended one)
-        res = con.pgconn.exec_(f"CREATE_REPLICATION_SLOT {check_slot_name(slot)} {'TEMPORARY ' if temporary else ''}LOGICAL pgoutput "
-                               "EXPORT_SNAPSHOT".encode())
+        with _waits(config, con, wait_timeout) as waited:
+            # the replication protocol takes simple queries only (psycopg's execute uses the extended one)
+            res = con.pgconn.exec_(f"CREATE_REPLICATION_SLOT {check_slot_name(slot)} {'TEMPORARY ' if temporary else ''}LOGICAL "
+                                   "pgoutput EXPORT_SNAPSHOT".encode())
         if res.status != 2:  # PGRES_TUPLES_OK
+            if waited.gave_up:
+                raise ConveyorError(f"sync: {where}: {waited.gave_up} stayed open past incremental.wait_timeout={wait_timeout:g} s; a "
+                                    "replication slot's snapshot begins once every transaction running when it is made has ended",
+                                    hint="commit or end that transaction (SELECT pg_terminate_backend(<pid>) on the source), or raise "
+                                         "incremental.wait_timeout (0 waits as long as it takes)")
             message = res.error_message.decode(errors="replace").strip()
             hint = ("raise max_replication_slots on the source (and restart it), or drop slots no job uses (conveyor clean --drop)"
                     if "slots are in use" in message else "see the source server's log")
@@ -201,6 +259,65 @@ def exported(config: PgConnConfig, slot: str, temporary: bool) -> Iterator[tuple
         yield lsn(res.get_value(0, 1).decode()), res.get_value(0, 2).decode()
     finally:
         con.close()
+
+
+@dataclass
+class _Waited:
+    #: the transaction the wait was given up on (empty: not given up)
+    gave_up: str = ""
+
+
+#: how often a wait is looked at, and said again while it lasts
+_WAIT_POLL, _WAIT_SAY = 0.5, 30.0
+
+
+@contextlib.contextmanager
+def _waits(config: PgConnConfig, replication_con: Any, timeout: float) -> Iterator[_Waited]:
+    """While the block makes a slot on ``replication_con``: a watcher that says which source transaction the slot waits
+    for (pid, xid, how long open) and cancels the wait after ``timeout`` seconds."""
+    import threading
+    import time
+
+    from conveyor.log import say
+
+    waited, stop = _Waited(), threading.Event()
+    pid = replication_con.info.backend_pid
+
+    def watch() -> None:
+        began, said = time.monotonic(), 0.0
+        try:
+            with connect(config, autocommit=True) as con:
+                while not stop.wait(_WAIT_POLL):
+                    row = con.execute("SELECT wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'virtualxid') "
+                                      "FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+                    if not row or not row[0]:
+                        continue
+                    held = con.execute(
+                        "SELECT format('source transaction %%s (pid %%s, open %%s s, %%s)', backend_xid, pid, "
+                        "extract(epoch FROM now() - xact_start)::int, state) FROM pg_stat_activity WHERE backend_xid IS NOT NULL "
+                        "AND pid <> %s UNION ALL SELECT format('prepared transaction %%s (%%L, prepared %%s s ago)', transaction, gid, "
+                        "extract(epoch FROM now() - prepared)::int) FROM pg_prepared_xacts ORDER BY 1 LIMIT 1", (pid,)).fetchone()
+                    what = held[0] if held else "a source transaction"
+                    now = time.monotonic()
+                    if timeout and now - began > timeout:
+                        waited.gave_up = what
+                        replication_con.cancel()
+                        return
+                    if not said or now - said >= _WAIT_SAY:
+                        said = now
+                        limit = f"; gives up after incremental.wait_timeout={timeout:g} s" if timeout else ""
+                        say(f"sync: waiting for {what} to end: a replication slot's snapshot begins once every transaction "
+                            f"running when it is made has ended{limit}")
+        except Exception:  # the watcher only says; the slot's own outcome is the run's
+            return
+
+    thread = threading.Thread(target=watch, name="conveyor-slot-wait", daemon=True)
+    thread.start()
+    try:
+        yield waited
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 # --- the keys the changes touched -------------------------------------------------------------------
@@ -244,8 +361,10 @@ def _tuple(count_at: str, width: int, alias: str, guard: str | None) -> tuple[li
     for i in range(width):
         a = f"{alias}{i}"
         byte = f"get_byte(m.d, {at})" if guard is None else f"CASE WHEN {guard} THEN get_byte(m.d, {at}) END"
-        joins.append(f"CROSS JOIN LATERAL (SELECT {byte} AS k, {at} AS o) {a}")
-        joins.append(f"CROSS JOIN LATERAL (SELECT CASE WHEN {a}.k = 116 THEN {_int4(f'{a}.o + 1')} ELSE 0 END AS n) {a}n")
+        # OFFSET 0: each step evaluated once, not pulled up into the next (whose offset names it twice: inlined, the
+        # expression would double with every column)
+        joins.append(f"CROSS JOIN LATERAL (SELECT {byte} AS k, {at} AS o OFFSET 0) {a}")
+        joins.append(f"CROSS JOIN LATERAL (SELECT CASE WHEN {a}.k = 116 THEN {_int4(f'{a}.o + 1')} ELSE 0 END AS n OFFSET 0) {a}n")
         values.append(f"CASE WHEN {a}.k = 116 THEN substr(m.d, {a}.o + 6, {a}n.n::int) END")
         at = f"{a}.o + 1 + CASE WHEN {a}.k = 116 THEN 4 + {a}n.n ELSE 0 END"
     return joins, values, at
@@ -260,23 +379,29 @@ def changed_keys(con: Any, table: SyncTable) -> int:
     do not carry (a TOASTed key value left out) is refused by name."""
     pos = [table.published.index(k) for k in table.keys]
     width = max(pos) + 1
+    # every message's first tuple (an insert's or update's new row, a delete's old key or row, an update's old one where it
+    # carries one) up to the last key column; then, for an update that carries its old key ('K') or row ('O', REPLICA
+    # IDENTITY FULL), the new row after every column of the old (only those messages walk that far)
     first = _tuple("6", width, "a", None)
-    second_there = f"get_byte(m.d, 0) = {_U} AND get_byte(m.d, 5) IN (75, 79)"
-    second = _tuple(f"{first[2]} + 1", width, "b", second_there)
+    old = _tuple("6", len(table.published), "o", None)
+    second = _tuple(f"{old[2]} + 1", width, "b", None)
     enc = "getdatabaseencoding()"
 
     def typed(values: list[str]) -> str:
         return ", ".join(f"convert_from({values[p]}, {enc})::{t} AS {ident(k)}" for p, k, t in zip(pos, table.keys, table.key_types))
 
-    body = (f"FROM {_MSGS} m {' '.join(first[0])} {' '.join(second[0])} "
-            f"WHERE get_byte(m.d, 0) IN ({_I}, {_U}, {_D}) AND substr(m.d, 2, 4) = {_oid_bytes(table.oid)}")
+    ours = f"substr(m.d, 2, 4) = {_oid_bytes(table.oid)}"
+    firsts = f"FROM {_MSGS} m {' '.join(first[0])} WHERE get_byte(m.d, 0) IN ({_I}, {_U}, {_D}) AND {ours}"
+    seconds = f"FROM {_MSGS} m {' '.join(old[0])} {' '.join(second[0])} WHERE get_byte(m.d, 0) = {_U} AND get_byte(m.d, 5) IN (75, 79) AND {ours}"
     con.execute(f"DROP TABLE IF EXISTS {_KEYS}")
-    con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT {typed(first[1])} {body} UNION SELECT {typed(second[1])} {body} AND {second_there}")
+    con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT {typed(first[1])} {firsts} UNION SELECT {typed(second[1])} {seconds}")
     # a key column whose value a message does not carry ('n' or 'u': NULL, or TOASTed and unchanged) reads as NULL
     odd = con.execute(f"SELECT count(*) FROM {_KEYS} WHERE " + " OR ".join(f"{ident(k)} IS NULL" for k in table.keys)).fetchone()[0]
     if odd:
         raise SchemaError(f"sync of {table.label}: {odd:,} changed keys are not carried by their changes (a key value stored out of "
-                          "line, or NULL)", hint="a sync applies changes by the primary key: keep the key's values small (under 2 kB)")
+                          "line, or changes made while the table's REPLICA IDENTITY did not hold its primary key)",
+                          hint="a sync applies changes by the primary key: keep the key's values small (under 2 kB) and the replica "
+                               "identity DEFAULT or FULL; conveyor clean --drop (this job's settings), then run it again to load the table again")
     return int(con.execute(f"SELECT count(*) FROM {_KEYS}").fetchone()[0])
 
 

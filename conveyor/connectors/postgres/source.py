@@ -305,18 +305,22 @@ def _keys(con: Any, oid: int) -> tuple[tuple[str, ...], tuple[ForeignKey, ...]]:
         "SELECT c.contype, (SELECT array_agg(a.attname::text ORDER BY k.n) FROM unnest(c.conkey) WITH ORDINALITY k(attnum, n) "
         "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum), rn.nspname, r.relname, "
         "(SELECT array_agg(a.attname::text ORDER BY k.n) FROM unnest(c.confkey) WITH ORDINALITY k(attnum, n) "
-        "JOIN pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k.attnum), c.confupdtype, c.confdeltype "
+        "JOIN pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k.attnum), c.confupdtype, c.confdeltype, c.condeferrable, "
+        "c.condeferred "
         "FROM pg_constraint c LEFT JOIN pg_class r ON r.oid = c.confrelid LEFT JOIN pg_namespace rn ON rn.oid = r.relnamespace "
         "WHERE c.conrelid = %s AND c.contype IN ('p', 'f') ORDER BY c.conname", [oid]).fetchall()
     primary = next((tuple(cols) for kind, cols, *_ in rows if kind == "p"), ())
-    foreign = tuple(ForeignKey(tuple(cols), nsp, rel, tuple(ref), _fk_actions(upd, dele))
-                    for kind, cols, nsp, rel, ref, upd, dele in rows if kind == "f")
+    foreign = tuple(ForeignKey(tuple(cols), nsp, rel, tuple(ref), _fk_actions(upd, dele, deferrable, deferred))
+                    for kind, cols, nsp, rel, ref, upd, dele, deferrable, deferred in rows if kind == "f")
     return primary, foreign
 
 
 _FK_ACTIONS = {"r": "RESTRICT", "c": "CASCADE", "n": "SET NULL", "d": "SET DEFAULT"}  # "a": NO ACTION, the default
 
 
-def _fk_actions(on_update: str, on_delete: str) -> str:
-    return " ".join(f"ON {what} {_FK_ACTIONS[code]}" for what, code in (("UPDATE", on_update), ("DELETE", on_delete))
-                    if code in _FK_ACTIONS)
+def _fk_actions(on_update: str, on_delete: str, deferrable: bool = False, deferred: bool = False) -> str:
+    """The clauses after REFERENCES that carry the key's actions and when it is checked."""
+    out = [f"ON {what} {_FK_ACTIONS[code]}" for what, code in (("UPDATE", on_update), ("DELETE", on_delete)) if code in _FK_ACTIONS]
+    if deferrable:
+        out.append("DEFERRABLE INITIALLY DEFERRED" if deferred else "DEFERRABLE")
+    return " ".join(out)

@@ -47,3 +47,14 @@ class PgChangeApplier(SqlChangeApplier):
         if not indexed:
             return []
         return ["SET LOCAL enable_hashjoin = off", "SET LOCAL enable_mergejoin = off", "SET LOCAL jit = off"]
+
+    def _deferred(self) -> list[str]:
+        return ["SET CONSTRAINTS ALL DEFERRED"]
+
+    def _effects(self, con: Any) -> tuple[int, int, int] | None:
+        # this transaction's own counts (pg_stat_xact_*: triggers' and foreign key actions' rows included), over the leaves of a
+        # partitioned target
+        row = con.execute("SELECT coalesce(sum(n_tup_ins), 0), coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_del), 0) "
+                          "FROM pg_stat_xact_user_tables WHERE relid = %s::regclass OR relid IN (SELECT relid FROM pg_partition_tree(%s::regclass))",
+                          (self._qualified(), self._qualified())).fetchone()
+        return int(row[0]), int(row[1]), int(row[2])

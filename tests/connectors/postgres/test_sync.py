@@ -136,11 +136,11 @@ def kill(*a, **k):
 if point == "first-load-recorded":      # the first load finished, its position not yet recorded
     syncapply.SqlChangeApplier.record_sync = kill
 elif point == "apply":                  # inside the apply's transaction: rows deleted and written, not committed
-    real = syncapply._apply
+    real = syncapply._verify
     def apply_then_kill(*a, **k):
         real(*a, **k)
         kill()
-    syncapply._apply = apply_then_kill
+    syncapply._verify = apply_then_kill
 elif point == "after-commit":           # the target committed the changes, the slot not yet advanced
     calls = []
     real_advance = replication.advance
