@@ -169,6 +169,11 @@ class SqlChangeApplier:
         return int(row[0]) if row else None
 
     _for_update = " FOR UPDATE"
+    #: whether an UPDATE's and a DELETE's own row counts are the rows they matched (MySQL's UPDATE counts the rows it changed)
+    _rows_counted = True
+
+    def _rowcount(self, cursor: Any) -> int:
+        return int(cursor.rowcount)
 
     def _effects(self, con: Any) -> tuple[int, int, int] | None:
         """The rows this transaction inserted, updated and deleted in the target so far, as the engine counts them
@@ -220,8 +225,9 @@ class _Table:
     on: str
     staged: int = 0
     existing: int = 0
-    matched: int = 0
-    gone: int = 0
+    #: target rows of present keys (updated) and of gone keys (deleted): None until the statement's own count says
+    matched: int | None = 0
+    gone: int | None = 0
     before: tuple[int, int, int] | None = None
     count: int | None = None
 
@@ -293,6 +299,8 @@ def _prepare(con: Any, change: Change, quote: Callable[[str], str]) -> _Table:
     t.staged, t.existing = _ints(con, f"SELECT count(*), sum(CASE WHEN {present} THEN 1 ELSE 0 END) FROM {stage} AS s")
     if change.full:
         t.gone = _count(con, target)
+    elif sink._rows_counted and any(c not in change.keys for c in columns):
+        t.matched = t.gone = None  # the update's and the delete's own counts say (one join of the stage fewer)
     else:
         t.matched, t.gone = _ints(con, f"SELECT sum(CASE WHEN {present} THEN 1 ELSE 0 END), sum(CASE WHEN {present} THEN 0 ELSE 1 END) "
                                        f"FROM {target} AS t JOIN {stage} AS s ON {on}")
@@ -316,26 +324,32 @@ def _check_position(con: Any, t: _Table) -> None:
 
 
 def _delete(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> None:
-    if not t.gone:
+    if t.gone == 0 or t.existing == t.staged:
+        t.gone = 0 if t.gone is None else t.gone
         return
     present = f"s.{quote(PRESENT)}"
     if mysql:
-        con.execute(f"DELETE t FROM {t.target} AS t JOIN {t.stage} AS s ON {t.on} WHERE NOT {present}")
+        done = con.execute(f"DELETE t FROM {t.target} AS t JOIN {t.stage} AS s ON {t.on} WHERE NOT {present}")
     else:
-        con.execute(f"DELETE FROM {t.target} AS t USING {t.stage} AS s WHERE {t.on} AND NOT {present}")
+        done = con.execute(f"DELETE FROM {t.target} AS t USING {t.stage} AS s WHERE {t.on} AND NOT {present}")
+    if t.gone is None:
+        t.gone = t.change.sink._rowcount(done)
 
 
 def _update(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> None:
     values = [c for c in t.columns if c not in t.change.keys]
-    if not t.matched or not values:
+    if t.matched == 0 or not values or not t.existing:
+        t.matched = 0 if t.matched is None else t.matched
         return
     present = f"s.{quote(PRESENT)}"
     if mysql:
         sets = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in values)
-        con.execute(f"UPDATE {t.target} AS t JOIN {t.stage} AS s ON {t.on} SET {sets} WHERE {present}")
+        done = con.execute(f"UPDATE {t.target} AS t JOIN {t.stage} AS s ON {t.on} SET {sets} WHERE {present}")
     else:
         sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in values)
-        con.execute(f"UPDATE {t.target} AS t SET {sets} FROM {t.stage} AS s WHERE {t.on} AND {present}")
+        done = con.execute(f"UPDATE {t.target} AS t SET {sets} FROM {t.stage} AS s WHERE {t.on} AND {present}")
+    if t.matched is None:
+        t.matched = t.change.sink._rowcount(done)
 
 
 def _insert(con: Any, t: _Table, quote: Callable[[str], str]) -> None:

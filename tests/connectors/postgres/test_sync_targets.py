@@ -177,7 +177,7 @@ def test_two_jobs_whose_slot_names_end_alike_sync_into_one_schema_exactly(src, p
             _ids_table(src, name)
             args = ["run", "source=postgres", "sink=postgres", f"source.port={src.port}", f"source.table={name}",
                     f"sink.port={pg_target.port}", f"sink.table={name}", "load_mode=replace", "incremental.method=replication",
-                    "strategy=none", f"incremental.slot={name[:2]}_conveyor_shared_slot_tail"]
+                    "strategy=none", f"incremental.slot=conveyor_{name[:2]}_shared_slot_tail"]
             _sync(tmp_path, args, f"first_{name}")
             procs.append(_follow([*args, "incremental.follow=0.2"], tmp_path, f"follow_{name}"))
         for _, report in procs:
