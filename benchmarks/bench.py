@@ -93,17 +93,17 @@ def client_cpu() -> float:
 # --- servers and data ---------------------------------------------------------------------------
 
 
-def psql(server: PgServer, sql: str, program: str = "psql") -> str:
+def psql(server: PgServer, sql: str, program: str = "psql", db: str = "postgres") -> str:
     env = {**os.environ, "PGPASSWORD": server.password}
-    done = subprocess.run([program, "-X", "-qAt", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-c", sql],
+    done = subprocess.run([program, "-X", "-qAt", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-d", db, "-c", sql],
                           env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"psql failed ({done.returncode}): {done.stderr.strip()[:2000]}\n  in: {sql[:300]}")
     return done.stdout.strip()
 
 
-def checksum(server: PgServer, table: str) -> str:
-    return psql(server, f"SELECT count(*) || ':' || coalesce(sum(('x' || left(md5(t::text), 16))::bit(64)::bigint), 0) FROM {table} t")
+def checksum(server: PgServer, table: str, db: str = "postgres") -> str:
+    return psql(server, f"SELECT count(*) || ':' || coalesce(sum(('x' || left(md5(t::text), 16))::bit(64)::bigint), 0) FROM {table} t", db=db)
 
 
 def wal_lsn(server: PgServer) -> str:

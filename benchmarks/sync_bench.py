@@ -4,9 +4,12 @@ after bench.py with ``--groups sync``; alone:
     python benchmarks/sync_bench.py --sf 1 --repeat 2
 
 TPC-H lineitem (its own DDL, primary key l_orderkey, l_linenumber) in a source server with wal_level=logical and
-a PostgreSQL target loaded by the job's first run. Each round changes the source (10% of the rows updated, 1%
-deleted), then times, interleaved: the sync run that applies the change, and a reload of the table by
-``load_mode=replace`` (ctid, degree 2); both checked against the source's checksum. Then ``incremental.follow=1``
+a PostgreSQL target loaded by the job's first run. The baseline is PostgreSQL's own logical replication into a
+second database of the target server: a subscription (``copy_data``: its first load, timed until the table is
+ready) that is disabled while Conveyor runs and enabled, and timed until it has applied up to the source's position,
+for each change set. Each round makes one change set at the source (1% of the rows updated and 0.1% deleted, then
+10% and 1%), then times, on the same changes: the sync run, the subscription's apply, and a reload of the table by
+``load_mode=replace`` (ctid, degree 2); each checked against the source's checksum. Then ``incremental.follow=1``
 runs for ``--follow-seconds`` while a writer commits small transactions, and its report's lag is sampled.
 pgcopydb's ``--follow`` is not run: see benchmarks/results/ for why.
 """
@@ -47,6 +50,51 @@ def timed(run, src: PgServer, dst: PgServer) -> tuple[float, dict[str, float]]:
     return took, {"client": client_cpu() - c0, "source": server_cpu(src) - s0, "target": server_cpu(dst) - d0}
 
 
+class subscription:
+    """PostgreSQL's own logical replication of lineitem from ``src`` into the database ``sub`` of ``dst``."""
+
+    db = "sub"
+
+    def __init__(self, src: PgServer, dst: PgServer) -> None:
+        self.src, self.dst = src, dst
+        psql(dst, f"CREATE DATABASE {self.db}")
+        psql(dst, f"CREATE TABLE lineitem ({TPCH_DDL['lineitem']}, PRIMARY KEY (l_orderkey, l_linenumber))", db=self.db)
+        psql(src, "CREATE PUBLICATION bench_pub FOR TABLE lineitem")
+
+    def start(self) -> None:
+        """Subscribe with copy_data; back once the table's initial copy is done (its state 'r', ready)."""
+        psql(self.dst, f"CREATE SUBSCRIPTION bench_sub CONNECTION 'host=127.0.0.1 port={self.src.port} user=postgres "
+                       f"password={self.src.password} dbname=postgres' PUBLICATION bench_pub", db=self.db)
+        self._wait("SELECT count(*) = 1 AND bool_and(srsubstate = 'r') FROM pg_subscription_rel", 3600)
+        self.catch_up()
+
+    def pause(self) -> None:
+        psql(self.dst, "ALTER SUBSCRIPTION bench_sub DISABLE", db=self.db)
+        self._wait("SELECT count(*) = 0 FROM pg_stat_subscription WHERE pid IS NOT NULL", 120)
+
+    def catch_up(self) -> None:
+        """Enable it, and wait until its slot confirms the source's position now (every change before it applied)."""
+        at = psql(self.src, "SELECT pg_current_wal_lsn()")
+        psql(self.dst, "ALTER SUBSCRIPTION bench_sub ENABLE", db=self.db)
+        deadline = time.monotonic() + 3600
+        while psql(self.src, f"SELECT coalesce(confirmed_flush_lsn >= '{at}', false) FROM pg_replication_slots WHERE slot_name = 'bench_sub'") != "t":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the subscription did not catch up in an hour")
+            time.sleep(0.05)
+
+    def drop(self) -> None:
+        psql(self.dst, "ALTER SUBSCRIPTION bench_sub ENABLE", db=self.db)
+        psql(self.dst, "DROP SUBSCRIPTION bench_sub", db=self.db)
+        psql(self.src, "DROP PUBLICATION bench_pub")
+
+    def _wait(self, sql: str, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while psql(self.dst, sql, db=self.db) != "t":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"waited {seconds:g} s for: {sql}")
+            time.sleep(0.05)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sf", type=float, default=1.0)
@@ -74,24 +122,40 @@ def main() -> int:
         took, cpu = timed(lambda: cli(*sync, f"hydra.run.dir={work}/first", report=work / "first.json"), src, dst)
         cells.append({"name": "first run (the load in the slot's snapshot)", "seconds": [took], "cpu": cpu})
         print(f"first run {took:.2f} s", flush=True)
-        for r in range(args.repeat):
-            m = 10 + r
-            psql(src, f"UPDATE lineitem SET l_comment = 'round {r}', l_quantity = l_quantity + 1 WHERE l_orderkey % 10 = {r % 10}; "
-                      f"DELETE FROM lineitem WHERE l_orderkey % 100 = {m}")
+        sub = subscription(src, dst)
+        took, cpu = timed(lambda: sub.start(), src, dst)
+        cells.append({"name": "baseline: the subscription's copy_data (its first load)", "seconds": [took], "cpu": cpu,
+                      "verified": checksum(dst, "lineitem", sub.db) == checksum(src, "lineitem")})
+        print(f"subscription copy_data {took:.2f} s", flush=True)
+        sub.pause()
+        for r, (updated, deleted) in enumerate([(1, 0.1), (10, 1)] * args.repeat):
+            # updated% of the orders' lines updated, deleted% deleted (by order key, from orders the updates left alone)
+            psql(src, f"UPDATE lineitem SET l_comment = 'round {r}', l_quantity = l_quantity + 1 WHERE l_orderkey % 1000 < {updated * 10}; "
+                      f"DELETE FROM lineitem WHERE l_orderkey % 1000 >= 500 AND l_orderkey % 1000 < {500 + deleted * 10}")
             expect = checksum(src, "lineitem")
+            change = f"{updated:g}% updated, {deleted:g}% deleted"
             took, cpu = timed(lambda r=r: cli(*sync, f"hydra.run.dir={work}/apply{r}", report=work / f"apply{r}.json"), src, dst)
             applied = json.loads((work / f"apply{r}.json").read_text())["sync"]["runs"][0]
             ok = checksum(dst, "lineitem") == expect
-            cells.append({"name": "sync run: apply the change", "round": r, "seconds": [took], "cpu": cpu, "changes": applied["changes"],
-                          "keys": applied["keys"], "changes_per_second": round(applied["changes"] / took), "verified": ok})
-            print(f"apply {r}: {took:.2f} s, {applied['changes']:,} changes ({applied['changes'] / took:,.0f}/s), cpu {cpu}, "
-                  f"{'ok' if ok else 'MISMATCH'}", flush=True)
-            reload = ["run", *common, "sink.table=lineitem_reload"]
-            took, cpu = timed(lambda r=r, reload=reload: cli(*reload, f"hydra.run.dir={work}/reload{r}", report=work / f"reload{r}.json"),
-                              src, dst)
-            ok = checksum(dst, "lineitem_reload") == expect
-            cells.append({"name": "reload: conveyor replace, ctid degree 2", "round": r, "seconds": [took], "cpu": cpu, "verified": ok})
-            print(f"reload {r}: {took:.2f} s, cpu {cpu}, {'ok' if ok else 'MISMATCH'}", flush=True)
+            cells.append({"name": f"sync run: apply the change ({change})", "round": r, "seconds": [took], "cpu": cpu,
+                          "changes": applied["changes"], "keys": applied["keys"], "phases": applied["phases"],
+                          "changes_per_second": round(applied["changes"] / took), "verified": ok})
+            print(f"apply {r} ({change}): {took:.2f} s, {applied['changes']:,} changes ({applied['changes'] / took:,.0f}/s), cpu {cpu}, "
+                  f"phases {applied['phases']}, {'ok' if ok else 'MISMATCH'}", flush=True)
+            took, cpu = timed(sub.catch_up, src, dst)
+            ok = checksum(dst, "lineitem", sub.db) == expect
+            sub.pause()
+            cells.append({"name": f"baseline: the subscription applies the change ({change})", "round": r, "seconds": [took], "cpu": cpu,
+                          "verified": ok})
+            print(f"subscription {r} ({change}): {took:.2f} s, cpu {cpu}, {'ok' if ok else 'MISMATCH'}", flush=True)
+            if updated == 10:
+                reload = ["run", *common, "sink.table=lineitem_reload"]
+                took, cpu = timed(lambda r=r, reload=reload: cli(*reload, f"hydra.run.dir={work}/reload{r}", report=work / f"reload{r}.json"),
+                                  src, dst)
+                ok = checksum(dst, "lineitem_reload") == expect
+                cells.append({"name": "reload: conveyor replace, ctid degree 2", "round": r, "seconds": [took], "cpu": cpu, "verified": ok})
+                print(f"reload {r}: {took:.2f} s, cpu {cpu}, {'ok' if ok else 'MISMATCH'}", flush=True)
+        sub.drop()
         # the lag under a steady write load, while --follow runs
         stop = threading.Event()
         written = [0]
