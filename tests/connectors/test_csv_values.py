@@ -87,3 +87,46 @@ def test_a_column_csv_cannot_hold_is_refused_before_any_row_moves(pg_source, tmp
         job({"type": "postgres", "port": pg_source.port, "table": "csv_bin"}, {"type": "csv", "path": str(tmp_path / "out")},
             load_mode="replace")
     assert not list((tmp_path / "out").glob("**/*.csv"))
+
+
+# --- malformed files: refused by name, nothing loaded -------------------------------------------------------------------
+
+
+def _csv_to_duckdb(src: Path, tmp_path: Path) -> tuple[object, Path]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    db = tmp_path / "t.duckdb"
+    from conveyor.errors import ConveyorError
+
+    try:
+        job({"type": "csv", "path": str(src)}, {"type": "duckdb", "database": str(db), "table": "t"}, load_mode="replace")
+    except ConveyorError as exc:
+        return exc, db
+    return None, db
+
+
+def test_an_unclosed_quote_is_refused_by_name_and_a_closed_multiline_value_loads(tmp_path: Path) -> None:
+    import duckdb
+
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b'id,v\n1,ok\n2,"abc\n3,de\n')
+    err, db = _csv_to_duckdb(bad, tmp_path)
+    assert isinstance(err, TransferError) and "the quoted value of column v in row 2 is never closed" in str(err), err
+    assert not db.exists() or duckdb.connect(str(db)).execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 't'").fetchone() == (0,)
+    good = tmp_path / "good.csv"
+    good.write_bytes(b'id,v\n1,ok\n2,"abc\n3,de"\n')  # a value with a line break, closed: one row of it, as written
+    err, db = _csv_to_duckdb(good, tmp_path / "g")
+    assert err is None
+    assert duckdb.connect(str(db)).execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, "ok"), (2, "abc\n3,de")]
+
+
+def test_bytes_that_are_not_utf8_are_refused_by_name_unless_read_as_binary(tmp_path: Path) -> None:
+    src = tmp_path / "latin1.csv"
+    src.write_bytes("id,name\n1,Zoë\n2,plain\n".encode("latin-1"))
+    err, _ = _csv_to_duckdb(src, tmp_path)
+    assert isinstance(err, SchemaError) and "column name holds bytes that are not UTF-8 text" in str(err), err
+    assert "source.column_types={name: binary}" in (err.hint or "")
+
+
+def test_an_empty_source_path_is_refused() -> None:
+    with pytest.raises(ConfigError, match="source.path is empty"):
+        job({"type": "csv", "path": ""}, {"type": "parquet", "path": "/tmp/never-written"}, load_mode="replace")

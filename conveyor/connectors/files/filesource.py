@@ -73,6 +73,9 @@ class FileSource(SourceBase):
         return self._fs_obj
 
     def _list(self) -> list[FileEntry]:
+        if not str(self.config.path or "").strip():
+            raise ConfigError("source.path is empty: it names no file, folder or glob", key="source.path",
+                              hint="set source.path to a file, a folder or a glob (use source.path=. for the current folder)")
         fs, root = _filesystem(self.config.path, self.config.storage_options)
         self._fs_obj = fs
         where = f"source.path {self.config.path!r}"

@@ -112,16 +112,18 @@ class CsvSource(FileSource):
     extensions = (".csv", ".csv.gz", ".tsv")
     format_name = "csv"
 
-    def _reader(self, fs: Any, path: str, column_types: Any = None) -> Any:
+    def _reader(self, fs: Any, path: str, column_types: Any = None, tail: list[Any] | None = None) -> Any:
         import pyarrow.csv as pacsv
 
         cfg = self.config
         assert isinstance(cfg, CsvSourceConfig)
         compression = "gzip" if path.endswith(".gz") else None
         try:
-            stream = fs.open(path, "rb", compression=compression)
+            stream = _Tail(fs.open(path, "rb", compression=compression))
         except Exception as exc:
             raise fs_util.translate(exc, f"csv file {path}") from None
+        if tail is not None:
+            tail.append(stream)
         read = pacsv.ReadOptions(autogenerate_column_names=not cfg.header, block_size=8 << 20)
         parse = pacsv.ParseOptions(delimiter=cfg.delimiter, quote_char=cfg.quote_char)
         # NULL is the null marker standing unquoted, in every column (text too); nothing else is NULL
@@ -160,6 +162,11 @@ class CsvSource(FileSource):
         if unknown:
             raise ConfigError(f"source.column_types: no column {', '.join(unknown)} in {path}", key="source.column_types",
                               hint=f"its columns: {', '.join(inferred.names)}")
+        binary = [f.name for f in inferred if (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)) and f.name not in given]
+        if binary:
+            raise SchemaError(f"csv file {path}: column {binary[0]} holds bytes that are not UTF-8 text: read as text, they would "
+                              "change", hint=f"convert the file to UTF-8, or read the column as bytes: source.column_types="
+                                             f"{{{binary[0]}: binary}}")
         doubles = [f.name for f in inferred if pa.types.is_floating(f.type) and f.name not in given]
         if doubles:
             given.update(self._decimals(fs, path, doubles, given))
@@ -188,12 +195,65 @@ class CsvSource(FileSource):
             raise PlanningError("csv files have no row groups", hint="set strategy.row_groups_per_partition=0")
         if self._schema is None:
             self._schema = self._file_schema(fs, path)
-        reader = self._reader(fs, path, column_types=self._schema)
+        tail: list[_Tail] = []
+        reader = self._reader(fs, path, column_types=self._schema, tail=tail)
         self._check_schema(path, reader.schema)
+        last, rows = None, 0
         try:
-            yield from reader
+            for batch in reader:
+                if batch.num_rows:
+                    last, rows = batch, rows + batch.num_rows
+                yield batch
         except Exception as exc:
             raise self._unfit(path, exc) from None
+        self._check_closed(path, last, rows, tail[0].last)
+
+    def _check_closed(self, path: str, last: Any, rows: int, end: bytes) -> None:
+        """A quote the file never closes: the parser takes the rest of the file, newlines and rows included, as the value
+        it opened (pyarrow accepts it at the end of a file). Its sign: the last row's last value holds a line break, and
+        the file does not end with a closing quote (a value that may hold one ends with its quote, then the line's end)."""
+        import pyarrow as pa
+
+        cfg = self.config
+        assert isinstance(cfg, CsvSourceConfig)
+        if last is None or not cfg.quote_char or not pa.types.is_string(last.schema.field(last.num_columns - 1).type):
+            return
+        value = last.column(last.num_columns - 1)[last.num_rows - 1].as_py()  # one value of the file
+        if value is None or ("\n" not in value and "\r" not in value):
+            return
+        if end.rstrip(b"\r\n").endswith(cfg.quote_char.encode()):
+            return
+        name = last.schema.field(last.num_columns - 1).name
+        raise TransferError(f"csv file {path}: the quoted value of column {name} in row {rows:,} is never closed: its quote takes "
+                            "the rest of the file (line breaks and rows) as one value", hint=f"close the quote ({cfg.quote_char}) in "
+                            "the file, or set source.quote_char to the character the file quotes with")
+
+
+class _Tail:
+    """A binary file object that keeps the last bytes read from it (whether a CSV file ends inside a quote)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.last = inner, b""
+        self.closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.inner.read(size)
+        if data:
+            self.last = (self.last + bytes(data[-16:]))[-16:]
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def csv_type(name: str, text: str) -> Any:

@@ -63,6 +63,14 @@ def read(con: Any, oid: int) -> TableDefinition:
         not_carried += [f"{what} {name}" for (name,) in con.execute(sql, [oid]).fetchall()]
     if relrowsecurity:
         not_carried.append("row level security (enabled on the source)")
+    # inheritance (not partitioning): the target is a table of its own, its rows the source table's own (read with ONLY)
+    not_carried += [f"INHERITS ({parent}): the target is a table of its own" for (parent,) in con.execute(
+        "SELECT i.inhparent::regclass::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent WHERE i.inhrelid = %s "
+        "AND p.relkind <> 'p' ORDER BY i.inhseqno", [oid]).fetchall()]
+    children = con.execute("SELECT coalesce(array_length(array_agg(i.inhrelid), 1), 0) FROM pg_inherits i JOIN pg_class c "
+                           "ON c.oid = i.inhrelid WHERE i.inhparent = %s AND NOT c.relispartition", [oid]).fetchone()[0]
+    if children:
+        not_carried.append(f"its {children} inheritance children: their rows are theirs (the source table is read with ONLY)")
     return TableDefinition("postgres", table, tuple(not_null), table_comment, tuple(comments), tuple(defaults), tuple(sequences),
                            tuple(constraints), tuple((name, _after_on(sql)) for name, sql in indexes), tuple(not_carried))
 

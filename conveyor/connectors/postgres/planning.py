@@ -47,7 +47,9 @@ class PgPlanning(SqlSource):
 
     def from_sql(self) -> str:
         if self.config.table:
-            return ident(self.config.schema, self.config.table)
+            # a table's own rows (ONLY): an inheritance parent's scan would add its children's, each a table of its own
+            # (a partitioned table's rows are its partitions': read whole)
+            return ("ONLY " if getattr(self, "relkind", "") in ("r", "f") else "") + ident(self.config.schema, self.config.table)
         return f"({self.config.query}) AS _conveyor_q"
 
     def begin_snapshot_sql(self) -> list[str]:

@@ -141,7 +141,7 @@ class Preparer:
         FREEZE). TRUNCATE first, so COPY may freeze the rows (a plain table) and a wal_level=minimal server
         skips their WAL; with rebuild_indexes, the loose indexes are dropped before and built after."""
         drop, build = targets.loose_indexes(con, target) if self.config.rebuild_indexes else ([], [])
-        return (f"TRUNCATE {self._qualified()}", *drop), tuple(build), target.relkind == "r"
+        return (f"TRUNCATE {targets.only(target.relkind)}{self._qualified()}", *drop), tuple(build), target.relkind == "r"
 
     def _extras(self, con: Any, plan: SinkPlan, request: PrepareRequest, d: decide.Decision, ins: decide.Inspected) -> SinkPlan:
         """What some loads carry beyond the writers: the range partitions an append writes straight into,
@@ -162,7 +162,8 @@ class Preparer:
                                                                 [c.name for c in ins.target.columns], self.where))
         plan = dataclasses.replace(plan, own=own)
         if mode == "append" and self.options.verify == "checksum":  # what was there, to compare what was added
-            n, h = con.execute(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified()}").fetchone()
+            n, h = con.execute(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) "
+                               f"FROM {targets.scan(con, self._qualified())}").fetchone()
             return dataclasses.replace(plan, rows_before=n, own=dataclasses.replace(own, checksum_before=(n, h)))
         if mode == "append":  # the target is not scanned: each partition's rows are checked before its commit
             return dataclasses.replace(plan, rows_before=None)

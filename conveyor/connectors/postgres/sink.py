@@ -313,11 +313,15 @@ class PostgresSink(PgChangeApplier, SinkBase):
     # --- verification ---------------------------------------------------------------------------
 
     def target_rows(self, plan: SinkPlan) -> int:
-        return int(self._on("verifying", lambda con: con.execute(f"SELECT count(*) FROM {self._qualified(plan.write_target)}").fetchone())[0])
+        return int(self._on("verifying", lambda con: con.execute(
+            f"SELECT count(*) FROM {targets.scan(con, self._qualified(plan.write_target))}").fetchone())[0])
 
     def checksum(self, plan: SinkPlan) -> str:
-        sql = f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) FROM {self._qualified(plan.write_target)}"
-        n, h = self._on("verifying", lambda con: con.execute(sql).fetchone())
+        def read(con: Any) -> Any:
+            return con.execute(f"SELECT count(*), coalesce(sum({row_hash_sql(plan.columns)}), 0) "
+                               f"FROM {targets.scan(con, self._qualified(plan.write_target))}").fetchone()
+
+        n, h = self._on("verifying", read)
         n0, h0 = plan.own.checksum_before
         return f"{n - n0}:{h - h0}"
 
@@ -360,7 +364,7 @@ class PostgresSink(PgChangeApplier, SinkBase):
         if plan.load_mode == "replace" and con.execute("SELECT to_regclass(%s) IS NOT NULL", [self._qualified()]).fetchone()[0]:
             targets.keep_identity(con, target, plan.write_target)  # the new table takes the old one's owner, grants and comment
         steps = swap_steps(plan.load_mode, self._qualified(), stage, ident(self.config.table), [ident(c) for c in plan.columns],
-                           empty="TRUNCATE")
+                           empty=f"TRUNCATE {targets.only_of(con, self._qualified())}".strip())
         if self.config.unlogged_load and not self.config.unlogged and plan.load_mode in ("create", "replace"):
             steps.insert(0, f"ALTER TABLE {stage} SET LOGGED")  # with its indexes
         if plan.own.primary_key:  # built once over the loaded rows; a duplicate fails here, the target untouched

@@ -134,6 +134,10 @@ class PostgresSource(PgPlanning):
                     "pg_table_size(%s::oid))::bigint, to_regprocedure('pg_catalog.pg_stat_get_xact_tuples_returned(oid)') "
                     "IS NOT NULL AND current_setting('track_counts', true) = 'on'", [oid, oid]).fetchone()
                 label = f"postgres {KIND_NAMES.get(kind, 'relation')} {self.relation}"
+                children = con.execute("SELECT coalesce(array_length(array_agg(inhrelid), 1), 0) FROM pg_inherits WHERE inhparent = %s",
+                                       [oid]).fetchone()[0] if kind == "r" else 0
+                if children:
+                    label += f" (its own rows: its {children} inheritance children are tables of their own)"
             else:
                 label = "postgres query"
             try:

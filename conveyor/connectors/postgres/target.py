@@ -31,6 +31,22 @@ class Target:
         return ident(self.schema, self.table)
 
 
+def only(relkind: str) -> str:
+    """``ONLY `` where a statement on the table would act on its inheritance children too (a plain table: the children are
+    tables of their own; a partitioned table's rows are its partitions')."""
+    return "ONLY " if relkind == "r" else ""
+
+
+def scan(con: Any, qualified: str) -> str:
+    """The relation ``qualified`` (a table or a stage) as a FROM item of its own rows."""
+    return only_of(con, qualified) + qualified
+
+
+def only_of(con: Any, qualified: str) -> str:
+    row = con.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [qualified]).fetchone()
+    return only(row[0] if row else "")
+
+
 def inspect(con: Any, schema: str, table: str) -> Target:
     """The target as the catalog has it (``exists=False`` when it does not)."""
     row = con.execute(
