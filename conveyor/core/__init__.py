@@ -9,9 +9,12 @@ inside ``read`` and ``write`` and closed before they return.
 The modules: ``options`` (job options, cancellation), ``partitions``, ``sources`` (the source
 interface and its defaults), ``splitting`` (what strategies ask of a source), ``cursor``
 (incremental windows), ``sinks`` (the sink interface, its plan and capabilities),
-``runs`` (strategy, runtime, tasks, progress). Import from ``conveyor.core``: the split is ours.
+``runs`` (strategy, runtime, tasks, progress), ``changes`` (a sync's change feed and change applier).
+Import from ``conveyor.core``: the split is ours.
 """
 
+from conveyor.core.changes import *  # noqa: F403
+from conveyor.core.changes import __all__ as _changes
 from conveyor.core.counting import *  # noqa: F403
 from conveyor.core.counting import __all__ as _counting
 from conveyor.core.cursor import *  # noqa: F403
@@ -29,4 +32,4 @@ from conveyor.core.sources import __all__ as _sources
 from conveyor.core.splitting import *  # noqa: F403
 from conveyor.core.splitting import __all__ as _splitting
 
-__all__ = [*_counting, *_cursor, *_options, *_partitions, *_sources, *_splitting, *_sinks, *_runs]
+__all__ = [*_changes, *_counting, *_cursor, *_options, *_partitions, *_sources, *_splitting, *_sinks, *_runs]

@@ -23,57 +23,36 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.core.changes import Applied, Change, SyncRecord, SyncState
 from conveyor.errors import ConveyorError, VerificationError
 
 STATE = "_conveyor_sync"
 PRESENT = "_conveyor_present"
 
 
-@dataclass(frozen=True)
-class SyncState:
-    """What a target holds of a sync: the source position its rows are at, and the source's columns then."""
-
-    position: int
-    signature: str
-    source: str
-
-
-@dataclass(frozen=True)
-class SyncRecord:
-    slot: str
-    source: str
-    position: int
-    signature: str
-
-
-@dataclass(frozen=True)
-class Applied:
-    """What one apply did to its target, as the target holds it after (read in its transaction)."""
-
-    keys: int
-    #: rows written (the keys' rows that exist at the run's position)
-    written: int
-    #: target rows removed for good (their key's row is gone at the source)
-    deleted: int
-    #: the target was emptied first (the source's changes held a TRUNCATE)
-    full: bool = False
-
-    def describe(self) -> str:
-        if self.full:
-            return f"loaded again (the source was truncated): {self.written:,} rows"
-        return f"{self.keys:,} changed keys: {self.written:,} rows written, {self.deleted:,} deleted"
-
-
 class SqlChangeApplier:
-    """The sync methods of an SQL sink. The sink gives: ``_sync_connection()`` (a context manager of a
-    connection whose ``execute(sql)`` returns a cursor with ``fetchone`` and ``description``),
+    """:class:`~conveyor.core.changes.ChangeApplier` for an SQL sink. The sink gives: ``_sync_connection()`` (a context
+    manager of a connection whose ``execute(sql)`` returns a cursor with ``fetchone`` and ``description``),
     ``_qualified(table)``, ``_quote(name)``, ``_sync_target`` (the target's name as the state keeps it),
-    ``_stage_sql(stage)`` (the statements that make the stage from the target) and ``_sync_mysql``."""
+    ``_stage_sql(stage)`` (the statements that make the stage from the target), ``config`` (a dataclass with ``table``)
+    and ``_sync_mysql``."""
 
     _sync_mysql = False
     #: how a run's rows load into the stage: truncate (a stage made from the target by ``_stage_sql``), or replace (the
     #: stage created from the source's columns as the sink creates a table: as the first load created the target)
-    _stage_mode = "truncate"
+    stage_load_mode = "truncate"
+
+    @property
+    def sync_target(self) -> str:
+        return self._sync_target
+
+    def stage_sink(self, stage: str, options: Any) -> Any:
+        import dataclasses
+
+        return type(self)(dataclasses.replace(self.config, table=stage), options)  # type: ignore[call-arg, attr-defined]
+
+    def apply_changes(self, changes: Sequence[Change]) -> list[Applied]:
+        return apply_changes(changes)
 
     def _sync_connection(self) -> contextlib.AbstractContextManager[Any]:
         raise NotImplementedError
@@ -160,6 +139,7 @@ class SqlChangeApplier:
         """Apply one table's staged rows in one transaction (see :func:`apply_changes`)."""
         return apply_changes([Change(self, stage, tuple(keys), full, record)])[0]
 
+
     # --- what differs by engine -------------------------------------------------------------------
 
     def _held_position(self, con: Any, slot: str) -> int | None:
@@ -188,22 +168,6 @@ class SqlChangeApplier:
         """Whether a trigger or a foreign key action could change this target's rows beyond the statements' own
         (then a count before and after stands in where :meth:`_effects` is None)."""
         return False
-
-
-@dataclass
-class Change:
-    """One target table's part of a run: its stage, its keys, whether it is loaded again whole (a TRUNCATE at the
-    source), the state to record, the position its state must hold when the apply begins (None: not checked),
-    and whether another synced table's foreign key refers to it (its deletes then wait for every table's inserts)."""
-
-    sink: SqlChangeApplier
-    #: None: no key of the table changed (its position is recorded, and that nothing else changed its rows checked)
-    stage: str | None
-    keys: tuple[str, ...]
-    full: bool
-    record: SyncRecord | None
-    expect: int | None = None
-    referenced: bool = False
 
 
 def stage_name(slot: str, target: str) -> str:
@@ -412,3 +376,32 @@ def _read_back(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool, co
                or "1 = 0")
     return _ints(con, f"SELECT sum(CASE WHEN {present} THEN 1 ELSE 0 END), sum(CASE WHEN {present} AND ({differs}) THEN 1 ELSE 0 END), "
                       f"sum(CASE WHEN {present} THEN 0 ELSE 1 END) FROM {t.target} AS t JOIN {t.stage} AS s ON {t.on}")
+
+
+class ApplyPerTable:
+    """:meth:`~conveyor.core.changes.ChangeApplier.apply_changes` for a sink that applies one table in one commit of its
+    own (Iceberg, Delta Lake): each table's ``apply_sync(stage, keys, full, record)`` (a table without changes: its
+    position alone), after its state was read to hold the position the run began from."""
+
+    @property
+    def sync_target(self) -> str:
+        return self._sync_target  # type: ignore[attr-defined, no-any-return]
+
+    def apply_changes(self, changes: Sequence[Change]) -> list[Applied]:
+        out = []
+        for change in changes:
+            sink = change.sink
+            if change.expect is not None and change.record is not None:
+                held = sink.sync_state(change.record.slot)
+                if held is None or held.position != change.expect:
+                    now = "no sync state" if held is None else f"the changes up to position {held.position}"
+                    raise ConveyorError(f"sync of {sink.sync_target}: another run of this job applied changes meanwhile (the target "
+                                        f"holds {now}, this run began at {change.expect}): this run applied nothing more to it",
+                                        hint="run one sync of a job at a time; run it again to go on from the target's position")
+            if change.stage is None:
+                if change.record is not None:
+                    sink.record_sync(change.record)
+                out.append(Applied(keys=0, written=0, deleted=0))
+            else:
+                out.append(sink.apply_sync(change.stage, change.keys, change.full, change.record))
+        return out

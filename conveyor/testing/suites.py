@@ -30,6 +30,14 @@ that the run fails naming that column, leaving whole partitions only. :class:`So
 that every strategy it lists covers your source exactly once (``conveyor.testing.contract``) and
 that a job from your source into Parquet copies every value exactly.
 
+:class:`ChangeApplySuite` checks a sink that is a sync's target (a
+:class:`~conveyor.core.changes.ChangeApplier`): the kit's rows loaded by ``create``, a position recorded,
+then changes staged through the sink's own write (``stage_sink``) and applied (``apply_changes``):
+updates, inserts and deletes exactly, a key moved, a re-apply of the same changes idempotent, the
+position recorded with the apply, a second apply that began from a position the target no longer
+holds refused with the target unchanged, and (where ``touch_other_rows`` can make the target's own
+trigger or foreign key action change rows the changes do not name) that apply refused by name.
+
 Each test gets pytest's ``tmp_path``; target names are unique per test. Nothing is mocked.
 """
 
@@ -49,7 +57,7 @@ import pytest
 from conveyor.core import Progress, TaskResult, request_cancel, reset_cancel
 from conveyor.errors import JobFailed
 
-__all__ = ["SinkSuite", "SourceSuite", "ROWS", "SCHEMA", "kit_rows", "lose_manifest_lines"]
+__all__ = ["ChangeApplySuite", "SinkSuite", "SourceSuite", "ROWS", "SCHEMA", "kit_rows", "lose_manifest_lines"]
 
 #: the kit's rows: three partitions of these sizes
 PARTS = (1700, 1700, 1600)
@@ -325,3 +333,150 @@ class SourceSuite(_Suite):
                               load_mode="create", strategy={"type": strategy[0], **strategy[1]})
         assert report.rows == ROWS
         assert _normal(pq.read_table(out)) == _rows_of(kit_rows())
+
+
+class ChangeApplySuite(_Suite):
+    """The sync target's contract (``ChangeApplier``), one test per rule; the hooks are ``sink_config`` and ``read_target``
+    (as :class:`SinkSuite`'s), and ``touch_other_rows``."""
+
+    #: the sink plugin's name (``sink=<name>``)
+    sink: ClassVar[str] = ""
+    slot: ClassVar[str] = "conveyor_kit_suite"
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        """The ``sink.*`` keys of a sink aimed at ``target`` (a name the suite made up)."""
+        raise NotImplementedError
+
+    def read_target(self, target: str) -> pa.Table | None:
+        """Everything ``target`` holds, with columns id, name and x (None where it does not exist)."""
+        raise NotImplementedError
+
+    def _source(self, rows: pa.Table, folder: str = "in") -> dict[str, Any]:
+        return {"type": "parquet", "path": str(_files(self.tmp / folder, rows))}
+
+    def _sink(self, target: str) -> dict[str, Any]:
+        return {"type": self.sink, **self.sink_config(target)}
+
+    def touch_other_rows(self, target: str) -> str | None:
+        """Give ``target`` a trigger, rule or foreign key action that changes a row the changes do not name when one of
+        its rows is updated or deleted; return what it is (None: the sink's targets have none to make)."""
+        return None
+
+    # --- the kit ---------------------------------------------------------------------------------
+
+    def _applier(self, target: str) -> Any:
+        from omegaconf import OmegaConf
+
+        from conveyor.config import build_job
+        from conveyor.core.changes import ChangeApplier
+
+        spec = build_job(OmegaConf.create({"source": self._source(kit_rows(0, 1), folder=f"probe_{uuid.uuid4().hex[:6]}"),
+                                           "sink": self._sink(target), "strategy": {"type": "none"}, "runtime": {"type": "local"},
+                                           "load_mode": "replace"}))
+        assert isinstance(spec.sink, ChangeApplier), f"sink {self.sink} does not implement conveyor.core.changes.ChangeApplier"
+        return spec.sink, spec.options
+
+    def _begin(self) -> tuple[Any, Any]:
+        """The target holding the kit's rows (a load, as a sync's first run makes it), its position recorded at 100."""
+        from conveyor.core.changes import SyncRecord
+
+        self.run_job(self._source(kit_rows()), self._sink(self.name), load_mode="create", run="first")
+        sink, options = self._applier(self.name)
+        sink.record_sync(SyncRecord(self.slot, "kit.rows", 100, "id bigint; primary key (id)"))
+        return sink, options
+
+    def _staged(self, sink: Any, options: Any, present: pa.Table, gone: list[int]) -> str:
+        """A stage holding ``present`` (rows at the source) and the ``gone`` keys, loaded through the sink's own write."""
+        import dataclasses
+
+        from omegaconf import OmegaConf
+
+        from conveyor.config import build_job
+        from conveyor.pipelines.job import run_job
+
+        stage = sink.sync_stage(self.slot)
+        absent = pa.table({"id": pa.array(gone, pa.int64()), "name": pa.nulls(len(gone), pa.string()), "x": pa.nulls(len(gone), pa.float64())})
+        rows = pa.concat_tables([present, absent])
+        rows = rows.append_column("_conveyor_present", pa.array([True] * present.num_rows + [False] * len(gone)))
+        folder = self.tmp / f"stage_{uuid.uuid4().hex[:6]}"
+        folder.mkdir(parents=True)
+        pq.write_table(rows, folder / "rows.parquet")
+        spec = build_job(OmegaConf.create({"source": {"type": "parquet", "path": str(folder)}, "sink": self._sink(self.name),
+                                           "strategy": {"type": "none"}, "runtime": {"type": "local"},
+                                           "load_mode": sink.stage_load_mode}))
+        run_job(dataclasses.replace(spec, sink=sink.stage_sink(stage, spec.options)))
+        return stage
+
+    def _apply(self, sink: Any, stage: str | None, position: int, expect: int | None = 100) -> Any:
+        from conveyor.core.changes import Change, SyncRecord
+
+        record = SyncRecord(self.slot, "kit.rows", position, "id bigint; primary key (id)")
+        try:
+            return sink.apply_changes([Change(sink, stage, ("id",), False, record, expect, False)])[0]
+        finally:
+            if stage is not None:
+                sink.drop_stage(stage)
+
+    @staticmethod
+    def _changed(rows: pa.Table, updated: range, inserted: range, deleted: range) -> pa.Table:
+        ids = [i for i in rows.column("id").to_pylist() if i not in deleted]
+        names = {i: "upd" if i in updated else f"n{i % 97}"[:3] for i in ids}
+        out = pa.table({"id": pa.array(ids + list(inserted), pa.int64()),
+                        "name": pa.array([names[i] for i in ids] + ["new"] * len(inserted), pa.string()),
+                        "x": pa.array([i * 0.5 for i in ids] + [i * 0.5 for i in inserted], pa.float64())}, schema=SCHEMA)
+        return out
+
+    # --- the rules ------------------------------------------------------------------------------
+
+    def test_an_apply_updates_inserts_and_deletes_exactly_and_records_its_position(self) -> None:
+        sink, options = self._begin()
+        updated, inserted, deleted = range(100), range(10000, 10050), range(200, 300)
+        want = self._changed(kit_rows(), updated, inserted, deleted)
+        import pyarrow.compute as pc
+
+        present = want.filter(pc.is_in(want.column("id"), pa.array(list(updated) + list(inserted), pa.int64())))
+        applied = self._apply(sink, self._staged(sink, options, present, list(deleted)), 200)
+        assert (applied.keys, applied.written, applied.deleted) == (250, 150, 100)
+        assert _normal(self.read_target(self.name)) == _rows_of(want)
+        assert sink.sync_state(self.slot).position == 200
+
+    def test_a_key_moved_and_a_reapply_of_the_same_changes_leave_the_same_rows(self) -> None:
+        sink, options = self._begin()
+        moved = pa.table({"id": pa.array([20000], pa.int64()), "name": pa.array(["mov"]), "x": pa.array([5.0])}, schema=SCHEMA)
+        self._apply(sink, self._staged(sink, options, moved, [5]), 200)
+        want = _normal(self.read_target(self.name))
+        assert (20000, "mov", 5.0) in want and not any(r[0] == 5 for r in want)
+        again = self._apply(sink, self._staged(sink, options, moved, [5]), 200, expect=200)  # decoded again after a kill
+        assert _normal(self.read_target(self.name)) == want and again.written == 1
+
+    def test_a_table_without_changes_records_its_position_alone(self) -> None:
+        sink, _ = self._begin()
+        self._apply(sink, None, 300)
+        assert sink.sync_state(self.slot).position == 300
+        assert _normal(self.read_target(self.name)) == _rows_of(kit_rows())
+
+    def test_an_apply_from_a_position_the_target_no_longer_holds_is_refused_and_changes_nothing(self) -> None:
+        from conveyor.errors import ConveyorError
+
+        sink, options = self._begin()
+        self._apply(sink, None, 150)  # another run applied up to 150 meanwhile
+        before = _normal(self.read_target(self.name))
+        present = self._changed(kit_rows(), range(10), range(0), range(0)).slice(0, 10)
+        with pytest.raises(ConveyorError, match="another run of this job applied changes meanwhile"):
+            self._apply(sink, self._staged(sink, options, present, [1000]), 200, expect=100)
+        assert _normal(self.read_target(self.name)) == before
+        assert sink.sync_state(self.slot).position == 150
+
+    def test_a_trigger_or_foreign_key_action_that_changes_other_rows_is_refused_by_name(self) -> None:
+        from conveyor.errors import VerificationError
+
+        sink, options = self._begin()
+        what = self.touch_other_rows(self.name)
+        if what is None:
+            pytest.skip("the sink's targets have no trigger or foreign key action to make (ChangeApplySuite.touch_other_rows)")
+        before = _normal(self.read_target(self.name))
+        present = self._changed(kit_rows(), range(10), range(0), range(0)).slice(0, 10)
+        with pytest.raises(VerificationError, match="changed rows the source did not"):
+            self._apply(sink, self._staged(sink, options, present, []), 200)
+        assert _normal(self.read_target(self.name)) == before
+        assert sink.sync_state(self.slot).position == 100

@@ -15,7 +15,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from conveyor.testing.suites import SinkSuite, SourceSuite
+from conveyor.testing.suites import ChangeApplySuite, SinkSuite, SourceSuite
 from tests.helpers import pg_exec
 
 KEYED = {"rangeid": {"distribute_key": "id"}, "ntile": {"distribute_key": "id"}, "random": {"distribute_key": "id"}}
@@ -517,3 +517,67 @@ class TestDeltaSource(_Delta, SourceSuite):
 
         for i in range(3):
             write_deltalake(self.path(table), rows.slice(i * 1700, 1700), mode="append")
+
+
+# --- sync targets: the change apply contract (conveyor.testing.suites.ChangeApplySuite) ---------------------------------
+
+
+class TestPostgresChangeApply(ChangeApplySuite):
+    sink = "postgres"
+
+    @pytest.fixture(autouse=True)
+    def _server(self, pg_target) -> None:
+        self.server = pg_target
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"port": self.server.port, "table": target}
+
+    def read_target(self, target: str) -> pa.Table | None:
+        return _pg_read(self.server, target)
+
+    def touch_other_rows(self, target: str) -> str | None:
+        pg_exec(self.server, f"CREATE OR REPLACE FUNCTION {target}_touch() RETURNS trigger LANGUAGE plpgsql AS "
+                             f"$$ BEGIN DELETE FROM {target} WHERE id = 4999; RETURN NULL; END $$",
+                f"CREATE TRIGGER {target}_touch AFTER UPDATE ON {target} FOR EACH STATEMENT EXECUTE FUNCTION {target}_touch()")
+        return "a trigger that deletes another row"
+
+
+class TestDuckDBChangeApply(_DuckDB, ChangeApplySuite):
+    sink = "duckdb"
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"database": self.db, "table": target}
+
+    def read_target(self, target: str) -> pa.Table | None:
+        return TestDuckDBSink.read_target(self, target)  # type: ignore[arg-type]
+
+
+class TestMySqlChangeApply(_MySql, ChangeApplySuite):
+    sink = "mysql"
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {**self.connection(), "table": target}
+
+    def read_target(self, target: str) -> pa.Table | None:
+        return TestMySqlSink.read_target(self, target)  # type: ignore[arg-type]
+
+
+
+class TestIcebergChangeApply(_Iceberg, ChangeApplySuite):
+    sink = "iceberg"
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"catalog": self.catalog_props(), "table": f"kit.{target}"}
+
+    def read_target(self, target: str) -> pa.Table | None:
+        return TestIcebergSink.read_target(self, target)  # type: ignore[arg-type]
+
+
+class TestDeltaChangeApply(_Delta, ChangeApplySuite):
+    sink = "delta"
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {"path": self.path(target)}
+
+    def read_target(self, target: str) -> pa.Table | None:
+        return TestDeltaSink.read_target(self, target)  # type: ignore[arg-type]

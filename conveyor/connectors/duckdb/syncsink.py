@@ -13,7 +13,7 @@ from conveyor.kit.syncapply import SqlChangeApplier
 class DuckChangeApplier(SqlChangeApplier):
     config: Any
     # the stage is created as the first load created the target; what the target then holds is compared with it value by value
-    _stage_mode = "replace"
+    stage_load_mode = "replace"
 
     @contextlib.contextmanager
     def _sync_connection(self) -> Iterator[Any]:

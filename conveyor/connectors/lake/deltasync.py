@@ -14,21 +14,22 @@ from typing import Any
 
 from conveyor.connectors.lake.common import failed, secret_values
 from conveyor.connectors.lake.deltaops import deltalake, open_table
+from conveyor.core.changes import Applied, SyncRecord, SyncState
 from conveyor.errors import SchemaError, VerificationError
 from conveyor.kit import fs as fs_util
-from conveyor.kit.syncapply import PRESENT, Applied, SyncRecord, SyncState
+from conveyor.kit.syncapply import PRESENT, ApplyPerTable
 
 STATE = "conveyor.sync."
 STAGE = "conveyor-sync-"
 
 
-class DeltaChangeApplier:
+class DeltaChangeApplier(ApplyPerTable):
     """The sync methods of the Delta sink (see the module's docstring)."""
 
     config: Any
     options: Any
     #: the stage is created from the source's columns (and _conveyor_present), as the first load created the target
-    _stage_mode = "replace"
+    stage_load_mode = "replace"
 
     @property
     def _sync_target(self) -> str:

@@ -15,19 +15,20 @@ from typing import Any
 
 from conveyor.connectors.lake import icecommon as ice
 from conveyor.connectors.lake.common import failed
+from conveyor.core.changes import Applied, SyncRecord, SyncState
 from conveyor.errors import SchemaError, TransferError, VerificationError
-from conveyor.kit.syncapply import PRESENT, Applied, SyncRecord, SyncState
+from conveyor.kit.syncapply import PRESENT, ApplyPerTable
 
 STATE = "conveyor.sync."
 STAGE = "__conveyor_sync_"
 
 
-class IcebergChangeApplier:
+class IcebergChangeApplier(ApplyPerTable):
     """The sync methods of the Iceberg sink (see the module's docstring)."""
 
     config: Any
     catalog: Any
-    _stage_mode = "replace"
+    stage_load_mode = "replace"
 
     @property
     def _sync_target(self) -> str:

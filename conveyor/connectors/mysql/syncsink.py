@@ -16,7 +16,7 @@ class MyChangeApplier(SqlChangeApplier):
     _rows_counted = False
     # the stage is created as the first load created the target (a timestamptz as UTC DATETIME(6), ...); what the
     # target then holds is compared with it value by value in the apply
-    _stage_mode = "replace"
+    stage_load_mode = "replace"
 
     @contextlib.contextmanager
     def _sync_connection(self) -> Iterator[Any]:

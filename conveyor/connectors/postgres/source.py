@@ -18,6 +18,7 @@ from typing import Any
 
 from conveyor.connectors.postgres import changes, definition, duckdecode, passthrough, reading
 from conveyor.connectors.postgres.common import PG_DIALECT, PgConnConfig, adbc_connect, connect, ident, literal, translate
+from conveyor.connectors.postgres.feed import PgChangeFeed
 from conveyor.connectors.postgres.planning import KIND_NAMES, PgPlanning, relation_info
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_arrow_type, read_columns
 from conveyor.core import (
@@ -75,7 +76,7 @@ class PostgresSourceConfig(PgConnConfig):
             raise ValueError(f"decoder: {self.decoder!r} is not one of {', '.join(DECODERS)}")
 
 
-class PostgresSource(PgPlanning):
+class PostgresSource(PgPlanning, PgChangeFeed):
     """Reads a PostgreSQL table or query as Arrow batches; serves every partition method."""
 
     config_class = PostgresSourceConfig
