@@ -58,3 +58,13 @@ class PgChangeApplier(SqlChangeApplier):
                           "FROM pg_stat_xact_user_tables WHERE relid = %s::regclass OR relid IN (SELECT relid FROM pg_partition_tree(%s::regclass))",
                           (self._qualified(), self._qualified())).fetchone()
         return int(row[0]), int(row[1]), int(row[2])
+
+    def _reads_back(self, con: Any) -> bool:
+        # a trigger or rule of the target (or of a partition of it) could skip or change a row: read them back; without, an
+        # UPDATE ... SET c = s.c from a stage made from the target's own columns stores the staged values, and
+        # pg_stat_xact (_effects) says how many rows the transaction inserted, updated and deleted
+        return bool(con.execute(
+            "SELECT EXISTS (SELECT FROM pg_trigger WHERE NOT tgisinternal AND tgrelid IN (SELECT %s::regclass UNION "
+            "SELECT relid FROM pg_partition_tree(%s::regclass))) OR EXISTS (SELECT FROM pg_rewrite WHERE rulename <> '_RETURN' "
+            "AND ev_class IN (SELECT %s::regclass UNION SELECT relid FROM pg_partition_tree(%s::regclass)))",
+            (self._qualified(),) * 4).fetchone()[0])
