@@ -70,6 +70,8 @@ class SyncTable:
     published: tuple[str, ...]
     #: the columns, their types and the key, as one line: a change of it stops the sync
     signature: str
+    #: pg_class.relkind: r (a table), p (partitioned)
+    relkind: str = "r"
 
     @property
     def label(self) -> str:
@@ -78,6 +80,11 @@ class SyncTable:
     @property
     def qualified(self) -> str:
         return ident(self.schema, self.name)
+
+    @property
+    def own(self) -> str:
+        """The table as a FROM item of its own rows (an inheritance parent's children are tables of their own)."""
+        return ("ONLY " if self.relkind == "r" else "") + self.qualified
 
 
 def check_source(con: Any, where: str) -> None:
@@ -124,7 +131,7 @@ def describe(con: Any, schema: str, name: str, server_version: int) -> SyncTable
     # pgoutput carries every column but the generated ones (before 18, or where the publication leaves them out)
     published = tuple(c[0] for c in cols if not c[2])
     signature = ", ".join(f"{c[0]} {c[1]}" for c in cols) + f"; primary key ({', '.join(key_names)})"
-    return SyncTable(schema, name, oid, key_names, tuple(k[1] for k in keys), names, published, signature)
+    return SyncTable(schema, name, oid, key_names, tuple(k[1] for k in keys), names, published, signature, kind)
 
 
 def changed_columns(recorded: str, now: str) -> str:
@@ -361,14 +368,12 @@ def _tuple(count_at: str, width: int, alias: str, guard: str | None) -> tuple[li
     for i in range(width):
         a = f"{alias}{i}"
         byte = f"get_byte(m.d, {at})" if guard is None else f"CASE WHEN {guard} THEN get_byte(m.d, {at}) END"
-        # every third step evaluated once (OFFSET 0), not pulled up into the next: a step's offset names the one before
-        # three times, so inlined all the way the expression would triple with every column (a wide old row's walk); the
-        # steps between are inlined (a subquery of its own per step costs more than its arithmetic)
-        fence = " OFFSET 0" if i % 3 == 2 else ""
-        joins.append(f"CROSS JOIN LATERAL (SELECT {byte} AS k, {at} AS o{fence}) {a}")
-        joins.append(f"CROSS JOIN LATERAL (SELECT CASE WHEN {a}.k = 116 THEN {_int4(f'{a}.o + 1')} ELSE 0 END AS n{fence}) {a}n")
-        values.append(f"CASE WHEN {a}.k = 116 THEN substr(m.d, {a}.o + 6, {a}n.n::int) END")
-        at = f"{a}.o + 1 + CASE WHEN {a}.k = 116 THEN 4 + {a}n.n ELSE 0 END"
+        # one step per column: its kind byte, where it starts and its length, evaluated once (OFFSET 0: not pulled up into
+        # the next step, whose offset names this one's three times: inlined, the expression would triple with every column)
+        joins.append(f"CROSS JOIN LATERAL (SELECT {byte} AS k, {at} AS o, CASE WHEN {byte} = 116 THEN {_int4(f'{at} + 1')} ELSE 0 END "
+                     f"AS n OFFSET 0) {a}")
+        values.append(f"CASE WHEN {a}.k = 116 THEN substr(m.d, {a}.o + 6, {a}.n::int) END")
+        at = f"{a}.o + 1 + CASE WHEN {a}.k = 116 THEN 4 + {a}.n ELSE 0 END"
     return joins, values, at
 
 
@@ -421,11 +426,13 @@ def rows_query(con: Any, table: SyncTable, chunk: int = 0, chunks: int = 1) -> s
         arrays = ("{}",) * len(table.keys)
     unnest = ", ".join(f"{literal(a)}::{t}[]" for a, t in zip(arrays, table.key_types))
     cols = ", ".join(f"k.{ident(c)}" if c in table.keys else f"t.{ident(c)}" for c in table.columns)
-    on = " AND ".join(f"r.{ident(k)} = k.{ident(k)}" for k in table.keys)
+    on = " AND ".join(f"t.{ident(k)} = k.{ident(k)}" for k in table.keys)
+    # a join on the primary key (one row a key at most): the planner, which knows the array's length, looks each key up by
+    # the key's index for a few, or hashes them against one scan of the table for many
     return (f"SELECT {cols}, t.ctid IS NOT NULL AS {PRESENT} FROM unnest({unnest}) AS k({keys}) "
-            f"LEFT JOIN LATERAL (SELECT r.*, r.ctid FROM {table.qualified} AS r WHERE {on} LIMIT 1) AS t ON true")
+            f"LEFT JOIN {table.own} AS t ON {on}")
 
 
 def whole_query(table: SyncTable) -> str:
     """Every row of the table, each present (a TRUNCATE in the changes: the target is loaded again)."""
-    return f"SELECT {', '.join(ident(c) for c in table.columns)}, true AS {PRESENT} FROM {table.qualified}"
+    return f"SELECT {', '.join(ident(c) for c in table.columns)}, true AS {PRESENT} FROM {table.own}"
