@@ -373,6 +373,15 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
         raise ConfigError(f"batch_size: {job.batch_size} must be > 0", key="batch_size")
     if job.degree == 0:
         raise ConfigError("degree: 0 is not valid", key="degree", hint="N > 0 runs N tasks at once, N < 0 uses CPUs/|N|")
+    if job.verify_keys < 0:
+        raise ConfigError(f"verify_keys: {job.verify_keys} must be >= 0", key="verify_keys", hint="the keys conveyor verify names at most")
+    for name in ("follow", "wait_timeout", "chunk_keys"):
+        value = getattr(job.incremental, name)
+        if value < 0 or (name == "chunk_keys" and value == 0):
+            raise ConfigError(f"incremental.{name}: {value:g} must be {'> 0' if name == 'chunk_keys' else '>= 0'}", key=f"incremental.{name}",
+                              hint={"follow": "seconds between the runs of a sync (0: one run)",
+                                    "wait_timeout": "seconds a sync waits for the source's open transactions (0: as long as it takes)",
+                                    "chunk_keys": "the changed keys one read takes at most"}[name])
     options = JobOptions(
         load_mode=job.load_mode,
         map_method=job.map_method,

@@ -45,6 +45,11 @@ class AutoRuntimeConfig(RayRuntimeConfig):
     #: 0: always use them
     in_driver_max_bytes: int = 8 * 1024**3
 
+    def __post_init__(self) -> None:
+        from conveyor.runtime.local import check_runtime_numbers
+
+        check_runtime_numbers(self)
+
 
 def _size(nbytes: int) -> str:
     return f"{nbytes / 1024**3:.3g} GiB" if nbytes >= 1024**3 else f"{nbytes / 1024**2:,.0f} MiB"

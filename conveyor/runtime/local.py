@@ -12,6 +12,7 @@ import pickle
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 from conveyor.core import JobOptions, Progress, RuntimeBase, Task, TaskResult
 from conveyor.errors import TransferError
@@ -30,6 +31,16 @@ class LocalRuntimeConfig:
     #: limit but the count): what a task holds ahead is bounded by bytes, not by how the source
     #: slices its rows into batches
     prefetch_bytes: int = 32 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        check_runtime_numbers(self)
+
+
+def check_runtime_numbers(config: Any) -> None:
+    """A runtime's counts, refused where they mean nothing (a negative retry count or read-ahead)."""
+    for name in ("max_retries", "prefetch_batches", "prefetch_bytes"):
+        if getattr(config, name, 0) < 0:
+            raise ValueError(f"{name}: {getattr(config, name)} must be >= 0")
 
 
 def roundtrip(task: Task) -> Task:

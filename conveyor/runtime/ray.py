@@ -72,6 +72,11 @@ class RayRuntimeConfig:
     #: threads do; the workers of those still running then are killed (their transactions roll back)
     stop_wait: float = 10.0
 
+    def __post_init__(self) -> None:
+        from conveyor.runtime.local import check_runtime_numbers
+
+        check_runtime_numbers(self)
+
 
 class RayRuntime(RuntimeBase):
     config_class = RayRuntimeConfig

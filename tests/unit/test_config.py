@@ -51,6 +51,12 @@ def test_builds_typed_plugins_without_connecting() -> None:
         ("degree", 0, "degree: 0 is not valid"),
         ("sink.table", "???", "sink.table: a value is required"),
         ("strategy.files_per_partition", -1, "strategy: files_per_partition must be >= 0"),
+        ("runtime.max_retries", -1, "runtime: max_retries: -1 must be >= 0"),
+        ("runtime.prefetch_batches", -2, "runtime: prefetch_batches: -2 must be >= 0"),
+        ("verify_keys", -1, "verify_keys: -1 must be >= 0"),
+        ("incremental.follow", -1, "incremental.follow: -1 must be >= 0"),
+        ("incremental.wait_timeout", -5, "incremental.wait_timeout: -5 must be >= 0"),
+        ("incremental.chunk_keys", 0, "incremental.chunk_keys: 0 must be > 0"),
     ],
 )
 def test_bad_values_name_the_key_path(key: str, value: object, expected: str) -> None:
@@ -175,3 +181,15 @@ def test_composing_a_job_imports_only_the_plugins_it_names(tmp_path) -> None:
     assert "conveyor.connectors.files.sources" in loaded and "conveyor.connectors.duckdb" in loaded  # the job's own
     assert not any(m.startswith(("conveyor.connectors.mysql", "conveyor.connectors.adbc", "conveyor.connectors.flight",
                                  "conveyor.connectors.postgres")) for m in loaded), loaded
+
+
+def test_a_schema_qualified_postgres_table_is_split_or_refused() -> None:
+    pg = {"type": "postgres", "table": "public.dotted", "schema": "public"}
+    spec = build_job(_cfg(sink=pg))
+    assert (spec.sink.config.schema, spec.sink.config.table) == ("public", "dotted")
+    spec = build_job(_cfg(sink={**pg, "table": "app.orders"}))
+    assert (spec.sink.config.schema, spec.sink.config.table) == ("app", "orders")
+    with pytest.raises(ConfigError, match="holds a dot: name the schema with sink.schema"):
+        build_job(_cfg(sink={**pg, "schema": "other", "table": "app.orders"}))
+    with pytest.raises(ConfigError, match="holds a dot"):
+        build_job(_cfg(sink={**pg, "table": "a.b.c"}))

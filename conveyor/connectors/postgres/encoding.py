@@ -134,6 +134,8 @@ def _arrow_cast_target(src: Any, target_field: Any) -> Any:
         typmod = int(meta.get("POSTGRESQL:typmod", "-1"))
         if typmod >= 0:
             p, s = ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0xFFFF
+            if p > 76 or s > p:  # wider than any Arrow decimal (or a negative scale): PostgreSQL parses the text
+                return None
             tgt = pa.decimal128(p, s) if p <= 38 else pa.decimal256(p, s)
         elif pa.types.is_decimal(src):
             return src

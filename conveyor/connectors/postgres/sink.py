@@ -145,6 +145,11 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
         if self.truncate_method not in TRUNCATE_METHODS:
             raise ValueError(f"truncate_method: {self.truncate_method!r} is not one of {', '.join(TRUNCATE_METHODS)}")
         self.check_merge_options()
+        if self.table and "." in self.table and "{" not in self.table:
+            schema, _, table = self.table.partition(".")
+            if self.schema != "public" or not schema or not table or "." in table:
+                raise ValueError(f"table: {self.table!r} holds a dot: name the schema with sink.schema and the table with sink.table")
+            self.schema, self.table = schema, table  # schema.table, the schema left at its default: split
 
 
 class PostgresSink(PgChangeApplier, SinkBase):

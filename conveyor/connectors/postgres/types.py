@@ -2,8 +2,9 @@
 
 Reading (ADBC decodes binary COPY natively): integers, floats, bool, text types, bytea,
 date, time, timestamp(tz), interval, uuid, json(b), enums and arrays of those keep their
-Arrow types; numeric(p,s) becomes decimal128/256(p,s); numeric without a precision is read as
-its text (exact, NaN included: Arrow decimals have a fixed scale and no NaN); oid (unsigned 32 bits)
+Arrow types; numeric(p,s) becomes decimal128/256(p,s); numeric without a precision, or with more
+than 76 digits (the widest Arrow decimal's), is read as its text (exact, NaN included: Arrow
+decimals have a fixed scale and no NaN); oid (unsigned 32 bits)
 as int8; every other type
 (inet, money, ranges, geometric, bit, xml, composite, ...) is read as its text form.
 
@@ -65,7 +66,8 @@ class PgColumn:
 
     @property
     def unconstrained_numeric(self) -> bool:
-        return self.typname == "numeric" and self.typmod < 0
+        """A numeric no Arrow decimal holds as declared: no precision, or more than 76 digits (read as its text)."""
+        return self.typname == "numeric" and (self.typmod < 0 or ((self.typmod - 4) >> 16) & 0xFFFF > MAX_DECIMAL_DIGITS)
 
     def select_expr(self) -> str:
         from conveyor.connectors.postgres.common import ident
@@ -105,14 +107,18 @@ def read_columns(con: Any, sql: str) -> list[PgColumn]:
     return cols
 
 
+#: the digits of Arrow's widest decimal (decimal256)
+MAX_DECIMAL_DIGITS = 76
+
+
 def numeric_precision_scale(col: PgColumn) -> tuple[int, int] | None:
     """(p, s) of a numeric(p, s) column read as a decimal; None for every other column (and for a
-    negative scale, PostgreSQL 15+, which keeps its text)."""
+    negative scale, PostgreSQL 15+, or more than 76 digits, which keep their text)."""
     if col.typname != "numeric" or col.typmod < 0 or col.elem:
         return None
     precision = ((col.typmod - 4) >> 16) & 0xFFFF
     scale = (col.typmod - 4) & 0xFFFF
-    if scale > precision or scale >= 0x8000:
+    if scale > precision or scale >= 0x8000 or precision > MAX_DECIMAL_DIGITS:
         return None
     return precision, scale
 
