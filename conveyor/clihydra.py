@@ -285,12 +285,35 @@ def _unloadable_plugin(text: str) -> Exception | None:
     return None
 
 
+def _raised(lines: list[str]) -> tuple[str, str] | None:
+    """(the message, a hint) of the exception a traceback ends with: a YAML file that does not parse names its file,
+    line and column."""
+    import re
+
+    at = next((i for i in range(len(lines) - 1, -1, -1) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", lines[i])), None)
+    if at is None:
+        return None
+    kind, _, message = lines[at].partition(": ")
+    if kind.rsplit(".", 1)[-1] in ("FileNotFoundError", "PermissionError", "OSError", "NotADirectoryError", "IsADirectoryError"):
+        return (f"cannot write a file or folder the run needs: {message}",
+                "hydra.run.dir (the run's folder) and --report must be places this user can write")
+    where = next((m for m in (re.match(r'^in "(.+)", line (\d+), column (\d+)', line) for line in lines[at + 1:]) if m), None)
+    if kind.startswith("yaml."):
+        place = f"{where.group(1)} (line {where.group(2)}, column {where.group(3)})" if where else "a config file"
+        return (f"{place} is not valid YAML: {message}",
+                "fix it at that line: a key: value a line, nested keys indented by the same number of spaces")
+    return f"the config could not be composed: {kind.rsplit('.', 1)[-1]}: {message}", "run again with --verbose for Hydra's full message"
+
+
 def _hydra_error(text: str) -> None:
     """Hydra's multi-line composition error as Conveyor's one line and a hint."""
     lines = [line.strip() for line in text.splitlines() if line.strip() and "HYDRA_FULL_ERROR" not in line]
     first = lines[0] if lines else "the config could not be composed"
     low = text.lower()
-    if "available options" in low:
+    raised = _raised(lines) if first.startswith("Traceback") else None
+    if raised is not None:  # an exception while Hydra composed: its own last line, not the traceback's first
+        first, hint = raised
+    elif "available options" in low:
         at = next(i for i, line in enumerate(lines) if line.lower().startswith("available options"))
         names = []
         for line in lines[at + 1:]:

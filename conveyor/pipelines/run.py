@@ -63,6 +63,7 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
         note(f"runtime.forward_env: {', '.join(forwarded)} handed over by conveyor submit")
     held: dict[str, Any] = {}  # the plan and report as far as the run got
     try:
+        _writable(place)
         previous = load_for_resume(str(cfg.resume), config) if cfg.get("resume") else None
         spec = build_job(cfg, load_id=previous.load_id if previous else None)
         reset_cancel()
@@ -117,6 +118,23 @@ def _sync(spec: Any, place: RunPlace, load: Callable[[Any], JobReport]) -> Any:
     if place.report is not None:
         say(f"report: {place.report}")
     return report
+
+
+def _writable(place: RunPlace) -> None:
+    """The report's path can be written, said before anything moves (not after a load committed, as a failure)."""
+    from conveyor.errors import ConfigError
+
+    path = place.report_path
+    if path is None:
+        return
+    probe = path.with_name(path.name + ".probe")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--report {path}: cannot be written: {exc.strerror or exc}", key="--report",
+                          hint="name a file in a folder this user can write") from None
 
 
 def _note_start(place: RunPlace) -> None:

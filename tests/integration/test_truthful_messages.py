@@ -226,3 +226,26 @@ def test_progress_off_a_terminal_is_a_line_every_interval_while_a_pass_through_s
     assert len(lines) >= 4, lines
     assert lines[0].startswith("progress: about 250 rows (25%), 0.0 MB") and "0/2 partitions" in lines[0]
     assert lines[-1].startswith("progress: 260 rows (26%)") and "1/2 partitions" in lines[-1]
+
+
+@pytest.mark.slow
+def test_a_malformed_yaml_config_is_one_line_naming_its_file_line_and_column(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("source:\n  type: parquet\n   path: x\n")
+    res = run_cli("run", "--config-dir", str(tmp_path), "--config-name", "bad", cwd=tmp_path)
+    assert res.code == 2 and "Traceback" not in res.err, res.err
+    assert res.error_lines == [f"error: {tmp_path}/bad.yaml (line 3, column 8) is not valid YAML: mapping values are not allowed here"], res.err
+
+
+@pytest.mark.slow
+def test_a_report_or_run_folder_that_cannot_be_written_is_refused_before_anything_moves(tmp_path: Path) -> None:
+    rows = tmp_path / "in"
+    rows.mkdir()
+    pq.write_table(pa.table({"id": [1, 2]}), rows / "a.parquet")
+    out = tmp_path / "out"
+    job_args = ["run", "source=parquet", f"source.path={rows}", "sink=parquet", f"sink.path={out}", "load_mode=replace", "strategy=files"]
+    res = run_cli("--report", "/proc/1/no/report.json", *job_args, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert res.code == 2 and res.error_lines == ["error: --report /proc/1/no/report.json: cannot be written: No such file or directory"]
+    assert not out.exists()  # refused before the load, not called a failure after it committed
+    res = run_cli(*job_args, "hydra.run.dir=/proc/1/no", cwd=tmp_path)
+    assert res.code == 2 and "Traceback" not in res.err
+    assert res.error_lines == ["error: cannot write a file or folder the run needs: [Errno 2] No such file or directory: '/proc/1/no'"], res.err
