@@ -55,10 +55,12 @@ class JobConfig:
     #: where the source can count); checksum: also a content checksum computed by both databases
     #: (PostgreSQL on both sides); none
     verify: str = "count"
-    #: conveyor verify: the key rows are matched by (default: the primary key), the differing keys named, -0.0 = 0.0 or not
+    #: conveyor verify: the key rows are matched by (default: the primary key), the differing keys named, and whether -0.0
+    #: differs from 0.0 (distinct: a copy that lost a sign is a difference; equal: for a target that cannot hold -0.0, such as
+    #: MySQL with sink.negative_zero=zero)
     verify_key: list[str] | None = None
     verify_keys: int = 20
-    verify_zero: str = "equal"
+    verify_zero: str = "distinct"
     #: the source's columns to load, in that order (null: all), and {source column: its name in the target}
     columns: list[str] | None = None
     rename: dict[str, str] = field(default_factory=dict)

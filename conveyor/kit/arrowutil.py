@@ -92,6 +92,26 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
                           hint="a column's type changed between batches; cast it in the source query") from None
 
 
+def negative_zero_checked(batches: Iterable[pa.RecordBatch], key: str, database: str, policy: str) -> Iterator[pa.RecordBatch]:
+    """The batches, each float column checked for -0.0 first (its bits: the sign bit alone), for a target that would store
+    it as 0: refused by name (``policy``: the setting that stores it as 0 instead). One vectorized comparison per column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from conveyor.errors import TransferError
+
+    for batch in batches:
+        for name, arr in zip(batch.schema.names, batch.columns):
+            width = {pa.float64(): pa.int64(), pa.float32(): pa.int32()}.get(arr.type)
+            if width is None or arr.null_count == len(arr):
+                continue
+            sign = -(1 << (width.bit_width - 1))
+            if pc.any(pc.equal(arr.view(width), sign)).as_py():
+                raise TransferError(f"writing {key}: column {name} ({arr.type}) holds -0.0, which {database} stores as 0 (its sign "
+                                    "would be lost)", partition=key, hint=f"set {policy} to store it as 0, or change it at the source")
+        yield batch
+
+
 def length_checked(batches: Iterable[pa.RecordBatch], checks: Sequence[tuple[str, str, int, str]], key: str,
                    database: str) -> Iterator[pa.RecordBatch]:
     """The batches, each string column bound for a ``varchar(n)`` / ``char(n)`` target checked first:

@@ -11,7 +11,7 @@ only are read again on both sides and joined by key, naming up to ``verify_keys`
 extra, or whose values differ. With no key (no primary key, no ``verify_key``), one bucket: equal or
 not, no keys named.
 
-Choices stated: -0.0 and 0.0 are equal (``verify_zero=equal``; ``distinct`` tells them apart), every NaN
+Choices stated: -0.0 and 0.0 differ (``verify_zero=distinct``; ``equal`` makes them one), every NaN
 equals every NaN, NULL and an empty string differ. A column whose types cannot be compared (a uuid
 on one side, a text on the other) is refused by name; columns on one side only are named.
 """
@@ -169,7 +169,7 @@ def _each_partition(source: Any, partitions: list[Any], degree: int, work: Any, 
             ray_runtime.instance.done(ray, started)
 
 
-def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: str = "equal", opened: Any = None,
+def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: str = "distinct", opened: Any = None,
             partitions: list[Any] | None = None, written: str | None = None) -> Comparison:
     """Read both ends of ``spec`` and compare them (see the module's docstring). In a run (verify=checksum):
     ``opened`` is the job's source in its session (its snapshot), ``partitions`` its plan, ``written`` what a
@@ -279,11 +279,11 @@ def verify_job(cfg: Any, console: Any) -> int:
     from conveyor.config import build_job
     from conveyor.errors import VerificationError
 
-    if cfg.get("verify_zero", "equal") not in ("equal", "distinct"):
+    if cfg.get("verify_zero", "distinct") not in ("equal", "distinct"):
         raise ConfigError(f"verify_zero: {cfg.get('verify_zero')!r} is not equal or distinct", key="verify_zero")
     spec = build_job(cfg)
     key = list(cfg.get("verify_key") or []) or None
-    result = compare(spec, key=key, max_keys=int(cfg.get("verify_keys", 20)), zero=str(cfg.get("verify_zero", "equal")))
+    result = compare(spec, key=key, max_keys=int(cfg.get("verify_keys", 20)), zero=str(cfg.get("verify_zero", "distinct")))
     table = Table(title="conveyor verify", title_justify="left")
     for name in ("side", "read as", "partitions", "rows"):
         table.add_column(name, justify="right" if name in ("partitions", "rows") else "left")

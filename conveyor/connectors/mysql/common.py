@@ -197,11 +197,15 @@ class MySqlSinkConfig(MergeOptions, MySqlConnConfig):
     commit_markers: bool = True
     #: create / replace: the source table's NOT NULL, primary key and comments, made with the table (target.py)
     definition: bool = True
+    #: a float -0.0, which MySQL and MariaDB store as 0: error (refused, naming the column), or zero (stored as 0)
+    negative_zero: str = "error"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.bulk not in ("auto", "load_data", "insert"):
             raise ValueError(f"bulk: {self.bulk!r} is not one of auto, load_data, insert")
+        if self.negative_zero not in ("error", "zero"):
+            raise ValueError(f"negative_zero: {self.negative_zero!r} is not one of error, zero")
         self.check_merge_options()
 
 

@@ -17,7 +17,7 @@ from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilitie
 from conveyor.errors import ConveyorError
 from conveyor.kit import guard
 from conveyor.kit import merge as merging
-from conveyor.kit.arrowutil import length_checked
+from conveyor.kit.arrowutil import length_checked, negative_zero_checked
 from conveyor.kit.mapping import TargetColumn, map_columns
 from conveyor.kit.staged import StagedSink, check_mode, staged_path
 from conveyor.log import note, say, warn
@@ -152,6 +152,8 @@ class MySqlSink(MyChangeApplier, StagedSink):
             return done
         if plan.own.lengths:  # varchar(n) / char(n) targets: each value's length, before MySQL sees it
             batches = length_checked(batches, plan.own.lengths, part.key, "MySQL")
+        if self.config.negative_zero == "error":  # MySQL stores -0.0 as 0
+            batches = negative_zero_checked(batches, part.key, "MySQL", "sink.negative_zero=zero")
         try:
             if plan.own.bulk == "load_data":
                 return loading.load_data(self.config, plan, part, batches, attempt)
