@@ -386,6 +386,11 @@ class PostgresSink(PgChangeApplier, SinkBase):
                 check_taken(self.where, done.rowcount, staged)
         if plan.load_mode != "truncate":
             targets.rename_stage_indexes(con, target, plan.write_target)
+            # the stage's label (whose it is, for clean) is not the table's: gone where neither the source nor the old table
+            # gave the table a comment of its own
+            said = con.execute("SELECT obj_description(%s::regclass, 'pg_class')", [self._qualified()]).fetchone()[0]
+            if said and said.startswith('{"conveyor": "staging table"'):
+                con.execute(f"COMMENT ON TABLE {self._qualified()} IS NULL")
 
     def _forget_markers(self, con: Any, plan: SinkPlan) -> None:
         once: commits.Once = plan.own.once

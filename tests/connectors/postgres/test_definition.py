@@ -194,3 +194,20 @@ def test_mysql_takes_the_keys_not_null_and_comments_made_with_the_table(pg_sourc
     assert mysql_server.execute("SELECT table_comment FROM information_schema.tables WHERE table_schema = DATABASE() "
                               "AND table_name = 'dt_my'")[0][0] == "the source's table"
     assert mysql_server.execute("SELECT count(*), count(DISTINCT id) FROM dt_my")[0] == (3000, 3000)
+
+
+@pytest.mark.parametrize("mode", ["create", "replace"])
+def test_a_created_table_keeps_no_staging_label_as_its_comment(pg_source, pg_target, mode: str) -> None:
+    """The stage's label (a JSON comment naming its run, for conveyor clean) was left as the comment of every table a
+    create or replace made from a source table without one."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS lbl_src", "CREATE TABLE lbl_src (id int PRIMARY KEY, v text)", "INSERT INTO lbl_src VALUES (1, 'a')")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS lbl_t")
+    for _ in range(2 if mode == "replace" else 1):
+        job({"type": "postgres", "port": pg_source.port, "table": "lbl_src"}, {"type": "postgres", "port": pg_target.port, "table": "lbl_t"},
+            load_mode=mode)
+    assert pg_exec(pg_target, "SELECT obj_description('lbl_t'::regclass, 'pg_class')") == [(None,)]
+    pg_exec(pg_source, "COMMENT ON TABLE lbl_src IS 'the source''s own'")
+    pg_exec(pg_target, "DROP TABLE lbl_t")
+    job({"type": "postgres", "port": pg_source.port, "table": "lbl_src"}, {"type": "postgres", "port": pg_target.port, "table": "lbl_t"},
+        load_mode=mode)
+    assert pg_exec(pg_target, "SELECT obj_description('lbl_t'::regclass, 'pg_class')") == [("the source's own",)]
