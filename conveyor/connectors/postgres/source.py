@@ -143,6 +143,8 @@ class PostgresSource(PgPlanning, PgChangeFeed):
                 label = "postgres query"
             try:
                 self.columns = tuple(read_columns(con, f"SELECT * FROM {self.from_sql()} LIMIT 0"))
+                if self.relid is not None:
+                    self.columns = _collated(con, self.relid, self.columns)
             except Exception as exc:
                 raise translate(exc, self.config, "describing the source") from None
         finally:
@@ -303,6 +305,18 @@ class PostgresSource(PgPlanning, PgChangeFeed):
         job plans and prepares, when it is the one the reads will use."""
         if self.decoder == "duckdb" and (self.config.decoder == "duckdb" or duckdecode.unavailable() is None):
             duckdecode.warm(self.config)
+
+def _collated(con: Any, oid: int, columns: tuple[PgColumn, ...]) -> tuple[PgColumn, ...]:
+    """The columns, each with its collation where it is not its type's default (a table made from them takes it)."""
+    import dataclasses
+
+    found = dict(con.execute(
+        "SELECT a.attname, quote_ident(n.nspname) || '.' || quote_ident(c.collname) FROM pg_attribute a JOIN pg_type t ON "
+        "t.oid = a.atttypid JOIN pg_collation c ON c.oid = a.attcollation JOIN pg_namespace n ON n.oid = c.collnamespace "
+        "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attcollation <> 0 AND a.attcollation <> t.typcollation",
+        [oid]).fetchall())
+    return tuple(dataclasses.replace(col, collation=found[col.name]) if col.name in found else col for col in columns) if found else columns
+
 
 def _keys(con: Any, oid: int) -> tuple[tuple[str, ...], tuple[ForeignKey, ...]]:
     """A table's primary key columns and its foreign keys (columns in key order)."""

@@ -44,6 +44,8 @@ class PgColumn:
     typtype: str  # b base, e enum, d domain, c composite, r range, ...
     elem: str  # element typname for arrays, "" otherwise
     base_sql: str = ""  # for domains: the base type
+    #: the column's collation where it is not its type's default (a table's column: "C", "en-x-icu", ...), quoted
+    collation: str = ""
 
     @property
     def kind(self) -> str:
@@ -228,11 +230,13 @@ def arrow_to_pg(field: Any) -> str:
 
 
 def column_ddl(field: Any, source_col: PgColumn | None) -> str:
-    """One column of a CREATE TABLE: the source's own type when it is built in, else mapped."""
-    if source_col is not None and source_col.type_oid < USER_OID_START and source_col.typtype == "b":
-        return source_col.type_sql
+    """One column of a CREATE TABLE: the source's own type (and collation) when it is built in (a base type, a range or a
+    multirange: their values travel as PostgreSQL reads and writes them), else mapped."""
+    collate = f" COLLATE {source_col.collation}" if source_col is not None and source_col.collation else ""
+    if source_col is not None and source_col.type_oid < USER_OID_START and source_col.typtype in ("b", "r", "m"):
+        return source_col.type_sql + collate
     if source_col is not None and source_col.typtype == "d" and source_col.base_sql:
-        return source_col.base_sql
+        return source_col.base_sql + collate
     return arrow_to_pg(field)
 
 
