@@ -128,6 +128,10 @@ def _arrow_cast_target(src: Any, target_field: Any) -> Any:
 
     tgt = target_field.type
     meta = {k.decode(): v.decode() for k, v in (target_field.metadata or {}).items()}
+    if meta.get("POSTGRESQL:type") in ("oid", "money"):
+        # ADBC's types for them are not theirs (oid: int32, which holds no oid above 2^31; money: int64 cents, which no
+        # money text casts to): PostgreSQL parses the values' text
+        return None
     if isinstance(tgt, pa.BaseExtensionType) and tgt.extension_name == "arrow.opaque":
         if meta.get("POSTGRESQL:type") != "numeric":
             return None  # inet, money, ...: PostgreSQL parses the text
