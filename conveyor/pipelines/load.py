@@ -15,6 +15,7 @@ from conveyor.core import (
     SinkPlan,
     SupportsCommitMarkers,
     SupportsPartitionCounts,
+    SupportsTargetCount,
     Task,
     TaskResult,
     WriteStats,
@@ -88,6 +89,8 @@ class Load:
         ran = [r for r in report.results if r.partition not in report.committed_before]
         across = None if self.plan.info.checksums and self.plan.target.checksums else spec  # no checksum both compute: compared
         report.verification = verify(spec.options.verify, self.todo, ran, self.source, spec.sink, self.sink_plan, across)
+        if report.committed_before and spec.options.verify != "none":
+            _still_held(report, spec.sink, self.sink_plan)
         raise_if_failed(report.verification, report.target)
 
     def finalize(self) -> None:
@@ -97,6 +100,24 @@ class Load:
     def abort(self) -> None:
         if self.sink_plan is not None:
             _abort(self.plan.spec.sink, self.sink_plan)
+
+
+def _still_held(report: Any, sink: Any, sink_plan: SinkPlan) -> None:
+    """A resumed append: the target must still hold at least every row this load committed, the run it resumes' partitions
+    with this run's (checked against what the target holds now, not what the resumed part added: rows lost from the target
+    since the run it resumes are a difference, not an "ok")."""
+    out = report.verification
+    if sink_plan.load_mode != "append" or not isinstance(sink, SupportsTargetCount):
+        out.notes.append("the partitions committed by the run it resumes were not counted again (the sink cannot count its target)")
+        return
+    held = sink.target_rows(sink_plan)
+    if held is None:
+        return
+    committed = sum(r.rows for r in report.results)
+    out.notes.append(f"the target holds {held:,} rows: at least the {committed:,} this load committed, the run it resumes' included")
+    if held < committed:
+        out.mismatched.append(f"target: {held:,} rows, fewer than the {committed:,} this load committed into it (rows of the partitions "
+                              "the run it resumes committed are gone from it)")
 
 
 def _in_many(plan: JobPlan) -> bool:
