@@ -153,8 +153,10 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[SyncRep
                 note(f"sync: slot {slot} exists but the target has no record of the load that began with it (a first run that "
                      "stopped): loading again")
             elif any(s is not None for s in states):
-                note(f"sync: the target holds a sync of slot {slot}, and the source has no such slot (dropped, or the source is "
-                     "another server): the changes since are lost to it, so the tables are loaded again")
+                raise ConveyorError(f"sync: {report.target} holds a sync of slot {slot}, and the source has no such slot (dropped, or "
+                                    "the source is another server): the changes since the target's position are lost to it",
+                                    hint="conveyor clean --drop (this job's settings), then run it again: the first run loads the "
+                                         "tables again")
             report.initial, report.position = _first(spec, feed, sinks, load)
             if not _again(spec, feed, report, start, on_run):
                 return report

@@ -281,3 +281,19 @@ def test_follow_follows_from_the_first_run(src, pg_target, tmp_path: Path) -> No
     finally:
         err = _stop(proc)
     assert proc.returncode == 130 and "changes applied up to" in err, err
+
+
+def test_a_lost_slot_is_refused_by_name_not_reloaded_in_silence(src, pg_target, tmp_path: Path) -> None:
+    _ids_table(src, "ls_t", 100)
+    args = ["run", "source=postgres", "sink=postgres", f"source.port={src.port}", "source.table=ls_t", f"sink.port={pg_target.port}",
+            "sink.table=ls_t", "load_mode=replace", "incremental.method=replication", "strategy=none"]
+    _sync(tmp_path, args, "first")
+    pg_exec(src, f"SELECT pg_drop_replication_slot('{_slot(src)}')")
+    r = run_cli(*args, f"hydra.run.dir={tmp_path}/lost")
+    assert r.code == 1 and "Traceback" not in r.err, r.err
+    assert r.error_lines[0].endswith("and the source has no such slot (dropped, or the source is another server): the changes since "
+                                     "the target's position are lost to it"), r.err
+    assert "hint: conveyor clean --drop (this job's settings), then run it again" in r.err
+    assert run_cli("clean", "--drop", *args[1:]).code == 0
+    _sync(tmp_path, args, "reloaded")
+    assert checksum(pg_target, "ls_t") == checksum(src, "ls_t")
