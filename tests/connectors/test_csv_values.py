@@ -130,3 +130,16 @@ def test_bytes_that_are_not_utf8_are_refused_by_name_unless_read_as_binary(tmp_p
 def test_an_empty_source_path_is_refused() -> None:
     with pytest.raises(ConfigError, match="source.path is empty"):
         job({"type": "csv", "path": ""}, {"type": "parquet", "path": "/tmp/never-written"}, load_mode="replace")
+
+
+def test_a_parquet_file_named_as_csv_and_control_bytes_are_never_printed_raw(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1, 2]}), tmp_path / "data.csv")
+    err, _ = _csv_to_duckdb(tmp_path / "data.csv", tmp_path / "p")
+    assert isinstance(err, SchemaError) and str(err).endswith("is a Parquet file (it starts with PAR1)") and "source=parquet" in err.hint
+    bad = tmp_path / "ctl.csv"
+    bad.write_bytes(b"a,b\n1,2,3\x01\x1b[31m\n")
+    err, _ = _csv_to_duckdb(bad, tmp_path / "c")
+    assert isinstance(err, SchemaError) and "\\x01\\x1b[31m" in str(err) and "\x1b" not in str(err), str(err)

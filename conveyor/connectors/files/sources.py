@@ -3,6 +3,7 @@ by file or by Parquet row group."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,13 +135,23 @@ class CsvSource(FileSource):
         except Exception as exc:
             if column_types is not None and ("CSV conversion error" in str(exc) or "Rescaling" in str(exc)):
                 raise self._unfit(path, exc) from None
-            raise SchemaError(f"csv file {path}: cannot be read: {exc}") from None
+            raise self._unreadable(fs, path, exc) from None
+
+    def _unreadable(self, fs: Any, path: str, exc: BaseException) -> SchemaError:
+        """A file the CSV parser refused: one line, the file's bytes never printed raw (a Parquet or binary file named as
+        CSV printed them into the terminal)."""
+        with contextlib.suppress(Exception), fs.open(path, "rb") as f:
+            head = f.read(4)
+            if head == b"PAR1":
+                return SchemaError(f"csv file {path}: is a Parquet file (it starts with PAR1)", hint="read it with source=parquet")
+        return SchemaError(f"csv file {path}: cannot be read: {printable(first_line(exc))}",
+                           hint="check source.delimiter, source.quote_char and source.header against the file")
 
     def _unfit(self, path: str, exc: BaseException) -> TransferError:
         """A value that does not fit its column's type, with the column named (pyarrow numbers it)."""
         import re
 
-        text = first_line(exc)
+        text = printable(first_line(exc))
         found = re.search(r"column #(\d+)", text)
         if found and self._schema is not None and int(found.group(1)) < len(self._schema):
             field = self._schema.field(int(found.group(1)))
@@ -254,6 +265,12 @@ class _Tail:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` with every control or undecodable character escaped, and cut at ``limit`` characters."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: limit * 2])  # one message, not data
+    return out if len(out) <= limit else out[:limit] + " ..."
 
 
 def csv_type(name: str, text: str) -> Any:
