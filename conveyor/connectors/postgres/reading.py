@@ -290,7 +290,8 @@ def special(src: Readable, col: PgColumn, arr: Any, key: str, kind: str | None =
 def _unfit_decimal(col: PgColumn, target: Any, why: Any, key: str) -> TransferError:
     """A numeric value with no Arrow decimal form (NaN, Infinity, too many digits), refused by name:
     ADBC's path finds it casting the text, DuckDB's path when the server fails at a NaN."""
-    return TransferError(f"postgres column {col.name} ({col.type_sql}): a value does not fit {target}: {why}", partition=key,
+    return TransferError(f"postgres column {col.name} ({col.type_sql}): a value does not fit {target or 'an Arrow decimal'}: {why}",
+                         partition=key,
                          hint="NaN and Infinity have no Arrow decimal form; cast the column to text or float8 in source.query")
 
 
