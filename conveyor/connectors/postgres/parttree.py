@@ -94,7 +94,9 @@ def read_tree(con: Any, qualified: str) -> tuple[Tree | None, str]:
     by_parent: dict[int, list[tuple[Any, ...]]] = {}
     for row in rows:
         by_parent.setdefault(row[1], []).append(row)
-    root_row = next(r for r in rows if r[1] is None)
+    # the target's own row: its parent is outside its tree (none for a root; a partitioned partition has one)
+    inside = {r[0] for r in rows}
+    root_row = next(r for r in rows if r[1] is None or r[1] not in inside)
     for _, _, _, name, kind, _, can_insert, rls in rows:
         if kind == "f":
             return None, f"partition {name} is a foreign table"

@@ -198,3 +198,27 @@ def test_a_routed_load_on_ray_is_exact_and_a_worker_killed_after_some_leaves_too
     assert marker.exists() and report.rows == 100000  # the first attempt died (Ray ran the task again)
     assert pg_exec(pg_target, "SELECT count(*), count(DISTINCT n), min(n), max(n) FROM rt_crash")[0] == (100000, 100000, 0, 99999)
     assert len(pg_exec(pg_target, "SELECT DISTINCT tableoid FROM rt_crash")) == 4
+
+
+def test_a_partition_that_is_itself_partitioned_takes_its_rows_and_refuses_others(pg_target, tmp_path) -> None:
+    """A Parquet load into m1, a partition of m partitioned again (list on b): StopIteration before (its tree's own row
+    has a parent). Its rows reach its leaves; a row outside m1's own bound is refused by PostgreSQL, nothing kept."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pg_exec(pg_target, "DROP TABLE IF EXISTS sp_m", "CREATE TABLE sp_m (a int, b text, v int) PARTITION BY RANGE (a)",
+            "CREATE TABLE sp_m1 PARTITION OF sp_m FOR VALUES FROM (0) TO (100) PARTITION BY LIST (b)",
+            "CREATE TABLE sp_m1x PARTITION OF sp_m1 FOR VALUES IN ('x')", "CREATE TABLE sp_m1y PARTITION OF sp_m1 FOR VALUES IN ('y')",
+            "CREATE TABLE sp_m2 PARTITION OF sp_m FOR VALUES FROM (100) TO (200)")
+    rows = {"a": pa.array([1, 2, 3], pa.int32()), "b": ["x", "y", "x"], "v": pa.array([1, 2, 3], pa.int32())}
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table(rows), tmp_path / "in" / "a.parquet")
+    job({"type": "parquet", "path": str(tmp_path / "in")}, {"type": "postgres", "port": pg_target.port, "table": "sp_m1"},
+        strategy="files", load_mode="append")
+    assert pg_exec(pg_target, "SELECT tableoid::regclass::text, a FROM sp_m ORDER BY a") == [("sp_m1x", 1), ("sp_m1y", 2), ("sp_m1x", 3)]
+    (tmp_path / "out").mkdir()
+    pq.write_table(pa.table({**rows, "a": pa.array([4, 150, 5], pa.int32())}), tmp_path / "out" / "a.parquet")
+    with pytest.raises(TransferError):
+        job({"type": "parquet", "path": str(tmp_path / "out")}, {"type": "postgres", "port": pg_target.port, "table": "sp_m1"},
+            strategy="files", load_mode="append")
+    assert pg_exec(pg_target, "SELECT count(*) FROM sp_m") == [(3,)]
