@@ -177,6 +177,19 @@ def test_a_type_the_format_cannot_hold_is_refused_by_its_column_before_a_row_mov
         assert not (tmp_path / "delta" / "refused" / "_delta_log").exists()
 
 
+@pytest.mark.parametrize("fmt", ["iceberg", "delta"])
+@pytest.mark.parametrize("column,value", [("d date", "'0044-03-15 BC'"), ("ts timestamp", "'10000-01-01 00:00:00'")])
+def test_a_date_before_year_1_or_after_9999_is_refused_by_its_column(pg_source, cli, tmp_path: Path, fmt: str, column: str,
+                                                                     value: str) -> None:
+    """deltalake failed with "Invalid isoformat string: '-0044-03-15'" (an internal error), pyiceberg with exit 5 naming no
+    column: both keep each file's lowest and highest value as Python dates, years 1 to 9999."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS lake_years", f"CREATE TABLE lake_years (id int8, {column})",
+            f"INSERT INTO lake_years VALUES (1, {value}), (2, NULL)")
+    res = cli("run", *_pg(pg_source, "lake_years"), *_sink(fmt, tmp_path, "years"), "load_mode=create", "strategy=none")
+    assert res.code != 0 and "Traceback" not in res.err and "internal error" not in res.err, res.err
+    assert f"column {column.split()[0]} " in res.err and "before year 1 or after year 9999" in res.err, res.err
+
+
 def test_nanoseconds_and_uint64_are_refused_by_name(cli, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

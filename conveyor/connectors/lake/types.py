@@ -99,21 +99,50 @@ def conform(batch: Any, schema: Any, where: str) -> Any:
 
     batch = pa.RecordBatch.from_arrays(batch.columns, schema=pa.schema([pa.field(n, f.type) for n, f in zip(schema.names, batch.schema)]))
     if batch.schema.equals(schema, check_metadata=False):
+        for name, column in zip(schema.names, batch.columns):
+            _in_years(column, name, where)
         return batch
     arrays = []
     for name, column, field in zip(schema.names, batch.columns, schema):
         if not field.nullable and column.null_count:
             raise SchemaError(f"{where}: column {name} is required (NOT NULL) and the source has NULLs in it",
                               hint="leave those rows out (source.query), or load into a table whose column allows NULL")
-        if column.type == field.type:
-            arrays.append(column)
-            continue
-        try:
-            arrays.append(column.cast(field.type, safe=True))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise SchemaError(f"{where}: column {name} ({column.type}) cannot be written as {field.type} unchanged: "
-                              f"{str(exc).splitlines()[0]}", hint="cast it in the source (source.query)") from None
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SchemaError(f"{where}: column {name} ({column.type}) cannot be written as {field.type} unchanged: "
+                                  f"{str(exc).splitlines()[0]}", hint="cast it in the source (source.query)") from None
+        _in_years(column, name, where)
+        arrays.append(column)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+#: the first and last day (date32) and microsecond (timestamp[us]) of years 1 to 9999: the libraries turn each file's
+#: lowest and highest value into Python dates for its statistics, and Python's dates hold no other year
+_DAYS = (-719162, 2932896)
+_MICROS = (-62135596800 * 10**6, 253402300800 * 10**6 - 1)
+
+
+def _in_years(column: Any, name: str, where: str) -> None:
+    """A date or timestamp before year 1 or after 9999 refused by name (deltalake failed with "Invalid isoformat string:
+    '-0221-09-04'", pyiceberg without naming the column)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    typ = column.type
+    if pa.types.is_date32(typ):
+        low, high, ints = *_DAYS, column.view(pa.int32())
+    elif pa.types.is_timestamp(typ) and typ.unit == "us":
+        low, high, ints = *_MICROS, column.view(pa.int64())
+    else:
+        return
+    bounds = pc.min_max(ints)
+    lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+    if lo is not None and (lo < low or hi > high):
+        raise SchemaError(f"{where}: column {name} ({typ}) holds a value before year 1 or after year 9999, which the table "
+                          "format's writer cannot write (it keeps each file's lowest and highest value as a date of years 1 to 9999)",
+                          hint="leave those rows out or change them in the source (source.query)")
 
 
 __all__ = ["written_type", "written_schema", "conform", "UTC"]
