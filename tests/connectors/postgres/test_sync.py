@@ -41,6 +41,8 @@ def sync_src(pg_source, pg_target):
         pg_exec(server, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'conveyor%' AND NOT active")
         for (pub,) in pg_exec(server, "SELECT pubname FROM pg_publication WHERE pubname LIKE 'conveyor%'"):
             pg_exec(server, f'DROP PUBLICATION "{pub}"')
+    # the targets' sync state goes with the slots (a state whose slot is gone is refused by name)
+    pg_exec(pg_target, "DROP TABLE IF EXISTS _conveyor_sync")
 
 
 def _args(src, dst, table: str = "sy_t", target: str = "sy_t", *more: str) -> list[str]:

@@ -26,6 +26,7 @@ def src(pg_source, pg_target):
     pg_exec(pg_source, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'conveyor%' AND NOT active")
     for (pub,) in pg_exec(pg_source, "SELECT pubname FROM pg_publication WHERE pubname LIKE 'conveyor%'"):
         pg_exec(pg_source, f'DROP PUBLICATION "{pub}"')
+    pg_exec(pg_target, "DROP TABLE IF EXISTS _conveyor_sync")  # the targets' state goes with the slots
 
 
 def _sync(tmp_path: Path, args: list[str], name: str) -> dict:
