@@ -173,7 +173,10 @@ class FeedSession(Protocol):
 class ChangeFeed(Protocol):
     """A source whose changes a sync job reads (``incremental.method=replication``)."""
 
-    def change_feed(self, slot: str, settings: Any) -> AbstractContextManager[FeedSession]: ...
+    def change_feed(self, slot: str, settings: Any, exclusive: bool = True) -> AbstractContextManager[FeedSession]:
+        """The job's session on the source; ``exclusive``: holding the job's lock (a run, or a clean that drops; a plan
+        or a listing reads beside a running one)."""
+        ...
 
     def feed_slot(self, target_identity: str, settings: Any) -> str:
         """The job's name on the source (``incremental.slot``, else one made from the source and ``target_identity``)."""

@@ -277,7 +277,7 @@ def plan_lines(spec: JobSpec) -> list[str]:
     """What ``conveyor plan`` says of a sync job: its slot, what it holds on the source, and each target's position."""
     check(spec)
     slot = slot_of(spec)
-    with spec.source.change_feed(slot, spec.incremental) as feed:
+    with spec.source.change_feed(slot, spec.incremental, exclusive=False) as feed:  # beside a running sync
         held, retained = feed.position(), feed.retained()
         if held is None:
             return [f"sync: no slot yet: the first run makes slot {slot} (and its publication) and loads the tables in its snapshot"]
@@ -292,7 +292,7 @@ def leftovers(spec: JobSpec, remove: bool) -> list[str]:
     ``remove`` (the next run then loads the tables again)."""
     check(spec)
     slot = slot_of(spec)
-    with spec.source.change_feed(slot, spec.incremental) as feed:
+    with spec.source.change_feed(slot, spec.incremental, exclusive=remove) as feed:  # a drop waits for no running sync: refused
         sinks = _targets(spec, feed)
         if not remove:
             out = [f"replication slot {slot}: holds {feed.retained():,} bytes of WAL on the source"] if feed.position() is not None else []

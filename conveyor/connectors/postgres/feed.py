@@ -44,11 +44,12 @@ class PgChangeFeed:
         return replication.slot_name(mine, target_identity)
 
     @contextlib.contextmanager
-    def change_feed(self, slot: str, settings: Any) -> Iterator[PgFeedSession]:
+    def change_feed(self, slot: str, settings: Any, exclusive: bool = True) -> Iterator[PgFeedSession]:
         con = connect(self.config, autocommit=True)
         try:
             replication.check_source(con, self.config.where())
-            replication.lock(con, slot)  # one session of the job at a time, until this connection closes
+            if exclusive:
+                replication.lock(con, slot)  # one session of the job at a time, until this connection closes
             version = int(con.execute("SHOW server_version_num").fetchone()[0])
             many = self.many()  # type: ignore[attr-defined]
             names = [(t.schema, t.name) for t in self.tables()] if many else [(self.config.schema, self.config.table)]  # type: ignore[attr-defined]

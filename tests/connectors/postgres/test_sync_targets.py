@@ -157,6 +157,10 @@ def test_two_runs_of_one_job_at_once_one_is_refused_and_the_target_stays_exact(s
     try:
         wait_until(lambda: report.exists() and json.loads(report.read_text())["sync"]["runs"], "a first apply of the follow", 60)
         _writes(src, "cc_t", 20, 1)
+        plan = run_cli("plan", *args[1:], f"hydra.run.dir={tmp_path}/plan")  # a plan reads beside a running sync
+        assert plan.code == 0 and "bytes of WAL on the source" in plan.out, plan.err
+        dropped = run_cli("clean", "--drop", *args[1:])  # a drop is refused while it runs
+        assert dropped.code == 1 and "another run of this job is running" in dropped.err, dropped.err
         second = run_cli(*args, f"hydra.run.dir={tmp_path}/second")
         assert second.code == 1 and "Traceback" not in second.err
         assert second.error_lines[0].startswith("error: sync: another run of this job is running (source backend pid "), second.err
