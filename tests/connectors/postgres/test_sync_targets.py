@@ -23,6 +23,9 @@ from tests.helpers import BIN, checksum, pg_exec, run_cli, wait_until
 @pytest.fixture
 def src(pg_source, pg_target):
     yield pg_source
+    # a stopped run's walsender can hold its slot a moment after the process is gone: wait (bounded) until none is active
+    wait_until(lambda: not pg_exec(pg_source, "SELECT 1 FROM pg_replication_slots WHERE slot_name LIKE 'conveyor%' AND active"),
+               "the slots to be released", 30)
     pg_exec(pg_source, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'conveyor%' AND NOT active")
     for (pub,) in pg_exec(pg_source, "SELECT pubname FROM pg_publication WHERE pubname LIKE 'conveyor%'"):
         pg_exec(pg_source, f'DROP PUBLICATION "{pub}"')
@@ -209,7 +212,7 @@ def test_a_source_table_dropped_and_created_again_is_refused_by_name(src, pg_tar
     r = run_cli(*args, f"hydra.run.dir={tmp_path}/recreated")
     assert r.code == 4 and "Traceback" not in r.err, r.err
     assert r.error_lines == ["error: sync of public.rc_t stopped: the source table is not in the job's publication "
-                             f"{_slot(src)} (it was dropped and created again, or taken out of the publication): its changes since "
+                             f"{_slot(pg_target, 'rc_t')} (it was dropped and created again, or taken out of the publication): its changes since "
                              "are not decoded"], r.err
     assert "hint: conveyor clean --drop (this job's settings), then run it again" in r.err
     assert run_cli("clean", "--drop", *args[1:]).code == 0
@@ -217,8 +220,9 @@ def test_a_source_table_dropped_and_created_again_is_refused_by_name(src, pg_tar
     assert checksum(pg_target, "rc_t") == checksum(src, "rc_t")
 
 
-def _slot(server) -> str:
-    (slot,), = pg_exec(server, "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'conveyor%'")
+def _slot(target, table: str) -> str:
+    """The slot of the job into ``table``, as its sync state beside the target names it."""
+    (slot,), = pg_exec(target, f"SELECT slot FROM _conveyor_sync WHERE target = 'public.{table}'")
     return slot
 
 
@@ -293,7 +297,7 @@ def test_a_lost_slot_is_refused_by_name_not_reloaded_in_silence(src, pg_target, 
     args = ["run", "source=postgres", "sink=postgres", f"source.port={src.port}", "source.table=ls_t", f"sink.port={pg_target.port}",
             "sink.table=ls_t", "load_mode=replace", "incremental.method=replication", "strategy=none"]
     _sync(tmp_path, args, "first")
-    pg_exec(src, f"SELECT pg_drop_replication_slot('{_slot(src)}')")
+    pg_exec(src, f"SELECT pg_drop_replication_slot('{_slot(pg_target, 'ls_t')}')")
     r = run_cli(*args, f"hydra.run.dir={tmp_path}/lost")
     assert r.code == 1 and "Traceback" not in r.err, r.err
     assert r.error_lines[0].endswith("and the source has no such slot (dropped, or the source is another server): the changes since "
