@@ -217,16 +217,16 @@ def test_a_created_table_keeps_no_staging_label_as_its_comment(pg_source, pg_tar
 def test_create_keeps_built_in_range_types_and_column_collations(pg_source, pg_target, copy_path: str) -> None:
     """Built-in range and multirange columns became text (and an EXCLUDE on them was then refused, naming text); a column's
     COLLATE "C" was dropped (the copy sorted differently)."""
-    pg_exec(pg_source, "DROP TABLE IF EXISTS rc_src", "CREATE TABLE rc_src (id int PRIMARY KEY, r int4range, d daterange, "
+    pg_exec(pg_source, "DROP TABLE IF EXISTS rng_src", "CREATE TABLE rng_src (id int PRIMARY KEY, r int4range, d daterange, "
                        "m int4multirange, t text COLLATE \"C\", v varchar(10) COLLATE \"POSIX\", plain text)",
-            "INSERT INTO rc_src VALUES (1, '[1,5)', '[2020-01-01,2020-02-01)', '{[1,2),[5,9)}', 'b', 'B', 'x'), "
+            "INSERT INTO rng_src VALUES (1, '[1,5)', '[2020-01-01,2020-02-01)', '{[1,2),[5,9)}', 'b', 'B', 'x'), "
             "(2, 'empty', NULL, '{}', 'a', 'a', 'y'), (3, '[10,)', '[2021-01-01,)', NULL, 'B', 'b', NULL)")
-    pg_exec(pg_target, "DROP TABLE IF EXISTS rc_t")
-    job({"type": "postgres", "port": pg_source.port, "table": "rc_src"},
-        {"type": "postgres", "port": pg_target.port, "table": "rc_t", "copy_path": copy_path}, load_mode="create")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS rng_t")
+    job({"type": "postgres", "port": pg_source.port, "table": "rng_src"},
+        {"type": "postgres", "port": pg_target.port, "table": "rng_t", "copy_path": copy_path}, load_mode="create")
     shape = ("SELECT attname, format_type(atttypid, atttypmod), (SELECT collname FROM pg_collation WHERE oid = attcollation) "
              "FROM pg_attribute WHERE attrelid = '{}'::regclass AND attnum > 0 ORDER BY attnum")
-    assert pg_exec(pg_target, shape.format("rc_t")) == pg_exec(pg_source, shape.format("rc_src"))
+    assert pg_exec(pg_target, shape.format("rng_t")) == pg_exec(pg_source, shape.format("rng_src"))
     rows = "SELECT id, r::text, d::text, m::text, t, v, plain FROM {} ORDER BY t, id"
-    assert pg_exec(pg_target, rows.format("rc_t")) == pg_exec(pg_source, rows.format("rc_src"))
-    pg_exec(pg_target, "CREATE EXTENSION IF NOT EXISTS btree_gist", "ALTER TABLE rc_t ADD EXCLUDE USING gist (r WITH &&)")
+    assert pg_exec(pg_target, rows.format("rng_t")) == pg_exec(pg_source, rows.format("rng_src"))
+    pg_exec(pg_target, "CREATE EXTENSION IF NOT EXISTS btree_gist", "ALTER TABLE rng_t ADD EXCLUDE USING gist (r WITH &&)")
