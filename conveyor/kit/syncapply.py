@@ -135,10 +135,6 @@ class SqlChangeApplier:
         with self._sync_connection() as con:
             con.execute(f"DROP TABLE IF EXISTS {self._qualified(stage)}")
 
-    def apply_sync(self, stage: str, keys: Sequence[str], full: bool, record: SyncRecord | None) -> Applied:
-        """Apply one table's staged rows in one transaction (see :func:`apply_changes`)."""
-        return apply_changes([Change(self, stage, tuple(keys), full, record)])[0]
-
 
     # --- what differs by engine -------------------------------------------------------------------
 
@@ -287,10 +283,14 @@ def _check_position(con: Any, t: _Table) -> None:
         return
     held = change.sink._held_position(con, change.record.slot)
     if held != change.expect:
-        now = "no sync state" if held is None else f"the changes up to position {held}"
-        raise ConveyorError(f"sync of {change.sink._sync_target}: another run of this job applied changes meanwhile (the target holds "
-                            f"{now}, this run began at {change.expect}): this run applied nothing",
-                            hint="run one sync of a job at a time; run it again to go on from the target's position")
+        raise stale(change.sink.sync_target, held, change.expect, "this run applied nothing")
+
+
+def stale(target: str, held: int | None, expect: int, what: str) -> ConveyorError:
+    """A target whose state no longer holds the position the run began from: another run applied meanwhile."""
+    now = "no sync state" if held is None else f"the changes up to position {held}"
+    return ConveyorError(f"sync of {target}: another run of this job applied changes meanwhile (the target holds {now}, this run "
+                         f"began at {expect}): {what}", hint="run one sync of a job at a time; run it again to go on from the target's position")
 
 
 def _delete(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> None:
@@ -405,10 +405,8 @@ class ApplyPerTable:
             if change.expect is not None and change.record is not None:
                 held = sink.sync_state(change.record.slot)
                 if held is None or held.position != change.expect:
-                    now = "no sync state" if held is None else f"the changes up to position {held.position}"
-                    raise ConveyorError(f"sync of {sink.sync_target}: another run of this job applied changes meanwhile (the target "
-                                        f"holds {now}, this run began at {change.expect}): this run applied nothing more to it",
-                                        hint="run one sync of a job at a time; run it again to go on from the target's position")
+                    raise stale(sink.sync_target, None if held is None else held.position, change.expect,
+                                "this run applied nothing more to it")
             if change.stage is None:
                 if change.record is not None:
                     sink.record_sync(change.record)
