@@ -110,9 +110,11 @@ class FeedRun(Protocol):
 
     def changed(self, table: FeedTable) -> TableChanges: ...
 
-    def rows(self, table: FeedTable, chunk: int, chunks: int, options: Any) -> Any:
-        """A source of the rows the changed keys of ``table`` (chunk ``chunk`` of ``chunks``; a TRUNCATE: every row) hold in
-        the run's snapshot, each with ``_conveyor_present`` (false where the key's row is gone); read by the usual readers."""
+    def rows(self, table: FeedTable, parts: int, options: Any) -> Any:
+        """A source of the rows the changed keys of ``table`` (a TRUNCATE: every row) hold in the run's snapshot, each with
+        ``_conveyor_present`` (false where the key's row is gone), read by the usual readers; a source that splits itself
+        (``SupportsNativePartitions``) into about ``parts`` plain partitions, which the job stages through the one job
+        loop on its runtime (``strategy=native``)."""
         ...
 
     def advance(self) -> None:

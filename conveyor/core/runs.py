@@ -3,8 +3,10 @@ the ``TaskResult`` it reports, ``Progress``, and the degree resolved once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -166,6 +168,8 @@ class Runtime(Protocol):
 
     def release(self) -> None: ...
 
+    def held(self) -> AbstractContextManager[None]: ...
+
 
 class RuntimeBase:
     """The defaults of a runtime's hooks: tasks run in this process, on this machine's CPUs, with
@@ -196,6 +200,12 @@ class RuntimeBase:
 
     def release(self) -> None:
         """Stop what ``start_early`` started and ``run`` did not use (a job that failed before its tasks)."""
+
+    def held(self) -> AbstractContextManager[None]:
+        """Keep what the runtime starts for a job ready for every job this process runs inside the block (a sync's
+        runs, each of which stages its changed rows by a job), stopping it on the way out; the jobs inside neither
+        start nor stop it again."""
+        return contextlib.nullcontext()
 
 
 __all__ = [

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.core.changes import Applied, Change, SyncRecord, SyncState
-from conveyor.errors import ConveyorError, VerificationError
+from conveyor.errors import ConveyorError, VerificationError, first_line
 
 STATE = "_conveyor_sync"
 PRESENT = "_conveyor_present"
@@ -151,6 +151,11 @@ class SqlChangeApplier:
     def _rowcount(self, cursor: Any) -> int:
         return int(cursor.rowcount)
 
+    def _conflict(self, exc: Exception) -> bool:
+        """Whether ``exc`` is the engine's refusal of a transaction that met another's writes (an engine without row
+        locks: two applies at once): the apply is then refused as one that another run overtook."""
+        return False
+
     def _effects(self, con: Any) -> tuple[int, int, int] | None:
         """The rows this transaction inserted, updated and deleted in the target so far, as the engine counts them
         (triggers' and foreign key actions' changes included); None where the engine does not count them."""
@@ -244,9 +249,13 @@ def apply_changes(changes: Sequence[Change]) -> list[Applied]:
                 if t.change.record is not None:
                     t.change.sink._record(con, t.change.record)
             con.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):
                 con.execute("ROLLBACK")
+            if isinstance(exc, Exception) and not isinstance(exc, ConveyorError) and first._conflict(exc):
+                raise ConveyorError(f"sync of {', '.join(c.sink.sync_target for c in changes)}: another run of this job applied "
+                                    f"changes meanwhile (its transaction met this one's: {first_line(exc)}): this run applied "
+                                    "nothing", hint=STALE_HINT) from None
             raise
     return out
 
@@ -286,11 +295,14 @@ def _check_position(con: Any, t: _Table) -> None:
         raise stale(change.sink.sync_target, held, change.expect, "this run applied nothing")
 
 
+STALE_HINT = "run one sync of a job at a time; run it again to go on from the target's position"
+
+
 def stale(target: str, held: int | None, expect: int, what: str) -> ConveyorError:
     """A target whose state no longer holds the position the run began from: another run applied meanwhile."""
     now = "no sync state" if held is None else f"the changes up to position {held}"
     return ConveyorError(f"sync of {target}: another run of this job applied changes meanwhile (the target holds {now}, this run "
-                         f"began at {expect}): {what}", hint="run one sync of a job at a time; run it again to go on from the target's position")
+                         f"began at {expect}): {what}", hint=STALE_HINT)
 
 
 def _delete(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> None:
@@ -392,7 +404,8 @@ def _read_back(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool, co
 class ApplyPerTable:
     """:meth:`~conveyor.core.changes.ChangeApplier.apply_changes` for a sink that applies one table in one commit of its
     own (Iceberg, Delta Lake): each table's ``apply_sync(stage, keys, full, record)`` (a table without changes: its
-    position alone), after its state was read to hold the position the run began from."""
+    position alone, after its state was read to hold the position the run began from), which checks again, in the commit
+    it makes, that the state it replaces holds ``expect`` (another apply may have committed in between)."""
 
     @property
     def sync_target(self) -> str:
@@ -412,5 +425,5 @@ class ApplyPerTable:
                     sink.record_sync(change.record)
                 out.append(Applied(keys=0, written=0, deleted=0))
             else:
-                out.append(sink.apply_sync(change.stage, change.keys, change.full, change.record))
+                out.append(sink.apply_sync(change.stage, change.keys, change.full, change.record, change.expect))
         return out

@@ -49,6 +49,8 @@ class SyncRun:
     lag_seconds: float = 0.0
     #: where the seconds went: decoding the changes, reading the changed rows into the stage, applying them
     phases: dict[str, float] = field(default_factory=dict)
+    #: each changed table's stage load: the report of its job (partitions, rows the stage stored, runtime)
+    stages: list[Any] = field(default_factory=list, repr=False)
     #: a position as the source writes it
     text: Callable[[int], str] = field(default=str, repr=False)
 
@@ -71,6 +73,8 @@ class SyncRun:
         return {"from": self.text(self.start), "to": self.text(self.upto), "changes": self.changes, "keys": self.keys,
                 "seconds": round(self.seconds, 3), "changes_per_second": round(self.changes / self.seconds, 1) if self.seconds else None,
                 "lag_bytes": self.lag_bytes, "lag_seconds": round(self.lag_seconds, 3), "phases": self.phases,
+                "staged": [{"target": r.target, "rows": r.rows, "partitions": len(r.plan.partitions), "seconds": round(r.seconds, 3),
+                            "runtime": r.plan.spec.names.get("runtime", "")} for r in self.stages],
                 "tables": {t: dataclasses.asdict(a) for t, a in self.tables.items()}}
 
 
@@ -142,7 +146,7 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[SyncRep
     check(spec)
     start = time.perf_counter()
     slot = slot_of(spec)
-    with spec.source.change_feed(slot, spec.incremental) as feed:
+    with spec.source.change_feed(slot, spec.incremental) as feed, _Held(spec.runtime) as runtime:
         sinks = _targets(spec, feed)
         report = SyncReport(slot=slot, target=", ".join(s.sync_target for s in sinks))
         states = [s.sync_state(slot) for s in sinks]
@@ -161,7 +165,7 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[SyncRep
             if not _again(spec, feed, report, start, on_run):
                 return report
         while True:
-            done = _apply(spec, feed, sinks)
+            done = _apply(spec, feed, sinks, runtime)
             report.runs.append(done)
             report.position = done.upto
             say(done.describe())
@@ -201,7 +205,26 @@ def _first(spec: JobSpec, feed: FeedSession, sinks: list[Any], load: Callable[[J
     return job, position
 
 
-def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any]) -> SyncRun:
+class _Held:
+    """The job's runtime kept ready from a sync's first stage load to its end (a Ray instance is not started again for
+    every table of every run)."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime, self.stack, self.on = runtime, contextlib.ExitStack(), False
+
+    def __enter__(self) -> _Held:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stack.close()
+
+    def ready(self) -> None:
+        if not self.on:
+            self.on = True
+            self.stack.enter_context(self.runtime.held())
+
+
+def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any], runtime: _Held) -> SyncRun:
     """One run: the changes since the targets' position up to a position fixed now, applied."""
     began = time.perf_counter()
     states = [s.sync_state(feed.slot) for s in sinks]
@@ -230,9 +253,9 @@ def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any]) -> SyncRun:
                     continue
                 stage = sink.sync_stage(feed.slot)
                 staged.append((sink, stage))
-                chunks = 1 if what.full else -(-what.keys // spec.incremental.chunk_keys)
-                for c in range(chunks):
-                    _stage(spec, changes.rows(table, c, chunks, spec.options), sink, stage, sink.stage_load_mode if c == 0 else "append")
+                parts = _parts(spec, what.keys)
+                runtime.ready()
+                done.stages.append(_stage(spec, changes.rows(table, parts, spec.options), sink, stage))
                 lap = done.lap("stage", lap)
                 plan.append(Change(sink, stage, table.keys, what.full, record, states[i].position, i in referenced))
             if cancel_requested():
@@ -255,21 +278,34 @@ def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any]) -> SyncRun:
     return done
 
 
-def _stage(spec: JobSpec, rows: Any, sink: Any, stage: str, mode: str) -> Any:
-    """The rows of one chunk of keys, read in the run's snapshot by the usual exact path into the stage (the load's own
-    count check compares what the stage stored)."""
+#: fewer changed keys than this per partition are not worth a task of their own
+MIN_KEYS_PER_PART = 20_000
+
+
+def _parts(spec: JobSpec, keys: int) -> int:
+    """How many partitions a table's changed keys are read in: no more than ``incremental.chunk_keys`` keys each, and
+    up to the job's degree where there are enough keys to share out."""
+    from conveyor.core import resolve_degree
+
+    wanted = min(resolve_degree(spec.runtime, spec.options.degree), -(-keys // MIN_KEYS_PER_PART))
+    return max(-(-keys // spec.incremental.chunk_keys), wanted, 1)
+
+
+def _stage(spec: JobSpec, rows: Any, sink: Any, stage: str) -> Any:
+    """The rows of a table's changed keys, read in the run's snapshot by the usual exact path into the stage: a job of
+    its own through the one job loop, its partitions the ones the feed's source hands out (``strategy=native``), on the
+    job's runtime at the job's degree (each partition's commit checks what the stage stored)."""
     from omegaconf import OmegaConf
 
     from conveyor.config import build_plugin
     from conveyor.pipelines.job import run_job
 
-    options = dataclasses.replace(spec.options, load_mode=mode, run_id=uuid.uuid4().hex[:12], load_id="", cursor=None)
+    options = dataclasses.replace(spec.options, load_mode=sink.stage_load_mode, run_id=uuid.uuid4().hex[:12], load_id="",
+                                  cursor=None)
     rows.options = options
-    # one partition per chunk, in this process: a chunk is a fraction of the table, read by its keys' index
-    plugins = {kind: build_plugin(kind, OmegaConf.create({kind: {"type": name}}), options)[1]
-               for kind, name in (("strategy", "none"), ("runtime", "local"))}
-    job = dataclasses.replace(spec, source=rows, sink=sink.stage_sink(stage, options), options=options,
-                              names={**spec.names, "strategy": "none", "runtime": "local"}, **plugins)
+    strategy = build_plugin("strategy", OmegaConf.create({"strategy": {"type": "native"}}), options)[1]
+    job = dataclasses.replace(spec, source=rows, sink=sink.stage_sink(stage, options), options=options, strategy=strategy,
+                              names={**spec.names, "strategy": "native"})
     return run_job(job)
 
 

@@ -21,7 +21,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +108,14 @@ class RayRuntime(RuntimeBase):
 
     def release(self) -> None:
         self.instance.release()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        ray, started = self.instance.init()  # the jobs inside find it initialized: they neither start nor stop it
+        try:
+            yield
+        finally:
+            self.instance.done(ray, started)
 
     def run(self, tasks: Sequence[Task], degree: int, progress: Progress) -> list[TaskResult]:
         if tasks:

@@ -467,6 +467,44 @@ class ChangeApplySuite(_Suite):
         assert _normal(self.read_target(self.name)) == before
         assert sink.sync_state(self.slot).position == 150
 
+    def test_two_applies_at_once_from_one_position_commit_once(self) -> None:
+        """Two runs that read the same changes apply them at the same moment: one commits, the other is refused (a
+        ConveyorError, whether it waited for the first or met it), and the target holds the changes once."""
+        import threading
+
+        from conveyor.core.changes import Change, SyncRecord
+        from conveyor.errors import ConveyorError
+
+        sink, options = self._begin()
+        present = self._changed(kit_rows(), range(20), range(10000, 10005), range(0)).slice(0, 20)
+        stage = self._staged(sink, options, present, [30, 31])
+        record = SyncRecord(self.slot, "kit.rows", 200, "id bigint; primary key (id)")
+        start, outcomes = threading.Barrier(2, timeout=60), []
+
+        def apply() -> None:
+            mine, _ = self._applier(self.name)  # its own sink object, as another process's run would have
+            start.wait()
+            try:
+                outcomes.append(mine.apply_changes([Change(mine, stage, ("id",), False, record, 100, False)])[0])
+            except Exception as exc:  # the loser's refusal, checked below
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=apply) for _ in range(2)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+        finally:
+            sink.drop_stage(stage)
+        assert len(outcomes) == 2, "an apply did not finish within 120 s"
+        won = [o for o in outcomes if not isinstance(o, BaseException)]
+        lost = [o for o in outcomes if isinstance(o, BaseException)]
+        assert len(won) == 1 and len(lost) == 1, f"both applies {'committed' if len(won) == 2 else 'failed'}: {outcomes}"
+        assert isinstance(lost[0], ConveyorError), f"the second apply failed with {type(lost[0]).__name__}: {lost[0]}"
+        assert sink.sync_state(self.slot).position == 200
+        assert len(_normal(self.read_target(self.name))) == kit_rows().num_rows - 2
+
     def test_a_trigger_or_foreign_key_action_that_changes_other_rows_is_refused_by_name(self) -> None:
         from conveyor.errors import VerificationError
 

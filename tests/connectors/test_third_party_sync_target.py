@@ -73,7 +73,15 @@ class SnapshotFolder(ParquetSink):
         shutil.rmtree(stage, ignore_errors=True)
 
     def apply_changes(self, changes: Sequence[Change]) -> list[Applied]:
-        return [c.sink._apply_one(c) for c in changes]
+        import fcntl
+
+        out = []
+        for c in changes:
+            # one apply of a folder at a time (a file lock beside it): the state is read again under it
+            with open(f"{c.sink.config.path}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                out.append(c.sink._apply_one(c))
+        return out
 
     def _apply_one(self, change: Change) -> Applied:
         assert change.record is not None

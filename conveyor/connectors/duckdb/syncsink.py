@@ -33,5 +33,10 @@ class DuckChangeApplier(SqlChangeApplier):
     # DuckDB has no row locks: a second apply's write of the state row conflicts with the first's at its commit
     _for_update = ""
 
+    def _conflict(self, exc: Exception) -> bool:
+        import duckdb
+
+        return isinstance(exc, duckdb.TransactionException) and "conflict" in str(exc).lower()
+
     def _rowcount(self, cursor: Any) -> int:
         return int(cursor.fetchone()[0])  # DuckDB answers a DELETE or UPDATE with its count

@@ -92,7 +92,7 @@ class DeltaChangeApplier(ApplyPerTable):
         with contextlib.suppress(FileNotFoundError, OSError):
             fs.rm(base, recursive=True)
 
-    def apply_sync(self, stage: str, keys: Sequence[str], full: bool, record: SyncRecord | None) -> Applied:
+    def apply_sync(self, stage: str, keys: Sequence[str], full: bool, record: SyncRecord | None, expect: int | None = None) -> Applied:
         import pyarrow.compute as pc
 
         conf, where = self.config, self.config.where()

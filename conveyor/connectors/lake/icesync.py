@@ -17,7 +17,7 @@ from conveyor.connectors.lake import icecommon as ice
 from conveyor.connectors.lake.common import failed
 from conveyor.core.changes import Applied, SyncRecord, SyncState
 from conveyor.errors import SchemaError, TransferError, VerificationError
-from conveyor.kit.syncapply import PRESENT, ApplyPerTable
+from conveyor.kit.syncapply import PRESENT, ApplyPerTable, stale
 
 STATE = "conveyor.sync."
 STAGE = "__conveyor_sync_"
@@ -106,7 +106,7 @@ class IcebergChangeApplier(ApplyPerTable):
             if self.catalog.table_exists(stage):
                 self.catalog.purge_table(stage)
 
-    def apply_sync(self, stage: str, keys: Sequence[str], full: bool, record: SyncRecord | None) -> Applied:
+    def apply_sync(self, stage: str, keys: Sequence[str], full: bool, record: SyncRecord | None, expect: int | None = None) -> Applied:
         import pyarrow.compute as pc
         from pyiceberg.expressions import AlwaysTrue
 
@@ -121,6 +121,11 @@ class IcebergChangeApplier(ApplyPerTable):
         counts: dict[str, int] = {}
 
         def build(table: Any) -> tuple[Any, None]:
+            if record is not None and expect is not None:  # the table as this commit will replace it (built again after a conflict)
+                value = table.metadata.properties.get(STATE + record.slot)
+                held = int(json.loads(value)["position"]) if value else None
+                if held != expect:
+                    raise stale(self.sync_target, held, expect, "this run applied nothing more to it")
             before = table.scan(row_filter=match, selected_fields=tuple(keys)).to_arrow() if table.current_snapshot() else None
             counts["deleted"] = (before.num_rows if full else before.join(gone, list(keys), join_type="inner").num_rows) if before else 0
             arrow = table.schema().as_arrow()

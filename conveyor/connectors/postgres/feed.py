@@ -146,16 +146,17 @@ class PgFeedRun:
             return TableChanges(full=True, keys=0)
         return TableChanges(full=False, keys=replication.changed_keys(con, mine))
 
-    def rows(self, table: FeedTable, chunk: int, chunks: int, options: Any) -> Any:
-        """The changed keys' rows as a PostgreSQL source of a query, in the run's snapshot. Called for one table at a time
-        (after :meth:`changed` of that table: the keys are in the session's temporary table)."""
+    def rows(self, table: FeedTable, parts: int, options: Any) -> Any:
+        """The changed keys' rows as a source that splits itself into ``parts`` partitions (more where a chunk would pass
+        ``incremental.chunk_keys``), in the run's snapshot. Called after :meth:`changed` of that table (the keys are in
+        the session's temporary table)."""
+        from conveyor.connectors.postgres.changedrows import ChangedRowsSource
+
         mine = self._table(table)
-        full = table.label in self._full  # a TRUNCATE in the changes: every row, each present
-        query = replication.whole_query(mine) if full else replication.rows_query(self.session.con, mine, chunk, chunks)
-        cls = type(self.session.source)
-        source = cls(dataclasses.replace(self.session.source.config, table=None, tables=[], exclude=[], query=query), options)
-        source.imported_snapshot = self.snapshot
-        return source
+        if table.label in self._full:  # a TRUNCATE in the changes: every row, each present
+            return ChangedRowsSource(self.session.source, mine, None, self.snapshot, options)
+        chunks = replication.key_chunks(self.session.con, mine, max(int(parts), 1))
+        return ChangedRowsSource(self.session.source, mine, chunks, self.snapshot, options)
 
     def advance(self) -> None:
         if self.upto > self._held:

@@ -412,19 +412,24 @@ def changed_keys(con: Any, table: SyncTable) -> int:
     return int(con.execute(f"SELECT count(*) FROM {_KEYS}").fetchone()[0])
 
 
-def rows_query(con: Any, table: SyncTable, chunk: int = 0, chunks: int = 1) -> str:
-    """The query of the rows of the changed keys (of chunk ``chunk`` of ``chunks``, split by the keys' hash)
-    as the source holds them in the snapshot it is read in: every key, its row's columns (NULL where the row
-    is gone) and ``_conveyor_present``. The keys travel as literal arrays of their own types, and each is
-    looked up by the primary key's index (LATERAL ... LIMIT 1): a change touches a fraction of the table."""
+def key_chunks(con: Any, table: SyncTable, chunks: int = 1) -> list[tuple[str, ...]]:
+    """The changed keys (in the session's temporary table) in ``chunks`` chunks split by the keys' hash: each chunk's
+    key columns as array literals of their own types, in key order (empty chunks left out)."""
     keys = ", ".join(ident(k) for k in table.keys)
-    where = (f" WHERE (hashtextextended(ROW({keys})::text, 0) & {(1 << 62) - 1}) % {int(chunks)} = {int(chunk)}" if chunks > 1 else "")
+    chunk = f"(hashtextextended(ROW({keys})::text, 0) & {(1 << 62) - 1}) % {int(chunks)}" if chunks > 1 else "0"
     # in key order: the lookups walk the index page by page, and the stage (and the target's delete) follows it
-    arrays = con.execute(f"SELECT {', '.join(f'array_agg({ident(k)} ORDER BY {keys})::text' for k in table.keys)} "
-                         f"FROM {_KEYS}{where}").fetchone()
-    if arrays[0] is None:
-        arrays = ("{}",) * len(table.keys)
-    unnest = ", ".join(f"{literal(a)}::{t}[]" for a, t in zip(arrays, table.key_types))
+    rows = con.execute(f"SELECT {chunk} AS c, {', '.join(f'array_agg({ident(k)} ORDER BY {keys})::text' for k in table.keys)} "
+                       f"FROM {_KEYS} GROUP BY 1 ORDER BY 1").fetchall()
+    return [tuple(r[1:]) for r in rows]
+
+
+def lookup_query(table: SyncTable, arrays: Sequence[str] | None) -> str:
+    """The query of the rows of the keys in ``arrays`` (:func:`key_chunks`' array literals; None: no key) as the source
+    holds them in the snapshot it is read in: every key, its row's columns (NULL where the row is gone) and
+    ``_conveyor_present``. The keys travel as literal arrays of their own types, and each is looked up by the primary
+    key's index (LATERAL ... LIMIT 1): a change touches a fraction of the table."""
+    keys = ", ".join(ident(k) for k in table.keys)
+    unnest = ", ".join(f"{literal(a)}::{t}[]" for a, t in zip(arrays or ("{}",) * len(table.keys), table.key_types))
     cols = ", ".join(f"k.{ident(c)}" if c in table.keys else f"t.{ident(c)}" for c in table.columns)
     on = " AND ".join(f"r.{ident(k)} = k.{ident(k)}" for k in table.keys)
     # each key looked up by the key's index, in key order (a plain join, hashed for many keys, read the rows out of key

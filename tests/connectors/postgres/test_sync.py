@@ -106,12 +106,18 @@ class Writer:
 def test_a_sync_hands_a_parallel_first_load_to_replication_exactly(sync_src, pg_target, tmp_path: Path, kind: str, request) -> None:
     """The first load (ctid, degree 2) while the source is written; runs between and during writes; a
     primary-key update, a TOASTed value left unchanged by an update, a truncate: each target equal to its source."""
-    args = _args(sync_src, pg_target, "sy_t", "sy_t", "strategy=ctid", "degree=2", *runtime_args(kind, request))
+    # the applies' changed rows staged in partitions of at most 40 keys, on the job's runtime at its degree
+    args = _args(sync_src, pg_target, "sy_t", "sy_t", "strategy=ctid", "degree=2", "incremental.chunk_keys=40",
+                 *runtime_args(kind, request))
     with Writer(sync_src, 0):
         first = _sync(tmp_path, args, "first")
     assert first["sync"]["first_load"]["rows"] > 20000
     second = _sync(tmp_path, args, "second")  # the writes made during the first load
-    assert second["sync"]["runs"][0]["changes"] > 0
+    run = second["sync"]["runs"][0]
+    assert run["changes"] > 0
+    [staged] = run["staged"]
+    assert staged["rows"] == run["keys"] and staged["partitions"] >= -(-run["keys"] // 40) >= 2
+    assert staged["runtime"] == kind
     _same(sync_src, pg_target)
     _changes(sync_src, 100, 400)
     with Writer(sync_src, 5000):  # a run while the source is written
