@@ -154,31 +154,12 @@ def _cmd_completion(args: list[str], verbose: bool) -> int:
 
 
 def _cmd_clean(overrides: list[str], drop: bool) -> int:
-    """List a sink's leftovers (staging tables of runs that are gone); ``--drop`` removes them."""
-    from conveyor.config import build_job
-    from conveyor.core import SupportsCleanup
+    """List what a job left behind (staging tables of runs that are gone; a sync job's slot and state); ``--drop`` removes them."""
+    from conveyor.pipelines.run import clean
     from conveyor.submit import compose
 
-    cfg = compose(overrides)
-    if (cfg.get("incremental") or {}).get("method") == "replication":  # a sync job: its slot, publication and state
-        from conveyor.pipelines.sync import leftovers
-
-        found = leftovers(build_job(cfg), remove=drop)
-        print("\n".join(found) if found else "no slot, publication or sync state found")
-        if found and not drop:
-            print("run again with --drop to drop them (the next run then loads the tables again)")
-        return 0
-    spec = build_job(cfg, kinds=("sink",))
-    if not isinstance(spec.sink, SupportsCleanup):
-        print(f"sink {spec.names['sink']}: keeps no staging objects to clean")
-        return 0
-    found = spec.sink.leftovers(remove=drop)
-    for line in found:
+    for line in clean(compose(overrides), drop):
         print(line)
-    if not found:
-        print("no staging tables found")
-    elif not drop:
-        print("run again with --drop to remove the stale ones (tables in use by a running job are kept)")
     return 0
 
 

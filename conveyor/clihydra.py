@@ -101,13 +101,10 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     console = cliout.console()
     try:
         if mode == "plan":
-            console.print(plan_table(plan_run(cfg)))
-            if (cfg.get("incremental") or {}).get("method") == "replication":
-                from conveyor.config import build_job
-                from conveyor.pipelines.sync import plan_lines
-
-                for text in plan_lines(build_job(cfg)):
-                    console.print(text, highlight=False)
+            plan = plan_run(cfg)
+            console.print(plan_table(plan))
+            for text in plan.lines:  # what the plan says after its table (a sync job: its slot and its targets' positions)
+                console.print(text, highlight=False)
             return 0
         if mode == "verify":
             from conveyor.pipelines.compare import verify_job
@@ -120,13 +117,6 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
                 report = run(cfg, place, progress=lambda plan: _progress(console, plan))
         finally:
             emit_run_files(place.run_dir)  # a job sent by conveyor submit: its files go back with the log
-        if hasattr(report, "lines"):  # a sync job (conveyor.pipelines.sync)
-            for text in report.lines():
-                if json_lines():
-                    event("summary", text, status="ok")
-                else:
-                    console.print(text, highlight=False)
-            return 0
         if json_lines():  # the summary as one event (report.json has the rest)
             verified = report.verification.as_dict() if report.verification is not None else None
             event("summary", f"{report.rows:,} rows into {report.target} in {report.seconds:.2f} s", status="ok", rows=report.rows,
@@ -134,6 +124,11 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
                   verification=verified, phases=report.phases)
         else:
             console.print(summary_table(report))
+        for text in report.lines():  # what the run says after its table (a sync job: where its targets are now)
+            if json_lines():
+                event("summary", text, status="ok")
+            else:
+                console.print(text, highlight=False)
         return 0
     except Exception as exc:  # the CLI's boundary: one line, an exit code
         return report_error(exc, verbose)

@@ -54,6 +54,13 @@ class JobReport:
     runtime_note: str = ""
     #: a job over several tables: each table's report (its target, partitions, verification)
     tables: list[JobReport] = field(default_factory=list)
+    #: a sync job (``incremental.method=replication``): its slot, position and runs (``conveyor.pipelines.sync.SyncReport``);
+    #: the partitions above are its first load's, or its last run's stage loads' (``tables``)
+    sync: Any = None
+
+    def lines(self) -> list[str]:
+        """What the run says after its summary table (a sync job: where its targets are now)."""
+        return self.sync.lines() if self.sync is not None else []
 
     @property
     def transfer_seconds(self) -> float:

@@ -67,6 +67,8 @@ class JobPlan:
     target: TargetInfo = field(default_factory=TargetInfo)
     #: what the two ends agreed on for this load (``conveyor.pipelines.agree``): prepare follows it
     agreement: Agreement = field(default_factory=Agreement)
+    #: what ``conveyor plan`` says after the partitions (a sync job: its slot and where its targets are)
+    lines: tuple[str, ...] = ()
 
     @property
     def loads(self) -> tuple[JobPlan, ...]:

@@ -141,6 +141,8 @@ def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, sta
             out["runtime_note"] = report.runtime_note
         if report.verification is not None:
             out["verification"] = report.verification.as_dict()
+        if report.sync is not None:
+            out["sync"] = report.sync.as_dict()
         if report.tables:
             out["tables"] = [{"table": t.plan.partitions[0].table if t.plan.partitions else t.plan.info.label, "source": t.plan.info.label,
                               "target": t.target, "partitions": len(t.plan.partitions), "rows": t.rows, "bytes": t.bytes,

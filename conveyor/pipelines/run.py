@@ -44,10 +44,41 @@ class RunPlace:
 
 
 def plan_run(cfg: Any) -> JobPlan:
-    """Validate, describe the source and plan its partitions (in its snapshot); moves nothing."""
+    """Validate, describe the source and plan its partitions (in its snapshot); moves nothing. A sync job's plan says
+    its slot and where its targets are (``JobPlan.lines``)."""
+    import dataclasses
+
     from conveyor.config import build_job
 
-    return plan_job(build_job(cfg))
+    spec = build_job(cfg)
+    plan = plan_job(spec)
+    if spec.incremental.method == "replication":
+        from conveyor.pipelines import sync
+
+        plan = dataclasses.replace(plan, lines=tuple(sync.plan_lines(spec)))
+    return plan
+
+
+def clean(cfg: Any, drop: bool) -> list[str]:
+    """``conveyor clean``: what a job left behind (a sink's staging objects of runs that are gone; a sync job's slot,
+    publication and state), removed with ``drop``; the lines to print."""
+    from conveyor.config import build_job
+    from conveyor.core import SupportsCleanup
+
+    if (cfg.get("incremental") or {}).get("method") == "replication":
+        from conveyor.pipelines.sync import leftovers
+
+        found = leftovers(build_job(cfg), remove=drop)
+        if not found:
+            return ["no slot, publication or sync state found"]
+        return found + ([] if drop else ["run again with --drop to drop them (the next run then loads the tables again)"])
+    spec = build_job(cfg, kinds=("sink",))
+    if not isinstance(spec.sink, SupportsCleanup):
+        return [f"sink {spec.names['sink']}: keeps no staging objects to clean"]
+    found = spec.sink.leftovers(remove=drop)
+    if not found:
+        return ["no staging tables found"]
+    return found + ([] if drop else ["run again with --drop to remove the stale ones (tables in use by a running job are kept)"])
 
 
 def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None = None) -> JobReport:
@@ -80,7 +111,7 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
             return report
 
         if spec.incremental.method == "replication":
-            return _sync(spec, place, load)
+            return _sync(spec, place, load, config)
         report = load(spec)
     except Exception as exc:
         _name_run_dir(exc, place)
@@ -91,20 +122,21 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
     return report
 
 
-def _sync(spec: Any, place: RunPlace, load: Callable[[Any], JobReport]) -> Any:
-    """A sync job (conveyor.pipelines.sync): report.json rewritten after every apply, and once more at the end."""
+def _sync(spec: Any, place: RunPlace, load: Callable[[Any], JobReport], config: Any) -> JobReport:
+    """A sync job (conveyor.pipelines.sync): its first load and its applies, each through the job loop (``load``);
+    report.json rewritten after every run, and once more at the end."""
     from conveyor.pipelines import sync
 
     if spec.options.load_id:
         raise ConveyorError("resume= does not apply to a sync job: run it again, it goes on from the position its target holds")
     seen: dict[str, Any] = {}
 
-    def written(report: Any, status: str = "running", error: BaseException | None = None) -> None:
+    def written(report: JobReport, status: str = "running", error: BaseException | None = None) -> None:
         seen["report"] = report
         if place.report is not None:
             place.report.parent.mkdir(parents=True, exist_ok=True)
             part = place.report.with_name(place.report.name + ".part")  # replaced whole: a reader never sees half of it
-            part.write_text(json.dumps(report.as_dict(status, error), indent=2, default=str))
+            part.write_text(json.dumps(report_dict(report, None, config, status, error), indent=2, default=str))
             part.replace(place.report)
 
     try:

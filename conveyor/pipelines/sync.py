@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from conveyor.config import JobSpec
 from conveyor.core import cancel_requested, wait_for_cancel
@@ -80,11 +80,13 @@ class SyncRun:
 
 @dataclass
 class SyncReport:
-    """A sync job's outcome: its first load (the usual job report), or the applies of this process."""
+    """A sync job's part of its :class:`~conveyor.pipelines.job.JobReport` (``report.sync``): its slot and position, and
+    what its first load or its applies in this process did."""
 
     slot: str
     target: str
-    initial: Any = None
+    #: the first load's rows and seconds (this process made it), else None
+    first_load: tuple[int, float] | None = None
     position: int = 0
     runs: list[SyncRun] = field(default_factory=list)
     retained_bytes: int = 0
@@ -92,26 +94,29 @@ class SyncReport:
     #: a position as the source writes it
     text: Callable[[int], str] = field(default=str, repr=False)
 
-    @property
-    def rows(self) -> int:
-        return self.initial.rows if self.initial is not None else sum(r.keys for r in self.runs)
+    #: the runs a long ``follow`` keeps in its report (the newest; every run's line is in the log)
+    KEPT: ClassVar[int] = 1000
+
+    def add(self, run: SyncRun) -> None:
+        self.runs.append(run)
+        self.position = run.upto
+        del self.runs[:-self.KEPT]
 
     def lines(self) -> list[str]:
-        if self.initial is not None:
-            return [f"sync: first load, {self.initial.rows:,} rows into {self.target} in {self.initial.seconds:.2f} s; "
+        if self.first_load is not None and not self.runs:
+            rows, seconds = self.first_load
+            return [f"sync: first load, {rows:,} rows into {self.target} in {seconds:.2f} s; "
                     f"slot {self.slot} at {self.text(self.position)}: the next run applies the changes since"]
         last = self.runs[-1] if self.runs else None
         return [f"sync: {len(self.runs)} run(s), {sum(r.changes for r in self.runs):,} changes applied; {self.target} holds the source "
                 f"as of {self.text(self.position)}" + (f" (lag {last.lag_bytes:,} bytes, {last.lag_seconds:.2f} s)" if last else ""),
                 f"slot {self.slot}: {self.retained_bytes:,} bytes of WAL held on the source"]
 
-    def as_dict(self, status: str, error: BaseException | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"status": status, "sync": {"slot": self.slot, "target": self.target, "position": self.text(self.position),
-                                                         "retained_bytes": self.retained_bytes, "runs": [r.as_dict() for r in self.runs]}}
-        if self.initial is not None:
-            out["sync"]["first_load"] = {"rows": self.initial.rows, "seconds": round(self.initial.seconds, 3)}
-        if error is not None:
-            out["error"] = str(getattr(error, "message", error))
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"slot": self.slot, "target": self.target, "position": self.text(self.position),
+                               "retained_bytes": self.retained_bytes, "runs": [r.as_dict() for r in self.runs]}
+        if self.first_load is not None:
+            out["first_load"] = {"rows": self.first_load[0], "seconds": round(self.first_load[1], 3)}
         return out
 
 
@@ -140,50 +145,76 @@ def check(spec: JobSpec) -> None:
     slot_of(spec)
 
 
-def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[SyncReport], None] | None = None) -> SyncReport:
+def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[Any], None] | None = None) -> Any:
     """The sync job ``spec`` describes: its first load, then (with ``incremental.follow``) or else its applies (every
-    ``incremental.follow`` seconds until Ctrl-C / SIGTERM, which raise :class:`Cancelled` with every applied change committed)."""
+    ``incremental.follow`` seconds until Ctrl-C / SIGTERM, which raise :class:`Cancelled` with every applied change
+    committed). Returns the job's report (a :class:`~conveyor.pipelines.job.JobReport`, its ``sync`` this
+    :class:`SyncReport`); ``on_run`` gets it after every run."""
     check(spec)
     start = time.perf_counter()
     slot = slot_of(spec)
     with spec.source.change_feed(slot, spec.incremental) as feed, _Held(spec.runtime) as runtime:
         sinks = _targets(spec, feed)
-        report = SyncReport(slot=slot, target=", ".join(s.sync_target for s in sinks))
+        sync = SyncReport(slot=slot, target=", ".join(s.sync_target for s in sinks), text=feed.text)
         states = [s.sync_state(slot) for s in sinks]
         held = feed.position()
-        report.text = feed.text
+        report = None
         if held is None or any(s is None for s in states):
             if held is not None:
                 note(f"sync: slot {slot} exists but the target has no record of the load that began with it (a first run that "
                      "stopped): loading again")
             elif any(s is not None for s in states):
-                raise ConveyorError(f"sync: {report.target} holds a sync of slot {slot}, and the source has no such slot (dropped, or "
+                raise ConveyorError(f"sync: {sync.target} holds a sync of slot {slot}, and the source has no such slot (dropped, or "
                                     "the source is another server): the changes since the target's position are lost to it",
                                     hint="conveyor clean --drop (this job's settings), then run it again: the first run loads the "
                                          "tables again")
-            report.initial, report.position = _first(spec, feed, sinks, load)
+            report, sync.position = _first(spec, feed, sinks, load)
+            sync.first_load = (report.rows, report.seconds)
+            report.sync = sync
             if not _again(spec, feed, report, start, on_run):
                 return report
         while True:
             done = _apply(spec, feed, sinks, runtime)
-            report.runs.append(done)
-            report.position = done.upto
+            sync.add(done)
             say(done.describe())
+            report = _applied(spec, sync, done, report)
             if not _again(spec, feed, report, start, on_run):
                 return report
 
 
-def _again(spec: JobSpec, feed: FeedSession, report: SyncReport, start: float, on_run: Callable[[SyncReport], None] | None) -> bool:
+def _applied(spec: JobSpec, sync: SyncReport, done: SyncRun, first: Any) -> Any:
+    """The job's report after a run: its first load's (this process made one), or one of the run's stage loads, each a
+    table of it; ``sync`` says what every run applied."""
+    from conveyor.core import SourceInfo
+    from conveyor.pipelines.job import JobReport, combined
+    from conveyor.pipelines.plan import JobPlan
+
+    if first is not None:
+        return first
+    import pyarrow as pa
+
+    stages = done.stages
+    plan = JobPlan(spec=dataclasses.replace(spec, names={**spec.names, "strategy": "native"}), info=SourceInfo(schema=pa.schema([]), label=f"the changes of {', '.join(done.tables) or 'the tables'}"),
+                   partitions=[p for r in stages for p in r.plan.partitions], degree=max((r.plan.degree for r in stages), default=1),
+                   note=f"the changed keys' rows of {len(stages)} table(s), staged", tables=tuple(r.plan for r in stages))
+    report = JobReport(plan=plan, results=[r for s in stages for r in s.results], seconds=done.seconds, target=sync.target,
+                       tables=list(stages), sync=sync)
+    report.verification = combined(stages)
+    return report
+
+
+def _again(spec: JobSpec, feed: FeedSession, report: Any, start: float, on_run: Callable[[Any], None] | None) -> bool:
     """After a first load or an apply: the report, then whether another run follows (``incremental.follow``, after its
     wait; Ctrl-C or SIGTERM during it raise :class:`Cancelled`)."""
-    report.retained_bytes = feed.retained()
-    report.seconds = time.perf_counter() - start
+    sync = report.sync
+    sync.retained_bytes = feed.retained()
+    sync.seconds = time.perf_counter() - start
     if on_run is not None:
         on_run(report)
     if not spec.incremental.follow:
         return False
     if wait_for_cancel(spec.incremental.follow):
-        raise Cancelled(f"sync stopped: {report.target} holds the source as of {feed.text(report.position)}, every applied "
+        raise Cancelled(f"sync stopped: {sync.target} holds the source as of {feed.text(sync.position)}, every applied "
                         "change committed", hint="run it again to go on from there")
     return True
 

@@ -160,7 +160,7 @@ def test_a_sync_from_postgres_into_the_third_party_sink_is_exact(pg_source, tmp_
         pg_exec(pg_source, "UPDATE tp_sync SET name = 'u' WHERE id % 7 = 0", "DELETE FROM tp_sync WHERE id % 11 = 0",
                 "UPDATE tp_sync SET id = 100000 WHERE id = 1", "INSERT INTO tp_sync SELECT g, 'new', 0 FROM generate_series(5000, 5100) g")
         report = run(OmegaConf.create(cfg), RunPlace(run_dir=tmp_path / "second"))
-        assert report.runs[0].changes > 0
+        assert report.sync.runs[0].changes > 0 and report.rows == report.sync.runs[0].keys  # one report type: the staged rows
         same()
     finally:
         pg_exec(pg_source, "SELECT pg_drop_replication_slot('conveyor_third_party') FROM pg_replication_slots "
