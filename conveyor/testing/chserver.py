@@ -146,3 +146,20 @@ class ClickHouseServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m conveyor.testing.chserver``: a throwaway ClickHouse server to try Conveyor with, until Ctrl-C
+    (:func:`conveyor.testing.tryserver.serve`)."""
+    from conveyor.testing.tryserver import serve
+
+    def export(s: ClickHouseServer, given: bool) -> str:
+        line = f"export CLICKHOUSE_HOST=127.0.0.1 CLICKHOUSE_HTTP_PORT={s.http_port} CLICKHOUSE_USER={s.user}"
+        return line if given else f"{line} CLICKHOUSE_PASSWORD={s.password}"
+
+    return serve("python -m conveyor.testing.chserver", "ClickHouse server", argv, lambda args, pw: ClickHouseServer("try", password=pw),
+                 export, "bash scripts/ensure-clickhouse.sh installs them (Debian's clickhouse-server)", password_env="CLICKHOUSE_PASSWORD")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -32,6 +32,11 @@ def _binary(*names: str) -> str:
     raise RuntimeError(f"MariaDB server binaries not found ({', '.join(names)}): run scripts/ensure-mariadb.sh (make test does)")
 
 
+#: the settings of a server whose changes a binlog reader follows (``settings=BINLOG``): the binary log on, in ROW format
+#: with full row images (the log's files in the data folder)
+BINLOG = {"log-bin": "binlog", "binlog-format": "ROW", "binlog-row-image": "FULL", "server-id": "1"}
+
+
 @dataclass
 class MySqlServer:
     """A running throwaway MariaDB server; ``user``/``password`` connect over TCP."""
@@ -127,3 +132,21 @@ class MySqlServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m conveyor.testing.mysqlserver``: a throwaway MariaDB server, its binary log on in ROW format, to try
+    Conveyor with, until Ctrl-C (:func:`conveyor.testing.tryserver.serve`)."""
+    from conveyor.testing.tryserver import serve
+
+    def export(s: MySqlServer, given: bool) -> str:
+        line = f"export MYSQL_HOST=127.0.0.1 MYSQL_TCP_PORT={s.port} MYSQL_USER={s.user} MYSQL_DATABASE={s.database}"
+        return line if given else f"{line} MYSQL_PWD={s.password}"
+
+    return serve("python -m conveyor.testing.mysqlserver", "MariaDB server (binary log on, ROW format)", argv,
+                 lambda args, pw: MySqlServer("try", password=pw, settings=dict(BINLOG)), export,
+                 "bash scripts/ensure-mariadb.sh installs them (Debian's mariadb-server)", password_env="MYSQL_PWD")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

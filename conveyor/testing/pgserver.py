@@ -176,37 +176,17 @@ class PgServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m conveyor.testing.pgserver``: a throwaway PostgreSQL server to try Conveyor with (loopback only,
-    its data in a temp folder removed when it stops), until Ctrl-C. Its password is $PGPASSWORD when set (then it
-    is not printed), else a new one, printed once in the line to paste."""
-    import secrets
-    import signal
-    import sys
+    """``python -m conveyor.testing.pgserver [--no-logical]``: a throwaway PostgreSQL server to try Conveyor with, logical
+    decoding on (sync jobs), until Ctrl-C (:func:`conveyor.testing.tryserver.serve`)."""
+    from conveyor.testing.tryserver import serve
 
-    given = os.environ.get("PGPASSWORD")
-    server = PgServer("try", password=given or secrets.token_urlsafe(12))
-    try:
-        server.start()
-    except Exception as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        print("hint: scripts/ensure-postgres.sh installs the server (Debian's packages)", file=sys.stderr)
-        return 1
-    shown = "" if given else f" PGPASSWORD={server.password}"
-    print(f"export PGHOST=127.0.0.1 PGPORT={server.port} PGUSER=postgres{shown}   # a throwaway server; Ctrl-C stops and removes it",
-          flush=True)
-    stop = {"asked": False}
+    def options(parser: Any) -> None:
+        parser.add_argument("--no-logical", action="store_true", help="wal_level=replica (no sync jobs: logical decoding is on by default)")
 
-    def asked(*_: object) -> None:
-        stop["asked"] = True
-
-    signal.signal(signal.SIGINT, asked)
-    signal.signal(signal.SIGTERM, asked)
-    try:
-        while not stop["asked"]:
-            time.sleep(0.2)
-    finally:
-        server.stop()
-    return 0
+    return serve("python -m conveyor.testing.pgserver", "PostgreSQL server", argv,
+                 lambda args, pw: PgServer("try", password=pw, logical=not args.no_logical),
+                 lambda s, given: f"export PGHOST=127.0.0.1 PGPORT={s.port} PGUSER=postgres" + ("" if given else f" PGPASSWORD={s.password}"),
+                 "bash scripts/ensure-postgres.sh installs them (Debian's packages)", options, password_env="PGPASSWORD")
 
 
 if __name__ == "__main__":
