@@ -194,7 +194,8 @@ def _applied(spec: JobSpec, sync: SyncReport, done: SyncRun, first: Any) -> Any:
     import pyarrow as pa
 
     stages = done.stages
-    plan = JobPlan(spec=dataclasses.replace(spec, names={**spec.names, "strategy": "native"}), info=SourceInfo(schema=pa.schema([]), label=f"the changes of {', '.join(done.tables) or 'the tables'}"),
+    label = f"the changes of {', '.join(done.tables) or 'the tables'}"
+    plan = JobPlan(spec=dataclasses.replace(spec, names={**spec.names, "strategy": "native"}), info=SourceInfo(schema=pa.schema([]), label=label),
                    partitions=[p for r in stages for p in r.plan.partitions], degree=max((r.plan.degree for r in stages), default=1),
                    note=f"the changed keys' rows of {len(stages)} table(s), staged", tables=tuple(r.plan for r in stages))
     report = JobReport(plan=plan, results=[r for s in stages for r in s.results], seconds=done.seconds, target=sync.target,
