@@ -99,9 +99,20 @@ PLAN_ROWS = 20
 
 
 
-def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, status: str, error: BaseException | None) -> dict[str, Any]:
-    """The run report as JSON-ready data: per partition, totals, verification, the masked config."""
-    out: dict[str, Any] = {"status": status, "config": mask(config)}
+def report_dict(report: JobReport | None, plan: JobPlan | None, config: Any, status: str, error: BaseException | None,
+                started: float | None = None) -> dict[str, Any]:
+    """The run report as JSON-ready data: the Conveyor version, when the run started (``started``: a ``time.time()``) and
+    ended (now), per partition, totals, verification, the masked config."""
+    import time
+
+    from conveyor import __version__
+
+    def stamp(at: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
+
+    out: dict[str, Any] = {"status": status, "conveyor_version": __version__,
+                           **({"started_at": stamp(started)} if started is not None else {}), "ended_at": stamp(time.time()),
+                           "config": mask(config)}
     if error is not None:
         ours = isinstance(error, ConveyorError)
         out["error"] = {"type": type(error).__name__, "message": str(error), "hint": error.hint if ours else None,

@@ -88,6 +88,7 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
     from conveyor.submit import receive_env
 
     config = _plain(cfg)
+    started = time.time()
     _note_start(place)
     forwarded = receive_env()  # a job sent by conveyor submit: runtime.forward_env's values, from the submitter
     if forwarded:
@@ -111,18 +112,18 @@ def run(cfg: Any, place: RunPlace = RunPlace(), progress: ProgressFactory | None
             return report
 
         if spec.incremental.method == "replication":
-            return _sync(spec, place, load, config)
+            return _sync(spec, place, load, config, started)
         report = load(spec)
     except Exception as exc:
         _name_run_dir(exc, place)
         if not getattr(exc, "report_written", False):  # a sync's applies wrote their own
-            _write_report(place, held.get("report"), held.get("plan"), config, exc)
+            _write_report(place, held.get("report"), held.get("plan"), config, exc, started)
         raise JobFailed(exc, held.get("report")) from exc
-    _write_report(place, report, held.get("plan"), config, None)
+    _write_report(place, report, held.get("plan"), config, None, started)
     return report
 
 
-def _sync(spec: Any, place: RunPlace, load: Callable[[Any], JobReport], config: Any) -> JobReport:
+def _sync(spec: Any, place: RunPlace, load: Callable[[Any], JobReport], config: Any, started: float) -> JobReport:
     """A sync job (conveyor.pipelines.sync): its first load and its applies, each through the job loop (``load``);
     report.json rewritten after every run, and once more at the end."""
     from conveyor.pipelines import sync
@@ -136,7 +137,7 @@ def _sync(spec: Any, place: RunPlace, load: Callable[[Any], JobReport], config: 
         if place.report is not None:
             place.report.parent.mkdir(parents=True, exist_ok=True)
             part = place.report.with_name(place.report.name + ".part")  # replaced whole: a reader never sees half of it
-            part.write_text(json.dumps(report_dict(report, None, config, status, error), indent=2, default=str))
+            part.write_text(json.dumps(report_dict(report, None, config, status, error, started), indent=2, default=str))
             part.replace(place.report)
 
     try:
@@ -213,14 +214,15 @@ def _manifest(place: RunPlace, plan: JobPlan, config: Any, progress: Progress, s
         manifest.close()
 
 
-def _write_report(place: RunPlace, report: JobReport | None, plan: JobPlan | None, config: Any, error: BaseException | None) -> None:
+def _write_report(place: RunPlace, report: JobReport | None, plan: JobPlan | None, config: Any, error: BaseException | None,
+                  started: float | None = None) -> None:
     path = place.report
     if path is None:
         return
     status = "succeeded" if error is None else ("cancelled" if isinstance(error, Cancelled) else "failed")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report_dict(report, plan, config, status, error), indent=2, default=str))
+        path.write_text(json.dumps(report_dict(report, plan, config, status, error, started), indent=2, default=str))
     except Exception:  # a failed run's own error matters more than its report's
         if error is None:
             raise

@@ -43,7 +43,9 @@ def test_two_jobs_in_one_process_and_one_from_a_thread_keep_the_signal_handlers(
     first = conveyor.run(None, "source=parquet", "sink=duckdb", source={"path": str(files)}, sink={"database": str(db), "table": "t"},
                          load_mode="create", run_dir=tmp_path / "run1")
     assert first.ok and first.rows == 1000 and len(first.results) == 2 and first.verification.ok
-    assert json.loads((tmp_path / "run1" / "report.json").read_text())["status"] == "succeeded"
+    saved = json.loads((tmp_path / "run1" / "report.json").read_text())
+    assert saved["status"] == "succeeded" and saved["conveyor_version"] == conveyor.__version__
+    assert saved["started_at"] <= saved["ended_at"] and saved["ended_at"].endswith("Z")  # ISO 8601 in UTC: they sort as times
     # the same job again, appending, from a thread (as an orchestrator's worker runs it)
     out: dict = {}
     worker = threading.Thread(target=lambda: out.update(report=conveyor.run(
