@@ -27,7 +27,7 @@ from conveyor.core import (
     ValueSet,
 )
 from conveyor.errors import ConfigError, PlanningError
-from conveyor.log import say, warn
+from conveyor.log import note, say, warn
 
 
 @dataclass
@@ -114,11 +114,19 @@ def _keys(request: PlanRequest, method: str) -> SupportsKeys:
     return request.source
 
 
-def _key_column(config: KeyedStrategyConfig, method: str) -> str:
-    if not config.distribute_key:
-        raise ConfigError(f"strategy.distribute_key: strategy={method} needs a distribute key", key="strategy.distribute_key",
-                          hint="set strategy.distribute_key=<column>")
-    return config.distribute_key
+def _key_column(config: KeyedStrategyConfig, method: str, request: PlanRequest | None = None) -> str:
+    """``strategy.distribute_key``; unset, the first column of the source table's primary key (rangeid, ntile, random:
+    a key splits into ranges or buckets of about equal rows; datadriven, one partition per value, needs a column named)."""
+    if config.distribute_key:
+        return config.distribute_key
+    key = request.info.primary_key if request is not None else ()
+    if key and method != "datadriven":
+        note(f"strategy={method}: strategy.distribute_key not set: the primary key's {'first ' if len(key) > 1 else ''}column "
+             f"{key[0]!r} is used")
+        return key[0]
+    raise ConfigError(f"strategy.distribute_key: strategy={method} needs a distribute key"
+                      + ("" if method == "datadriven" else f" ({request.info.label if request else 'the source'} has no primary key)"),
+                      key="strategy.distribute_key", hint="set strategy.distribute_key=<column>")
 
 
 def ranges_from_bounds(column: str, bounds: list[Any]) -> list[Partition]:
@@ -173,7 +181,7 @@ class RangeIdStrategy(_Base):
     def plan(self, request: PlanRequest) -> PartitionPlan:
         if self.config.align:
             return self._aligned(request)
-        source, column = _keys(request, self.method), _key_column(self.config, self.method)
+        source, column = _keys(request, self.method), _key_column(self.config, self.method, request)
         stats = source.key_stats(column)
         if stats.kind not in ("integer", "numeric", "temporal"):
             raise PlanningError(
@@ -212,7 +220,7 @@ class NtileStrategy(_Base):
     method = "ntile"
 
     def plan(self, request: PlanRequest) -> PartitionPlan:
-        source, column = _keys(request, self.method), _key_column(self.config, self.method)
+        source, column = _keys(request, self.method), _key_column(self.config, self.method, request)
         source.key_stats(column)  # checks the column exists
         parts = ranges_from_bounds(column, source.key_quantiles(column, self._count(request), exact=True))
         return PartitionPlan(parts, f"{len(parts)} ntile ranges of {column}")
@@ -224,7 +232,7 @@ class RandomStrategy(_Base):
     method = "random"
 
     def plan(self, request: PlanRequest) -> PartitionPlan:
-        source, column = _keys(request, self.method), _key_column(self.config, self.method)
+        source, column = _keys(request, self.method), _key_column(self.config, self.method, request)
         stats = source.key_stats(column)
         if stats.kind != "integer":
             raise PlanningError(f"strategy=random: distribute_key {column!r} is not an integer column",
@@ -247,7 +255,7 @@ class DataDrivenStrategy(_Base):
     method = "datadriven"
 
     def plan(self, request: PlanRequest) -> PartitionPlan:
-        source, column = _keys(request, self.method), _key_column(self.config, self.method)
+        source, column = _keys(request, self.method), _key_column(self.config, self.method, request)
         n = self._count(request, 4)
         # few values: one partition each (FastTransfer's meaning), unless partitions says otherwise
         one_each = n if self.config.partitions else max(n, DATADRIVEN_ONE_EACH)

@@ -141,3 +141,19 @@ def test_one_snapshot_for_every_partition(skewed, pg_target) -> None:
         finally:
             pg_exec(skewed, "DELETE FROM skewed WHERE note = 'late'")
     assert rows == N + 2
+
+
+@pytest.mark.parametrize("strategy", ["rangeid", "ntile", "random"])
+def test_a_keyed_strategy_without_a_distribute_key_splits_by_the_primary_key(skewed, pg_source, pg_target, strategy: str) -> None:
+    """A table with a primary key needs no strategy.distribute_key (it was refused, asking for one): its first column is
+    used and said; a table without one is still refused by name."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS keyed_pk", "CREATE TABLE keyed_pk (k int, n int, v text, PRIMARY KEY (k, n))",
+            "INSERT INTO keyed_pk SELECT g / 3, g % 3, 'v' || g FROM generate_series(1, 3000) g")
+    plan = _plan(pg_source, strategy, {"partitions": 3}, table="keyed_pk")
+    assert len(plan.partitions) == 3 and all(getattr(p, "column", "") == "k" for p in plan.partitions)
+    _job("keyed_pk", pg_source, pg_target, strategy, {"partitions": 3}, target="keyed_pk_copy")
+    assert checksum(pg_target, "keyed_pk_copy") == checksum(pg_source, "keyed_pk")
+    from conveyor.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="has no primary key"):
+        _plan(pg_source, strategy, {"partitions": 3}, table="skewed")
