@@ -1,5 +1,6 @@
-"""``strategy=auto``: ctid for a heap table; else rangeid on a numeric distribute_key (or the primary
-key); else none. The plan's note says which it chose and why."""
+"""``strategy=auto``: files for a source made of files, the source's own partitions where it splits itself (ClickHouse,
+ADBC, Flight), ctid for a heap table; else rangeid on a numeric distribute_key (or the primary key); else none. The
+plan's note says which it chose and why."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from conveyor.core import (
     PartitionPlan,
     PlanRequest,
     SupportsCtid,
+    SupportsFileListing,
     SupportsKeys,
+    SupportsNativePartitions,
     SupportsPrimaryKey,
     WholeSource,
 )
@@ -17,12 +20,23 @@ from conveyor.strategies.keyed import RangeIdStrategy, RangeIdStrategyConfig, _B
 
 
 class AutoStrategy(_Base):
-    """ctid for a heap table; else rangeid on a numeric distribute_key; else none."""
+    """files, or the source's own partitions, or ctid for a heap table; else rangeid on a numeric distribute_key; else none."""
 
     method = "auto"
 
     def plan(self, request: PlanRequest) -> PartitionPlan:
+        from conveyor.strategies.basic import FilesStrategy, FilesStrategyConfig, NativeStrategy, NativeStrategyConfig
+
         source = request.source
+        if isinstance(source, SupportsFileListing):
+            chosen = FilesStrategy(FilesStrategyConfig(), self.options).plan(request)
+            return PartitionPlan(chosen.partitions, f"chose files: {request.info.label} is made of files; {chosen.note}")
+        if isinstance(source, SupportsNativePartitions):
+            try:
+                chosen = NativeStrategy(NativeStrategyConfig(), self.options).plan(request)
+                return PartitionPlan(chosen.partitions, f"chose native: {request.info.label} splits itself; {chosen.note}")
+            except PlanningError:  # a driver without partitioned execution: the keyed methods below
+                pass
         if isinstance(source, SupportsCtid):
             try:
                 parts = CtidStrategy(self.config, self.options).plan(request).partitions

@@ -343,3 +343,12 @@ def ch_alive() -> int:
     from conveyor.connectors.clickhouse.commits import ALIVE_SECONDS
 
     return ALIVE_SECONDS
+
+
+def test_a_clickhouse_source_needs_no_strategy_named(ch, cli, tmp_path: Path) -> None:
+    """The default strategy (auto) takes a ClickHouse table's own partitions (the default was files: 'use strategy=none')."""
+    ch.execute("DROP TABLE IF EXISTS ch_auto", "CREATE TABLE ch_auto (k UInt64, v String) ENGINE = MergeTree PARTITION BY k % 2 ORDER BY k",
+               "INSERT INTO ch_auto SELECT number, toString(number) FROM system.numbers LIMIT 100")
+    res = cli("plan", "source=clickhouse", f"source.port={ch.http_port}", "source.table=ch_auto", "sink=parquet", f"sink.path={tmp_path}/o")
+    assert res.code == 0, res.err
+    assert "2 partition(s), strategy=auto" in " ".join(res.out.split())  # its two partitions, one task each
