@@ -311,7 +311,7 @@ def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any], runtime: _Held) -
 
 
 #: fewer changed keys than this per partition are not worth a task of their own
-MIN_KEYS_PER_PART = 20_000
+MIN_KEYS_PER_PART = 100_000
 
 
 def _parts(spec: JobSpec, keys: int) -> int:
