@@ -108,8 +108,12 @@ class DeltaSource(SourceBase):
             if missing:
                 raise ConfigError(f"source.columns: {', '.join(missing)} is not a column of {self.config.where()}", key="source.columns")
             schema = pa.schema([schema.field(c) for c in self.config.columns])
-        rows = None if self.config.filters else sum(e.rows or 0 for e in self.list_files())
-        return SourceInfo(schema=schema, label=f"{self.config.where()} at version {self._version}", estimated_rows=rows)
+        files = self.list_files()
+        rows = None if self.config.filters else sum(e.rows or 0 for e in files)
+        # the files' bytes: what runtime=auto weighs (a small table is read in the driver, not on a Ray instance it would start)
+        size = sum(e.size or 0 for e in files)
+        return SourceInfo(schema=schema, label=f"{self.config.where()} at version {self._version}", estimated_rows=rows,
+                          estimated_bytes=size)
 
     def list_files(self) -> list[FileEntry]:
         """The version's data files (those the filters do not rule out), with their rows from the log."""

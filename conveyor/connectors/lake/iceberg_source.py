@@ -111,9 +111,12 @@ class IcebergSource(SourceBase):
     def describe(self) -> SourceInfo:
         schema = _schema(self._scan(), self.config)
         snap = self.table().snapshot_by_id(self._snapshot) if self._snapshot is not None else None
-        rows = int(snap.summary.additional_properties.get("total-records", 0)) if snap and snap.summary else 0
+        summary = snap.summary.additional_properties if snap and snap.summary else {}
+        rows = int(summary.get("total-records", 0))
         at = f" at snapshot {self._snapshot}" if self._snapshot is not None else " (no snapshot: empty)"
-        return SourceInfo(schema=schema, label=f"{self.config.where()}{at}", estimated_rows=None if self.config.row_filter else rows)
+        # the data files' bytes: what runtime=auto weighs (a small table is read in the driver, not on a Ray instance it would start)
+        return SourceInfo(schema=schema, label=f"{self.config.where()}{at}", estimated_rows=None if self.config.row_filter else rows,
+                          estimated_bytes=int(summary.get("total-files-size", 0)))
 
     def _tasks(self, scan: Any = None) -> list[Any]:
         if self._snapshot is None:
