@@ -36,14 +36,14 @@ def serve(prog: str, what: str, argv: list[str] | None, make: Callable[[argparse
         print(f"error: {what} did not start: {exc}", file=sys.stderr)
         print(f"hint: {install}", file=sys.stderr)
         return 1
-    print(f"{export(server, bool(given))}   # a throwaway {what}; Ctrl-C stops and removes it", flush=True)
     stop = {"asked": False}
 
     def asked(*_: object) -> None:
         stop["asked"] = True
 
-    signal.signal(signal.SIGINT, asked)
+    signal.signal(signal.SIGINT, asked)  # before the line: a Ctrl-C right after it still stops the server
     signal.signal(signal.SIGTERM, asked)
+    print(f"{export(server, bool(given))}   # a throwaway {what}; Ctrl-C stops and removes it", flush=True)
     try:
         while not stop["asked"]:
             time.sleep(0.2)

@@ -39,8 +39,9 @@ def test_a_throwaway_server_starts_prints_its_line_and_stops_on_ctrl_c() -> None
 
 def _started(module: str, env: dict[str, str]) -> tuple[subprocess.Popen, dict[str, str]]:
     """`python -m conveyor.testing.<module>` started; (the process, the variables its export line sets)."""
+    passwords = ("PGPASSWORD", "MYSQL_PWD", "CLICKHOUSE_PASSWORD")  # not given unless the test gives one: then printed
     proc = subprocess.Popen([str(BIN / "python"), "-m", f"conveyor.testing.{module}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **env})
+                            text=True, env={**{k: v for k, v in os.environ.items() if k not in passwords}, **env})
     watchdog = threading.Timer(120, proc.kill)  # bounded: a server that never says its line is killed
     watchdog.start()
     try:
