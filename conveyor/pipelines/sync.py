@@ -49,8 +49,9 @@ class SyncRun:
     lag_seconds: float = 0.0
     #: where the seconds went: decoding the changes, reading the changed rows into the stage, applying them
     phases: dict[str, float] = field(default_factory=dict)
-    #: each changed table's stage load: the report of its job (partitions, rows the stage stored, runtime)
-    stages: list[Any] = field(default_factory=list, repr=False)
+    #: each changed table's stage load, as its job reported it (target, rows the stage stored, partitions, runtime): a
+    #: summary, kept by a long follow's report; the run's reports themselves go to the job's report of this run only
+    staged: list[dict[str, Any]] = field(default_factory=list)
     #: a position as the source writes it
     text: Callable[[int], str] = field(default=str, repr=False)
 
@@ -73,8 +74,7 @@ class SyncRun:
         return {"from": self.text(self.start), "to": self.text(self.upto), "changes": self.changes, "keys": self.keys,
                 "seconds": round(self.seconds, 3), "changes_per_second": round(self.changes / self.seconds, 1) if self.seconds else None,
                 "lag_bytes": self.lag_bytes, "lag_seconds": round(self.lag_seconds, 3), "phases": self.phases,
-                "staged": [{"target": r.target, "rows": r.rows, "partitions": len(r.plan.partitions), "seconds": round(r.seconds, 3),
-                            "runtime": r.plan.spec.names.get("runtime", "")} for r in self.stages],
+                "staged": self.staged,
                 "tables": {t: dataclasses.asdict(a) for t, a in self.tables.items()}}
 
 
@@ -174,26 +174,25 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[Any], N
             if not _again(spec, feed, report, start, on_run):
                 return report
         while True:
-            done = _apply(spec, feed, sinks, runtime)
+            done, stages = _apply(spec, feed, sinks, runtime)
             sync.add(done)
             say(done.describe())
-            report = _applied(spec, sync, done, report)
+            report = _applied(spec, sync, done, stages, report)
             if not _again(spec, feed, report, start, on_run):
                 return report
 
 
-def _applied(spec: JobSpec, sync: SyncReport, done: SyncRun, first: Any) -> Any:
-    """The job's report after a run: its first load's (this process made one), or one of the run's stage loads, each a
-    table of it; ``sync`` says what every run applied."""
-    from conveyor.core import SourceInfo
-    from conveyor.pipelines.job import JobReport, combined
-    from conveyor.pipelines.plan import JobPlan
-
+def _applied(spec: JobSpec, sync: SyncReport, done: SyncRun, stages: list[Any], first: Any) -> Any:
+    """The job's report after a run: its first load's (this process made one), or one of the run's stage loads
+    (``stages``), each a table of it; ``sync`` says what every run applied."""
     if first is not None:
         return first
     import pyarrow as pa
 
-    stages = done.stages
+    from conveyor.core import SourceInfo
+    from conveyor.pipelines.job import JobReport, combined
+    from conveyor.pipelines.plan import JobPlan
+
     label = f"the changes of {', '.join(done.tables) or 'the tables'}"
     plan = JobPlan(spec=dataclasses.replace(spec, names={**spec.names, "strategy": "native"}), info=SourceInfo(schema=pa.schema([]), label=label),
                    partitions=[p for r in stages for p in r.plan.partitions], degree=max((r.plan.degree for r in stages), default=1),
@@ -256,8 +255,9 @@ class _Held:
             self.stack.enter_context(self.runtime.held())
 
 
-def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any], runtime: _Held) -> SyncRun:
-    """One run: the changes since the targets' position up to a position fixed now, applied."""
+def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any], runtime: _Held) -> tuple[SyncRun, list[Any]]:
+    """One run: the changes since the targets' position up to a position fixed now, applied; with the reports of its
+    stage loads."""
     began = time.perf_counter()
     states = [s.sync_state(feed.slot) for s in sinks]
     if any(s is None for s in states):
@@ -272,6 +272,7 @@ def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any], runtime: _Held) -
         order, referenced = feed.order()
         staged: list[tuple[Any, str]] = []
         plan: list[Change] = []
+        stages: list[Any] = []
         try:
             for i in order:
                 if cancel_requested():
@@ -287,7 +288,8 @@ def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any], runtime: _Held) -
                 staged.append((sink, stage))
                 parts = _parts(spec, what.keys)
                 runtime.ready()
-                done.stages.append(_stage(spec, changes.rows(table, parts, spec.options), sink, stage))
+                stages.append(_stage(spec, changes.rows(table, parts, spec.options), sink, stage))
+                done.staged.append(_summary(stages[-1]))
                 lap = done.lap("stage", lap)
                 plan.append(Change(sink, stage, table.keys, what.full, record, states[i].position, i in referenced))
             if cancel_requested():
@@ -307,7 +309,7 @@ def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any], runtime: _Held) -
         done.lag_bytes = changes.lag()
         done.lag_seconds = time.time() - taken
     done.seconds = time.perf_counter() - began
-    return done
+    return done, stages
 
 
 #: fewer changed keys than this per partition are not worth a task of their own
@@ -321,6 +323,12 @@ def _parts(spec: JobSpec, keys: int) -> int:
 
     wanted = min(resolve_degree(spec.runtime, spec.options.degree), -(-keys // MIN_KEYS_PER_PART))
     return max(-(-keys // spec.incremental.chunk_keys), wanted, 1)
+
+
+def _summary(report: Any) -> dict[str, Any]:
+    """A stage load's report as a run keeps it: its target, the rows the stage stored, its partitions, seconds, runtime."""
+    return {"target": report.target, "rows": report.rows, "partitions": len(report.plan.partitions), "seconds": round(report.seconds, 3),
+            "runtime": report.plan.spec.names.get("runtime", "")}
 
 
 def _stage(spec: JobSpec, rows: Any, sink: Any, stage: str) -> Any:
