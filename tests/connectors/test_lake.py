@@ -486,24 +486,29 @@ def test_a_sync_of_a_composite_key_applies_5000_changed_keys(pg_source, cli, tmp
             pg_exec(pg_source, f'DROP PUBLICATION "{pub}"')
 
 
+def _three_files(fmt: str, folder: Path, name: str, rows: pa.Table) -> None:
+    """An Iceberg or Delta table ``name`` of ``rows`` in three data files, a third of the rows each, in id order."""
+    third = rows.num_rows // 3
+    if fmt == "iceberg":
+        cat = _catalog(folder)
+        cat.create_namespace_if_not_exists("lake")
+        made = cat.create_table(f"lake.{name}", schema=rows.schema)
+        for i in range(3):
+            made.append(rows.slice(i * third, third))
+    else:
+        from deltalake import write_deltalake
+
+        for i in range(3):
+            write_deltalake(str(folder / "delta" / name), rows.slice(i * third, third), mode="append")
+
+
 @pytest.mark.parametrize("fmt", ["iceberg", "delta"])
 def test_a_filter_and_columns_are_pushed_down_to_the_files(cli, tmp_path: Path, fmt: str) -> None:
     """Three data files of disjoint id ranges: a filter that only the first can match plans one partition (the other
     files are not read), and only the named columns come out."""
     rows = pa.table({"id": pa.array(range(3000), pa.int64()), "name": [f"n{i}" for i in range(3000)], "x": [float(i) for i in range(3000)]})
-    if fmt == "iceberg":
-        cat = _catalog(tmp_path)
-        cat.create_namespace_if_not_exists("lake")
-        made = cat.create_table("lake.pushed", schema=rows.schema)
-        for i in range(3):
-            made.append(rows.slice(i * 1000, 1000))
-        where = ["source.row_filter='id < 100'"]
-    else:
-        from deltalake import write_deltalake
-
-        for i in range(3):
-            write_deltalake(str(tmp_path / "delta" / "pushed"), rows.slice(i * 1000, 1000), mode="append")
-        where = ["source.filters=[[id, '<', 100]]"]
+    _three_files(fmt, tmp_path, "pushed", rows)
+    where = ["source.row_filter='id < 100'"] if fmt == "iceberg" else ["source.filters=[[id, '<', 100]]"]
     out = tmp_path / "out"
     res = cli("run", *_source(fmt, tmp_path, "pushed"), *where, "source.columns=[id, x]", "strategy=files", "sink=parquet",
               f"sink.path={out}", "load_mode=replace")
@@ -546,18 +551,7 @@ def test_a_small_table_is_read_in_the_driver_under_runtime_auto(cli, tmp_path: P
     threads, as it does a small folder of Parquet files (it started a private Ray instance: 10.6 s for a 2.7 s read)."""
     import json
 
-    rows = pa.table({"id": pa.array(range(3000), pa.int64()), "x": [float(i) for i in range(3000)]})
-    if fmt == "iceberg":
-        cat = _catalog(tmp_path)
-        cat.create_namespace_if_not_exists("lake")
-        made = cat.create_table("lake.small", schema=rows.schema)
-        for i in range(3):
-            made.append(rows.slice(i * 1000, 1000))
-    else:
-        from deltalake import write_deltalake
-
-        for i in range(3):
-            write_deltalake(str(tmp_path / "delta" / "small"), rows.slice(i * 1000, 1000), mode="append")
+    _three_files(fmt, tmp_path, "small", pa.table({"id": pa.array(range(3000), pa.int64()), "x": [float(i) for i in range(3000)]}))
     res = cli("run", *_source(fmt, tmp_path, "small"), "runtime=auto", "degree=2", "sink=parquet", f"sink.path={tmp_path}/out",
               "load_mode=replace")
     assert res.code == 0, res.err
