@@ -88,6 +88,9 @@ class TableDefinition:
     indexes: tuple[tuple[str, str], ...] = ()
     #: what the table has that no sink carries (its triggers, row security, generated expressions, ...)
     not_carried: tuple[str, ...] = ()
+    #: (column, its type as the table declares it, what kind of type that is: "an enum", "a domain", ...) for the
+    #: columns whose declared type is not a built-in one: a sink that makes another type says so
+    declared_types: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def comments(self) -> int:

@@ -46,6 +46,10 @@ def read(con: Any, oid: int) -> TableDefinition:
             sequences.append(_sequence(con, name, {"a": "always", "d": "by default"}.get(identity, ""), seq))
         elif default is not None:
             defaults.append((name, default))
+    declared = [(name, sql, _KINDS.get(typtype, _ARRAY if category == "A" else "a type of its own (an extension's or a user's)"))
+                for name, sql, typtype, category in con.execute(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typtype, t.typcategory FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND t.oid >= 16384 ORDER BY a.attnum", [oid]).fetchall()]
     constraints = [(name, sql, _after_on(index) if index else "", later) for name, sql, index, later in con.execute(
         "SELECT conname, pg_get_constraintdef(oid), CASE WHEN contype = 'u' THEN pg_get_indexdef(conindid) END, "
         "CASE WHEN condeferrable THEN 'DEFERRABLE' || CASE WHEN condeferred THEN ' INITIALLY DEFERRED' ELSE '' END ELSE '' END "
@@ -69,10 +73,24 @@ def read(con: Any, oid: int) -> TableDefinition:
         "AND p.relkind <> 'p' ORDER BY i.inhseqno", [oid]).fetchall()]
     children = con.execute("SELECT coalesce(array_length(array_agg(i.inhrelid), 1), 0) FROM pg_inherits i JOIN pg_class c "
                            "ON c.oid = i.inhrelid WHERE i.inhparent = %s AND NOT c.relispartition", [oid]).fetchone()[0]
+    partitioned = con.execute("SELECT pg_get_partkeydef(%s), (SELECT count(*) FROM pg_inherits WHERE inhparent = %s), "
+                              "(SELECT inhparent::regclass::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent "
+                              " WHERE i.inhrelid = %s AND p.relkind = 'p')", [oid, oid, oid]).fetchone()
+    if partitioned[0]:
+        not_carried.append(f"partitioning (PARTITION BY {partitioned[0]}, {partitioned[1]} partition(s)): the target is one table of "
+                           "every partition's rows")
+    if partitioned[2]:
+        not_carried.append(f"PARTITION OF {partitioned[2]}: the target is a table of its own")
     if children:
         not_carried.append(f"its {children} inheritance children: their rows are theirs (the source table is read with ONLY)")
     return TableDefinition("postgres", table, tuple(not_null), table_comment, tuple(comments), tuple(defaults), tuple(sequences),
-                           tuple(constraints), tuple((name, _after_on(sql)) for name, sql in indexes), tuple(not_carried))
+                           tuple(constraints), tuple((name, _after_on(sql)) for name, sql in indexes), tuple(not_carried),
+                           tuple(declared))
+
+
+_ARRAY = "an array of a type of its own"
+_KINDS = {"e": "an enum", "d": "a domain (its constraints)", "c": "a composite type", "r": "a range type of its own",
+          "m": "a multirange type of its own"}
 
 
 def _sequence(con: Any, column: str, identity: str, seq: str | None) -> SequenceDef:

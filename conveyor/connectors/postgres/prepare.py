@@ -136,6 +136,19 @@ class Preparer:
         made = request.info.definition
         return made if self.config.definition and made is not None and made.dialect == "postgres" else None
 
+    def _types_not_carried(self, request: PrepareRequest, plan: SinkPlan) -> list[str]:
+        """The PostgreSQL source table's column types (not built in: an enum, a domain, a composite, an extension's type) that
+        a new table does not take as they are, each named with what the column was made of; a type that
+        ``sink.column_types`` set is the user's choice, not said."""
+        made_of = request.info.definition
+        if made_of is None or made_of.dialect != "postgres":
+            return []
+        declared = {name: (sql, kind) for name, sql, kind in made_of.declared_types}
+        chosen = set(self.config.column_types or {})
+        return [f"column {t}'s type {declared[s][0]} ({declared[s][1]}): made {made}"
+                for s, t, made in zip(plan.source_columns, plan.columns, plan.own.target_types)
+                if s in declared and t not in chosen and declared[s][0] != made]
+
     def _one_transaction(self, con: Any, target: targets.Target) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
         """A truncate in the partition's own transaction: (statements before its rows, after them, COPY
         FREEZE). TRUNCATE first, so COPY may freeze the rows (a plain table) and a wal_level=minimal server
@@ -154,9 +167,14 @@ class Preparer:
         key = request.info.primary_key
         if d.new_table and self.config.primary_key and key and set(key) <= set(request.column_names):
             own = dataclasses.replace(own, primary_key=tuple(key))
+        changed = self._types_not_carried(request, plan) if d.new_table else []
         if d.new_table and self._definition(request) is not None:
-            own = dataclasses.replace(own, definition=self._definition(request))
+            made = self._definition(request)
+            own = dataclasses.replace(own, definition=dataclasses.replace(made, not_carried=made.not_carried + tuple(changed)))
             plan = dataclasses.replace(plan, definition=definition.said(own.definition))
+        elif changed:  # no definition carried (sink.definition=false): the types that changed are still said
+            plan = dataclasses.replace(plan, definition="not carried: " + "; ".join(changed))
+            say(f"{self.where}: {plan.definition}")
         if mode == "merge":
             own = dataclasses.replace(own, merge=merging.plan(self.config, list(ins.primary_key), [t for _, t in d.pairs],
                                                                 [c.name for c in ins.target.columns], self.where))

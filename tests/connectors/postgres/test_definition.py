@@ -230,3 +230,29 @@ def test_create_keeps_built_in_range_types_and_column_collations(pg_source, pg_t
     rows = "SELECT id, r::text, d::text, m::text, t, v, plain FROM {} ORDER BY t, id"
     assert pg_exec(pg_target, rows.format("rng_t")) == pg_exec(pg_source, rows.format("rng_src"))
     pg_exec(pg_target, "CREATE EXTENSION IF NOT EXISTS btree_gist", "ALTER TABLE rng_t ADD EXCLUDE USING gist (r WITH &&)")
+
+
+@pytest.mark.parametrize("keep_definition", [True, False])
+def test_create_says_each_column_type_and_the_partitioning_it_does_not_carry(pg_source, pg_target, keep_definition: bool) -> None:
+    """An enum, a domain, a composite and an array of an enum became text or the domain's base type, and a partitioned
+    source a plain table, with nothing said (exit 0, verify ok): each is named in the definition line and report.json
+    now, with what the column was made; the values are the source's text."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS ty_src", "DROP TYPE IF EXISTS ty_mood", "DROP DOMAIN IF EXISTS ty_pos", "DROP TYPE IF EXISTS ty_pair",
+            "CREATE TYPE ty_mood AS ENUM ('sad', 'ok', 'happy')", "CREATE DOMAIN ty_pos AS int CHECK (VALUE > 0)",
+            "CREATE TYPE ty_pair AS (a int, b text)",
+            "CREATE TABLE ty_src (id int, m ty_mood, p ty_pos, c ty_pair, ms ty_mood[], plain text) PARTITION BY RANGE (id)",
+            "CREATE TABLE ty_src_lo PARTITION OF ty_src FOR VALUES FROM (0) TO (10)",
+            "CREATE TABLE ty_src_hi PARTITION OF ty_src FOR VALUES FROM (10) TO (100)",
+            "INSERT INTO ty_src VALUES (1, 'sad', 3, ROW(1, 'x'), '{ok,happy}', 'a'), (12, 'happy', 7, ROW(NULL, 'y,z'), '{}', NULL), "
+            "(50, NULL, NULL, NULL, NULL, 'c')")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS ty_t")
+    report = job({"type": "postgres", "port": pg_source.port, "table": "ty_src"},
+                 {"type": "postgres", "port": pg_target.port, "table": "ty_t", "definition": keep_definition}, load_mode="create")
+    said = report.sink_plan.definition
+    for part in ("column m's type ty_mood (an enum): made text", "column p's type ty_pos (a domain (its constraints)): made integer",
+                 "column c's type ty_pair (a composite type): made text", "column ms's type ty_mood[] (an array of a type of its own): made text"):
+        assert part in said, said
+    assert ("partitioning (PARTITION BY RANGE (id), 2 partition(s)): the target is one table of every partition's rows" in said) == keep_definition
+    assert "column id" not in said and "column plain" not in said
+    rows = "SELECT id, m::text, p, c::text, ms::text, plain FROM {} ORDER BY id"
+    assert pg_exec(pg_target, rows.format("ty_t")) == pg_exec(pg_source, rows.format("ty_src"))
