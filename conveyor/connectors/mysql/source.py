@@ -24,7 +24,7 @@ from typing import Any
 
 from conveyor.connectors.mysql import textcopy
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, _duck_connection, qident
-from conveyor.core import JobOptions, Partition, SourceInfo
+from conveyor.core import JobOptions, Partition, SourceInfo, TableDefinition
 from conveyor.errors import ConveyorError, SchemaError, TransferError
 from conveyor.kit import duckext
 from conveyor.kit.arrowutil import rebatch
@@ -154,8 +154,34 @@ class MySqlSource(SqlSource):
                 raise conf.translate(exc, "describing the source") from None
         self._schema = pa.schema([pa.field(c.name, _arrow_type(c, f.type)) for c, f in zip(self._cols, raw)])
         label = f"mysql table {conf.database}.{conf.table}" if conf.table else "mysql query"
+        key, made = self._definition() if conf.table else ((), None)
         return SourceInfo(schema=self._schema, label=label, estimated_rows=estimate, estimated_bytes=size,
-                          reader="Arrow batches decoded by DuckDB's mysql extension", native=textcopy.offer(self._cols))
+                          reader="Arrow batches decoded by DuckDB's mysql extension", native=textcopy.offer(self._cols),
+                          primary_key=key, definition=made)
+
+    def _definition(self) -> tuple[tuple[str, ...], TableDefinition]:
+        """The table's primary key (its columns in the key's order) and its definition, from information_schema: NOT NULL
+        and comments, which a sink of another engine carries, and what it does not (defaults, AUTO_INCREMENT, other
+        indexes, triggers: MySQL's SQL, said)."""
+        table = MYSQL_DIALECT.literal(self.config.table)
+        where = f"table_schema = DATABASE() AND table_name = {table}"
+        cols = self._rows(f"SELECT column_name, is_nullable, column_comment, column_default, extra FROM information_schema.columns "
+                          f"WHERE {where} ORDER BY ordinal_position")
+        key = self._rows(f"SELECT column_name FROM information_schema.key_column_usage WHERE {where} AND constraint_name = 'PRIMARY' "
+                         "ORDER BY ordinal_position")
+        comment, indexes, triggers = self._rows(
+            f"SELECT (SELECT table_comment FROM information_schema.tables WHERE {where}), "
+            f"(SELECT count(DISTINCT index_name) FROM information_schema.statistics WHERE {where} AND index_name <> 'PRIMARY'), "
+            f"(SELECT count(*) FROM information_schema.triggers WHERE event_object_schema = DATABASE() AND event_object_table = {table})")[0]
+        names = {c.name for c in self._cols}
+        left = [f"column {c}'s AUTO_INCREMENT" for c, _, _, _, extra in cols if "auto_increment" in str(extra).lower()]
+        left += [f"{n} {what} (MySQL's SQL)" for n, what in ((int(indexes or 0), "other index(es)"), (int(triggers or 0), "trigger(s)")) if n]
+        made = TableDefinition(
+            "mysql", self.config.table, not_null=tuple(c for c, nullable, *_ in cols if nullable == "NO" and c in names),
+            comment=comment or None, column_comments=tuple((c, text) for c, _, text, *_ in cols if text and c in names),
+            defaults=tuple((c, str(default)) for c, _, _, default, _ in cols if default not in (None, "NULL") and c in names),
+            not_carried=tuple(left))
+        return tuple(r[0] for r in key), made
 
     def export_native(self, part: Partition, columns: tuple[str, ...]) -> contextlib.AbstractContextManager[Any]:
         """The partition as lines of PostgreSQL's COPY text, written by the server (``textcopy.py``)."""

@@ -17,7 +17,7 @@ from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.types import column_ddl, read_columns
 from conveyor.connectors.postgres.writers import PgLoad
-from conveyor.core import INFINITY, PrepareRequest, SinkPlan
+from conveyor.core import INFINITY, PrepareRequest, SinkPlan, TableDefinition
 from conveyor.errors import ConveyorError, SchemaError
 from conveyor.kit import merge as merging
 from conveyor.log import say, warn
@@ -134,7 +134,12 @@ class Preparer:
     def _definition(self, request: PrepareRequest) -> Any:
         """The PostgreSQL source table's definition this new table takes (None: none, or sink.definition=false)."""
         made = request.info.definition
-        return made if self.config.definition and made is not None and made.dialect == "postgres" else None
+        if not self.config.definition or made is None:
+            return None
+        if made.dialect != "postgres":  # another engine's: its NOT NULL and comments; its SQL (defaults, indexes, ...) said, not carried
+            return TableDefinition("postgres", made.table, made.not_null, made.comment, made.column_comments,
+                                   not_carried=tuple(made.beyond_keys()))
+        return made
 
     def _types_not_carried(self, request: PrepareRequest, plan: SinkPlan) -> list[str]:
         """The PostgreSQL source table's column types (not built in: an enum, a domain, a composite, an extension's type) that
