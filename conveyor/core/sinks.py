@@ -304,6 +304,13 @@ class SinkBase:
         it references. Returns what it made (the default: nothing)."""
         return []
 
+    def read_back(self, like: pa.Schema) -> dict[str, Any]:
+        """How its target is read back (``conveyor verify``, ``verify=checksum``): a source of the sink's type reads it,
+        with the sink's own config keys that source shares (its connection, table or path) and these keys besides, so
+        that it returns what the sink wrote for rows of schema ``like`` exactly (the default: none besides). The suite
+        rule ``SinkSuite.test_its_read_back_returns_what_it_wrote`` holds a sink to it."""
+        return {}
+
 
 def _not_offered(plugin: Any, what: str) -> Exception:
     from conveyor.errors import PluginError

@@ -5,6 +5,7 @@ UTC microseconds, one string and one binary layout, a uuid as its text where the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import SchemaError
@@ -25,6 +26,27 @@ def canonical_types(source: Any, target: Any, columns: list[tuple[str, str]]) ->
     return out if out else [pa.int64()]
 
 
+@dataclass(frozen=True)
+class TimeText:
+    """A time of day on one side, its text on the other (MySQL's TIME is read as text: it spans +/-838 hours): both
+    hashed as ``HH:MM:SS.ffffff`` (a time at microseconds, the text with its fraction written out to six digits)."""
+
+    def __str__(self) -> str:
+        return "time as HH:MM:SS.ffffff text"
+
+
+@dataclass(frozen=True)
+class TextAs:
+    """A decimal, a timestamp or a date on one side, its text on the other (SQLite keeps them as text): the text is read as
+    ``type`` (a timestamp's text without an offset as UTC's wall clock) and both hashed as that; text that is no such
+    value is hashed as it is, and differs."""
+
+    type: Any
+
+    def __str__(self) -> str:
+        return f"{self.type} (the text side read as it)"
+
+
 def _is_uuid(typ: Any) -> bool:
     return getattr(typ, "extension_name", "") == "arrow.uuid"
 
@@ -40,6 +62,14 @@ def _canon(a: Any, b: Any) -> Any:
         a = a.storage_type
     if isinstance(b, pa.BaseExtensionType):
         b = b.storage_type
+    if (t.is_time(a) and any(f(b) for f in text)) or (t.is_time(b) and any(f(a) for f in text)):
+        return TimeText()
+    for typed, other in ((a, b), (b, a)):
+        if (t.is_decimal(typed) or t.is_timestamp(typed) or t.is_date(typed)) and any(f(other) for f in text):
+            return TextAs(_canon(typed, typed))
+    raw = (t.is_binary, t.is_large_binary, t.is_fixed_size_binary)
+    if (any(f(a) for f in raw) and any(f(b) for f in text)) or (any(f(b) for f in raw) and any(f(a) for f in text)):
+        return pa.binary()  # bytes on one side, a text column holding them on the other (ClickHouse's String): their bytes
     if t.is_integer(a) and t.is_integer(b):
         return pa.int64()
     if (t.is_boolean(a) and t.is_integer(b)) or (t.is_integer(a) and t.is_boolean(b)):
@@ -50,10 +80,8 @@ def _canon(a: Any, b: Any) -> Any:
         scale = max(a.scale, b.scale)
         whole = max(a.precision - a.scale, b.precision - b.scale)
         return pa.decimal128(whole + scale, scale) if whole + scale <= 38 else pa.decimal256(min(whole + scale, 76), scale)
-    text = (t.is_string, t.is_large_string, t.is_string_view)
     if any(f(a) for f in text) and any(f(b) for f in text):
         return pa.string()
-    raw = (t.is_binary, t.is_large_binary, t.is_fixed_size_binary)
     if any(f(a) for f in raw) and any(f(b) for f in raw):
         return pa.binary()
     if t.is_timestamp(a) and t.is_timestamp(b):
@@ -75,6 +103,12 @@ def canonical(arr: Any, typ: Any, zero: str) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if isinstance(typ, TimeText):
+        return _time_text(arr)
+    if isinstance(typ, TextAs):
+        if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) or pa.types.is_string_view(arr.type):
+            return _text_as(arr, typ.type)
+        typ = typ.type
     if _is_uuid(arr.type) and pa.types.is_string(typ):
         return _uuid_text(arr)
     if isinstance(arr.type, pa.BaseExtensionType):
@@ -91,6 +125,33 @@ def canonical(arr: Any, typ: Any, zero: str) -> Any:
     if pa.types.is_floating(typ) and zero == "distinct":  # DuckDB's hash makes -0.0 and 0.0 one: hash the bits (one NaN)
         arr = pc.if_else(pc.is_nan(arr), pa.scalar(float("nan"), typ), arr).view(pa.int64())
     return arr
+
+
+def _time_text(arr: Any) -> Any:
+    """A time column, or a text column of times, as ``HH:MM:SS.ffffff`` text (column-wise)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_time(arr.type):
+        return arr.cast(pa.time64("us")).cast(pa.string())
+    text = arr.cast(pa.string())
+    whole = pc.if_else(pc.match_substring(text, "."), text, pc.binary_join_element_wise(text, pa.scalar("."), ""))
+    return pc.utf8_rpad(whole, width=15, padding="0")  # "12:00:00" and "12:00:00.5" as "12:00:00.000000", "12:00:00.500000"
+
+
+def _text_as(arr: Any, typ: Any) -> Any:
+    """A text column read as ``typ`` (column-wise; a timestamp's text without an offset as UTC); its text where some value is
+    no such value."""
+    import pyarrow as pa
+
+    text = arr.cast(pa.string())
+    tries = [pa.timestamp("us"), typ] if pa.types.is_timestamp(typ) else [typ]
+    for first in tries:
+        try:
+            return canonical(text.cast(first), typ, "equal")
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+    return text
 
 
 def _uuid_text(arr: Any) -> Any:

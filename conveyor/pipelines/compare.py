@@ -60,9 +60,10 @@ class Comparison:
         return not self.differing_buckets and not self.unmatched and self.source.rows == self.target.rows
 
 
-def target_as_source(spec: Any, written: str | None = None) -> Any:
-    """The job's target read as a source of its engine: the sink's keys the source of that type has
-    (``written``: the table or folder a staged load wrote, read instead of the target's own)."""
+def target_as_source(spec: Any, written: str | None = None, like: Any = None) -> Any:
+    """The job's target read as a source of its engine: the sink's keys the source of that type has, and the keys
+    the sink says its read-back needs for rows of schema ``like`` (``Sink.read_back``) (``written``: the table or
+    folder a staged load wrote, read instead of the target's own)."""
     from omegaconf import OmegaConf
 
     from conveyor import registry
@@ -82,6 +83,9 @@ def target_as_source(spec: Any, written: str | None = None) -> Any:
         elif "path" in wanted:  # a file sink's staged folder, with its filesystem's protocol
             proto = str(values.get("path", "")).partition("://")
             values["path"] = written if "://" in written or not proto[1] else f"{proto[0]}://{written}"
+    read_back = getattr(spec.sink, "read_back", None)
+    if like is not None and read_back is not None:
+        values.update({k: (OmegaConf.create(v) if isinstance(v, dict | list) else v) for k, v in read_back(like).items() if k in wanted})
     options = dataclasses.replace(spec.options, run_id=f"{spec.options.run_id}-target")
     return build_plugin("source", OmegaConf.create({"source": {"type": name, **values}}), options)[1]
 
@@ -181,8 +185,9 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     from conveyor.strategies.basic import FilesStrategy
 
     degree = JobOptions.resolve_degree(spec.options.degree, os.cpu_count())
-    target = target_as_source(spec, written)
-    sinfo, tinfo = spec.source.describe() if opened is None else opened.describe(), target.describe()
+    sinfo = spec.source.describe() if opened is None else opened.describe()
+    target = target_as_source(spec, written, sinfo.schema)
+    tinfo = target.describe()
     tnames = {n.lower(): n for n in tinfo.schema.names}
     pairs = [(n, tnames[n.lower()]) for n in sinfo.schema.names if n.lower() in tnames]
     snames = {n.lower() for n in sinfo.schema.names}

@@ -72,6 +72,26 @@ def kit_rows(start: int = 0, count: int = ROWS, name: str = "n") -> pa.Table:
                      "x": pa.array([i * 0.5 for i in range(start, start + count)], pa.float64())}, schema=SCHEMA)
 
 
+#: the read-back rule's typed columns: each a function of the row's id (None every 10th row)
+TYPED: dict[str, tuple[pa.DataType, Any]] = {
+    "raw": (pa.binary(), lambda i: bytes([i % 256, 255 - i % 256, 0])),
+    "amount": (pa.decimal128(12, 2), lambda i: __import__("decimal").Decimal(i * 37 - 50000) / 100),
+    "at": (pa.timestamp("us", tz="UTC"), lambda i: __import__("datetime").datetime(2020, 1, 1, tzinfo=__import__("datetime").timezone.utc)
+           + __import__("datetime").timedelta(seconds=i * 3607, microseconds=i)),
+    "day": (pa.date32(), lambda i: __import__("datetime").date(1999, 12, 31) + __import__("datetime").timedelta(days=i)),
+    "flag": (pa.bool_(), lambda i: i % 3 == 0),
+}
+
+
+def _typed_rows(columns: tuple[str, ...]) -> pa.Table:
+    """The kit's rows with ``columns`` of :data:`TYPED` besides."""
+    rows = kit_rows()
+    for name in columns:
+        typ, value = TYPED[name]
+        rows = rows.append_column(pa.field(name, typ), pa.array([None if i % 10 == 0 else value(i) for i in range(ROWS)], typ))
+    return rows
+
+
 def lose_manifest_lines(run_dir: Path) -> Path:
     """Make a finished run's manifest say what a driver killed just after its commits would have left:
     every partition pending, no journal lines."""
@@ -176,6 +196,9 @@ class SinkSuite(_Suite):
 
     # --- the hooks ------------------------------------------------------------------------------
 
+    #: the typed columns (of :data:`TYPED`) the read-back rule writes besides the kit's: those the sink holds
+    read_back_types: ClassVar[tuple[str, ...]] = ("raw", "amount", "at", "day", "flag")
+
     def sink_config(self, target: str) -> dict[str, Any]:
         """The ``sink.*`` keys of a sink aimed at ``target`` (a name the suite made up)."""
         raise NotImplementedError
@@ -273,6 +296,33 @@ class SinkSuite(_Suite):
             self.run_job(self._source(rows, "bad"), self._sink(self.name), load_mode="append")
         assert column in str(failed.value.cause), f"the error does not name column {column}: {failed.value.cause}"
         self._whole_partitions_only(kit_rows(0, 0), rows, failed.value.report)
+
+    def test_its_read_back_returns_what_it_wrote(self) -> None:
+        """What the sink wrote, read back as ``conveyor verify`` and ``verify=checksum`` read it (a source of the sink's
+        type, with the keys ``Sink.read_back`` adds), is its source row for row: the kit's rows and the columns of
+        :attr:`read_back_types` (bytes, a decimal, a timestamp, a date, a bool), NULLs among them. Changing one value of
+        the source afterwards is then found by its key (the comparison can fail)."""
+        from omegaconf import OmegaConf
+
+        from conveyor import registry
+        from conveyor.config import build_job
+        from conveyor.pipelines.compare import compare
+
+        self._needs("create")
+        try:
+            registry.load("source", self.sink)
+        except Exception:
+            pytest.skip(f"there is no {self.sink} source to read the target back (conveyor verify cannot compare it)")
+        rows = _typed_rows(self.read_back_types)
+        source, sink = self._source(rows, "typed"), self._sink(self.name)
+        self.run_job(source, sink, load_mode="create")
+        cfg = lambda src: OmegaConf.create({"source": src, "sink": sink, "strategy": {"type": "files"},  # noqa: E731
+                                            "runtime": {"type": "local"}, "load_mode": "create", "degree": 2})
+        result = compare(build_job(cfg(source)), key=["id"])
+        assert result.equal and result.source.rows == result.target.rows == ROWS, (result.keys, result.unmatched)
+        changed = rows.set_column(2, "x", pa.array([-1.25 if i == 77 else v for i, v in enumerate(rows.column("x").to_pylist())]))
+        result = compare(build_job(cfg(self._source(changed, "changed"))), key=["id"])
+        assert [k for k, _ in result.keys] == [(77,)], result.keys
 
     def _whole_partitions_only(self, old: pa.Table, source: pa.Table, report: Any) -> int:
         """The target holds ``old`` and, of ``source``'s three partitions, each whole or not at all, nothing else;

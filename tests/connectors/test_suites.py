@@ -49,6 +49,7 @@ class TestParquetSink(_Folder, SinkSuite):
 class TestCsvSink(_Folder, SinkSuite):
     sink = "csv"
     modes = ("create", "append", "truncate", "replace")
+    read_back_types = ("amount", "at", "day", "flag")  # bytes are refused by name: no text form reads back as bytes
 
     def sink_config(self, target: str) -> dict[str, Any]:
         return {"path": str(self.folder(target))}
@@ -374,6 +375,7 @@ class _ClickHouse:
 class TestClickHouseSink(_ClickHouse, SinkSuite):
     sink = "clickhouse"
     modes = ("create", "append", "truncate", "replace")
+    read_back_types = ("raw", "amount", "day", "flag")  # 18.16's DateTime holds whole seconds: the kit's microseconds are refused by name
 
     def sink_config(self, target: str) -> dict[str, Any]:
         return {**self.connection(), "table": target}

@@ -178,6 +178,14 @@ class ClickHouseSink(SinkBase):
 
     # --- the tasks -------------------------------------------------------------------------------
 
+    def read_back(self, like: Any) -> dict[str, Any]:
+        """Binary columns were written into String columns as their bytes: read back as bytes (not as text, which they
+        need not be)."""
+        import pyarrow as pa
+
+        raw = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
+        return {"binary_columns": [f.name for f in like if any(test(f.type) for test in raw)]}
+
     def committed(self, plan: SinkPlan) -> dict[str, int] | None:
         """{partition: rows} this load committed (append) or staged (and whose table is still there)."""
         once: commits.Once = plan.own.once

@@ -126,6 +126,24 @@ class CsvSink(FileSink):
 
         return pacsv.CSVWriter(out, schema, write_options=self._csv_options())
 
+    def read_back(self, like: Any) -> dict[str, Any]:
+        """Each column as the type it was written from (``source.column_types``), not as the reader would guess it from
+        the text (a double's ``0.5`` reads as a decimal; a string of digits as a number)."""
+        import pyarrow as pa
+
+        def named(typ: Any) -> str | None:
+            if pa.types.is_decimal(typ):
+                return f"decimal({typ.precision},{typ.scale})"
+            if pa.types.is_timestamp(typ):
+                return f"timestamp[{typ.unit}" + (f", tz={typ.tz}]" if typ.tz else "]")
+            if pa.types.is_date32(typ):
+                return "date32"
+            if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ) or pa.types.is_string(typ):
+                return str(typ)
+            return None
+
+        return {"column_types": {f.name: t for f in like if (t := named(f.type)) is not None}}
+
     def _csv_options(self) -> Any:
         import pyarrow.csv as pacsv
 
