@@ -185,8 +185,9 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     from conveyor.strategies.basic import FilesStrategy
 
     degree = JobOptions.resolve_degree(spec.options.degree, os.cpu_count())
-    sinfo = spec.source.describe() if opened is None else opened.describe()
-    target = target_as_source(spec, written, sinfo.schema)
+    read = opened or _keeping(spec.source)
+    sinfo = read.describe()
+    target = _keeping(target_as_source(spec, written, sinfo.schema))
     tinfo = target.describe()
     tnames = {n.lower(): n for n in tinfo.schema.names}
     pairs = [(n, tnames[n.lower()]) for n in sinfo.schema.names if n.lower() in tnames]
@@ -206,7 +207,7 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     on_ray = spec.runtime if isinstance(spec.runtime, RayRuntime) else None
     sides = []
     for side, source, info, names, strategy in (
-            (result.source, opened or spec.source, sinfo, [s for s, _ in pairs], spec.strategy),
+            (result.source, read, sinfo, [s for s, _ in pairs], spec.strategy),
             (result.target, target, tinfo, [t for _, t in pairs],
              FilesStrategy(FilesStrategy.config_class(), spec.options) if hasattr(target, "list_files")
              else AutoStrategy(AutoStrategy.config_class(), spec.options))):
@@ -228,6 +229,15 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     if differing and key_cols:
         result.keys = _differing_keys(sides, tuple(differing), degree, max_keys, on_ray, opened is not None)
     return result
+
+
+def _keeping(source: Any) -> Any:
+    """A side read with +/-infinity passed on (a timestamp's or a date's farthest value) where its source refuses it by
+    default: both sides hash it alike (PostgreSQL's and DuckDB's infinity are one value), and a copy that kept it compares."""
+    from conveyor.core import INFINITY
+
+    keeping = getattr(source, "keeping", None)
+    return keeping((INFINITY,)) if keeping is not None else source
 
 
 def _one_column_key(source: Any) -> list[str]:
