@@ -1,5 +1,7 @@
 """The job's ``columns`` (a subset of the source's, in that order) and ``rename`` ({source column: name in the
-target}): applied to the source's schema and to every batch it reads (Arrow's select and rename: zero-copy), so
+target}): applied to the source's schema and to every batch it reads (Arrow's select and rename: zero-copy; a source
+with ``selecting(columns)``, PostgreSQL, reads only those columns: a value it would refuse in a column left out does
+not stop the job), so
 every sink, every strategy and every runtime sees the projected source, and any sink maps or creates its columns
 from it as from any source.
 
@@ -35,14 +37,14 @@ class Projected:
     def _names(self, names: list[str]) -> tuple[list[str], list[str]]:
         """(the source columns read, in order; their names in the batches), each problem refused by name."""
         chosen = list(self.columns) or list(names)
+        left = [c for c in self.rename if c not in chosen and (self.columns or c in names)]
+        if left:
+            raise ConfigError(f"rename: {', '.join(left)} is not among the columns read", key="rename")
         unknown = [c for c in [*chosen, *self.rename] if c not in names]
         if unknown:
             key = "columns" if any(c in self.columns for c in unknown) else "rename"
             raise ConfigError(f"{key}: the source has no column {', '.join(dict.fromkeys(unknown))}", key=key,
                               hint=f"its columns: {', '.join(names)}")
-        left = [c for c in self.rename if c not in chosen]
-        if left:
-            raise ConfigError(f"rename: {', '.join(left)} is not among the columns read", key="rename")
         out = [self.rename.get(c, c) for c in chosen]
         doubled = sorted({n for n in out if out.count(n) > 1})
         if doubled:
@@ -91,4 +93,7 @@ def projected(source: Any, columns: list[str] | None, rename: dict[str, str] | N
         return source
     if source is not None and getattr(source, "many", lambda: False)():
         raise ConfigError("columns / rename with source.tables: not built (one table's columns are not another's)", key="columns")
+    selecting = getattr(source, "selecting", None)  # a source that reads only the columns chosen (PostgreSQL): the rest are never read
+    if columns and selecting is not None:
+        source = selecting(tuple(columns))
     return Projected(source, tuple(columns or ()), dict(rename or {}))

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import conveyor
-from conveyor.errors import ConfigError
+from conveyor.errors import ConfigError, TransferError
 from tests.helpers import pg_exec
 
 pytestmark = pytest.mark.usefixtures("pg_password")
@@ -55,3 +55,19 @@ def test_refusals_name_the_key(csrc, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="rename: two columns would be named v"):
         conveyor.run(None, "source=postgres", "sink=parquet", "strategy=none", source=csrc, rename={"id": "v"}, **run)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_column_left_out_is_never_read(pg_source, tmp_path: Path) -> None:
+    """A numeric NaN, an infinity and a two-dimensional array in columns the job left out stopped it ("column n2: a value
+    does not fit decimal128(10, 2): NaN"): the PostgreSQL source read every column and the projection came after. It reads
+    only the chosen ones now; the same columns chosen still refuse the value by name."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS cr_odd", "CREATE TABLE cr_odd (id int PRIMARY KEY, n2 numeric(10,2), ts timestamp, md int[], v text)",
+            "INSERT INTO cr_odd VALUES (1, 'NaN', 'infinity', '{{1,2},{3,4}}', 'a'), (2, 1.5, now(), '{1}', 'b')")
+    src = {"type": "postgres", "port": pg_source.port, "table": "cr_odd"}
+    for path in ("auto", "duckdb", "adbc"):
+        report = conveyor.run(None, "source=postgres", "sink=parquet", "strategy=ctid", source={**src, "decoder": path} if path != "auto" else src,
+                              sink={"path": str(tmp_path / path)}, load_mode="create", columns=["v", "id"])
+        assert report.rows == 2 and pq.read_table(tmp_path / path).column_names == ["v", "id"]
+    with pytest.raises(TransferError, match=r"column n2 \(numeric\(10,2\)\): a value does not fit"):
+        conveyor.run(None, "source=postgres", "sink=parquet", "strategy=ctid", source=src, sink={"path": str(tmp_path / "n2")},
+                     load_mode="create", columns=["id", "n2"])

@@ -94,6 +94,8 @@ class PostgresSource(PgPlanning, PgChangeFeed):
         self.snapshot_mark: dict[str, Any] | None = None
         #: the sink keeps infinity (core.INFINITY): pass it on instead of refusing it
         self.keep_infinity = False
+        #: the job's ``columns``: only these are read (a column left out is never read, its values never checked)
+        self.selected: tuple[str, ...] = ()
         #: incremental.cursor: only the rows of this window are planned, read, counted and checksummed
         self.window = None
         #: the Arrow schema read() yields, made the first time it is read (it imports pyarrow, which a
@@ -108,6 +110,12 @@ class PostgresSource(PgPlanning, PgChangeFeed):
         self.relid: int | None = None
         self.relkind = ""
         self.scan_stats = False
+
+    def selecting(self, columns: tuple[str, ...]) -> PostgresSource:
+        """This source reading only ``columns`` (the job's ``columns``), where the relation has every one of them."""
+        chosen = copy.copy(self)
+        chosen.selected = tuple(columns)
+        return chosen
 
     def keeping(self, kinds: tuple[str, ...]) -> PostgresSource:
         """This source, passing on the special values a sink keeps (only under the default policy)."""
@@ -143,6 +151,8 @@ class PostgresSource(PgPlanning, PgChangeFeed):
                 label = "postgres query"
             try:
                 self.columns = tuple(read_columns(con, f"SELECT * FROM {self.from_sql()} LIMIT 0"))
+                if self.selected and set(self.selected) <= {c.name for c in self.columns}:
+                    self.columns = tuple(c for c in self.columns if c.name in self.selected)
                 if self.relid is not None:
                     self.columns = _collated(con, self.relid, self.columns)
             except Exception as exc:
