@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, first_line
+from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, first_line
 
 _EXTRA = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
 
@@ -62,11 +62,22 @@ def translate(exc: BaseException, where: str) -> ConveyorError:
                                 hint=f"check the permissions of that file or folder for user {getpass.getuser()}")
         return ConnectError(f"{where}: access denied: {text}",
                             hint="check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or storage_options)")
+    import errno
+
+    code = getattr(exc, "errno", None)
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):  # a read-only file system (or permission an OSError, not PermissionError, says)
+        return ConnectError(f"{where}: cannot write there: {text}",
+                            hint="write to a folder on a writable file system (a read-only mount, or one the user may not write)")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return TransferError(f"{where}: the disk is full: {text}", retriable=False,
+                             hint="free space on that file system (df -h shows it), or write elsewhere")
     name = type(exc).__name__
     if name in ("EndpointConnectionError", "ClientConnectorError", "ConnectTimeoutError") or isinstance(exc, ConnectionError):
         return ConnectError(f"{where}: cannot reach the storage: {text}", hint="check storage_options.endpoint_url and the network")
     if name in ("ClientError", "NoCredentialsError"):
         return ConnectError(f"{where}: {text}", hint="check the credentials and the bucket")
+    if local:  # another error of the operating system's (an I/O error, too many open files): not the data's shape
+        return TransferError(f"{where}: {name}: {text}", retriable=False, hint="the operating system refused it: fix the cause, then run it again")
     return SchemaError(f"{where}: {name}: {text}")
 
 

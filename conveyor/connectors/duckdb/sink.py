@@ -11,6 +11,7 @@ tasks in the driver's process (``runtime=local``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -284,12 +285,15 @@ class DuckDBSink(DuckChangeApplier, StagedSink):
                     state.mark(con, self.config.schema, self.options.load, self._name, part.key, stored)
                 con.execute("COMMIT")
             except (duckdb.Error, VerificationError) as exc:
-                con.execute("ROLLBACK")
+                _rollback(con)
                 if counted.error is not None:  # the source failed; DuckDB only wrapped it
                     raise counted.error from None
                 if isinstance(exc, VerificationError):
                     raise
-                raise TransferError(f"duckdb {plan.target}: {str(exc).splitlines()[0]}", partition=part.key) from None
+                first = str(exc).splitlines()[0]
+                full = "No space left on device" in first or "Disk quota exceeded" in first
+                raise TransferError(f"duckdb {plan.target}: {first}", partition=part.key, retriable=not full,
+                                    hint="free space on the database file's file system (df -h shows it)" if full else None) from None
         finally:
             close(con)
         return WriteStats(part.key, stored, counted.bytes, time.perf_counter() - start)
@@ -387,7 +391,7 @@ class DuckDBSink(DuckChangeApplier, StagedSink):
                 state.forget(con, self.config.schema, self.options.load, self._name)
             con.execute("COMMIT")
         except Exception:
-            con.execute("ROLLBACK")
+            _rollback(con)
             raise
         finally:
             close(con)
@@ -398,3 +402,12 @@ class DuckDBSink(DuckChangeApplier, StagedSink):
             con.execute(f"DROP TABLE IF EXISTS {qualified(self.config.schema, table)}")
         finally:
             close(con)
+
+
+def _rollback(con: Any) -> None:
+    """ROLLBACK where a transaction is still open: a COMMIT that failed (a full disk) has ended it, and the rollback's own
+    "no transaction is active" hid the cause."""
+    import duckdb
+
+    with contextlib.suppress(duckdb.Error):
+        con.execute("ROLLBACK")

@@ -156,7 +156,7 @@ class CsvSink(FileSink):
         """Decimals are written as text (Arrow writes 0E-10 for a decimal(38,10) zero; PostgreSQL 0.0000000000)."""
         import pyarrow as pa
 
-        return pa.schema([f.with_type(pa.string()) if pa.types.is_decimal(f.type) else f for f in schema])
+        return pa.schema([f.with_type(pa.string()) if pa.types.is_decimal(f.type) or pa.types.is_string_view(f.type) else f for f in schema])
 
     def _chunks(self, batches: Iterable[Any]) -> Iterable[Any]:
         return self._formatted(batches)
@@ -171,6 +171,10 @@ class CsvSink(FileSink):
         try:
             for batch in batches:
                 decimals = [i for i, f in enumerate(batch.schema) if pa.types.is_decimal(f.type)]
+                views = [i for i, f in enumerate(batch.schema) if pa.types.is_string_view(f.type)]  # the CSV writer takes no views
+                if views:
+                    arrays = [c.cast(pa.string()) if i in views else c for i, c in enumerate(batch.columns)]
+                    batch = pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
                 if not decimals:
                     yield batch
                     continue
@@ -202,6 +206,8 @@ class CsvSink(FileSink):
             why = ""
             if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_fixed_size_binary(typ):
                 why = "bytes have no text form that reads back as bytes"
+            elif pa.types.is_string_view(typ):
+                continue  # written as a plain string
             elif pa.types.is_duration(typ) or pa.types.is_interval(typ):
                 why = "a duration is written as a bare number, without its unit"
             else:

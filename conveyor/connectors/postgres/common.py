@@ -171,7 +171,8 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
         return ConfigError(text, hint="check the SQL of the query")
     if state.startswith(("42P01", "3F000", "42703", "42704")):
         return SchemaError(text, hint="check the schema, table and column names")
-    if state.startswith("08") or "connection to server" in msg or "Connection refused" in msg or "could not connect" in msg:
+    if (state.startswith("08") or "connection to server" in msg or "Connection refused" in msg or "could not connect" in msg
+            or "failed to resolve host" in msg or "could not translate host name" in msg):
         if partition is None:
             return ConnectError(text, hint=f"is the server running and reachable at {conf.host}:{conf.port}?")
         return TransferError(text, partition=partition, retriable=True)
