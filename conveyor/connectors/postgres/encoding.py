@@ -59,9 +59,13 @@ def _cast_plan(config: PgConnConfig, run_id: str, schema: Any, pairs: list[tuple
     cur = conn.cursor()
     try:
         if casts is None:  # a column only the driver can type
-            cols = ", ".join(ident(t) for _, t in pairs)
+            cur.execute(f"SELECT oid::int8 FROM pg_type WHERE oid IN ({', '.join(str(int(c.type_oid)) for c in tcols)}) "
+                        "AND (typsend = 0 OR typreceive = 0)")
+            textual = set(cur.fetch_arrow_table().column(0).to_pylist())  # no binary form (aclitem): PostgreSQL casts its text
+            cols = ", ".join(f"NULL::text AS {ident(t)}" if c.type_oid in textual else ident(t) for (_, t), c in zip(pairs, tcols))
             cur.execute(f"SELECT {cols} FROM {table} LIMIT 0")
             casts = arrow_casts(schema, pairs, list(cur.fetch_arrow_table().schema), forced)
+            casts = tuple(None if c.type_oid in textual else cast for cast, c in zip(casts, tcols))
         if any(c is None for c in casts):
             _probe(cur, schema, pairs, casts, types, table, where)
         return casts
