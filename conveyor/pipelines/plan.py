@@ -75,6 +75,26 @@ class JobPlan:
         """The table loads of the job: itself for a job of one table, each table's plan for several."""
         return self.tables or (self,)
 
+    def __str__(self) -> str:
+        """What ``conveyor plan`` prints: the partitions' table (the first 20, then how many more), its caption (the
+        strategy's choice, the data path, the reader) and :attr:`lines`, as plain text."""
+        import io
+
+        from rich.console import Console
+
+        from conveyor.pipelines.report import plan_table
+
+        out = io.StringIO()
+        console = Console(file=out, width=120, color_system=None, highlight=False)
+        console.print(plan_table(self))
+        for text in self.lines:
+            console.print(text)
+        return "\n".join(line.rstrip() for line in out.getvalue().rstrip("\n").splitlines())
+
+    def __repr__(self) -> str:
+        return (f"<JobPlan {self.info.label}: {len(self.partitions)} partition(s), degree {self.degree}"
+                + (f", path: {self.path}" if self.path else "") + ">")
+
 
 @contextmanager
 def opened(spec: JobSpec, described: Callable[[SourceInfo], None] | None = None) -> Iterator[tuple[JobPlan, Any]]:

@@ -64,9 +64,21 @@ def test_a_failure_is_its_conveyor_error_with_the_report_never_system_exit(files
         con.execute("CREATE TABLE t (id BIGINT)")
     with pytest.raises(SchemaError, match="source columns with no target column: v") as caught:
         conveyor.run(None, "source=parquet", "sink=duckdb", source={"path": str(files)}, sink={"database": str(db), "table": "t"})
-    assert caught.value.exit_code == SchemaError.exit_code and (caught.value.report is None or caught.value.report.rows == 0)
-    with pytest.raises(ConfigError, match="load_mode"):
+    assert caught.value.exit_code == SchemaError.exit_code and caught.value.report.rows == 0  # it stopped at the prepare: planned
+    assert len(caught.value.report.plan.partitions) == 2
+    with pytest.raises(ConfigError, match="load_mode") as caught:
         conveyor.run(None, "source=parquet", "sink=duckdb", load_mode="upsert", source={"path": str(files)}, sink={"database": str(db)})
+    assert caught.value.report is None  # refused before anything was planned (docs/python-api.md says so)
+
+
+def test_a_plan_prints_as_conveyor_plan_does(files: Path, tmp_path: Path) -> None:
+    """conveyor.plan returned a dataclass whose printed form was its whole repr (every partition, the spec, the schema)."""
+    made = conveyor.plan(None, "source=parquet", "sink=duckdb", "strategy=files", source={"path": str(files)},
+                         sink={"database": str(tmp_path / "t.duckdb"), "table": "t"})
+    text = str(made)
+    assert text.startswith("parquet") and "2 partition(s), strategy=files" in " ".join(text.split()), text
+    assert "p0.parquet" in text and "p1.parquet" in text and "partition" in text
+    assert repr(made).startswith("<JobPlan ") and "2 partition(s)" in repr(made) and len(repr(made)) < 300
 
 
 def test_plan_and_a_keyword_node_of_another_type(pg_source, pg_password, tmp_path: Path) -> None:
