@@ -185,6 +185,18 @@ def multirun_markdown(folder: Path | str) -> str:
     return "\n".join(["| job | overrides | status | rows | seconds | rows/s | MB/s |", "|---|---|---|---:|---:|---:|---:|", *rows])
 
 
+def plot_title(jobs: list[tuple[Any, str, dict[str, Any]]], varied: set[str], folder: Path) -> str:
+    """A sweep's picture's title: what it moved (the source, the target), the overrides every job shared, and the sweep's
+    folder (its date and time)."""
+    done = [data for _, _, data in jobs if data.get("status") == "succeeded"] or [data for _, _, data in jobs]
+    first = done[0] if done else {}
+    what = f"{first.get('source', '?')} -> {(first.get('plugins') or {}).get('sink', 'sink')} {first.get('target', '?')}"
+    shared = sorted({o for _, overrides, _ in jobs for o in overrides.split()
+                     if o.split("=", 1)[0] not in varied and not o.split("=", 1)[0].endswith("degree")})
+    fixed = " ".join(o for o in shared if all(o in overrides.split() for _, overrides, _ in jobs))
+    return "\n".join(x for x in (what, fixed, f"conveyor run -m: {folder.parent.name}/{folder.name}") if x)
+
+
 def multirun_plot(folder: Path | str, out: Path | str) -> Path:
     """The picture of a degree sweep: rows/s against the degree the job ran at, one line per
     combination of the other overrides (e.g. per strategy); failed jobs are left out."""
@@ -218,7 +230,7 @@ def multirun_plot(folder: Path | str, out: Path | str) -> Path:
     ax.set_xticks(sorted({d for points in series.values() for d, _ in points}))
     ax.set_xlabel("degree (tasks at once)")
     ax.set_ylabel("rows/s (whole job)")
-    ax.set_title(f"conveyor run -m: {Path(folder).name}")
+    ax.set_title(plot_title(jobs, varied, Path(folder)), fontsize=9)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -87,6 +87,11 @@ def test_report_plots_rows_per_second_against_degree_per_strategy(cli, tpch_orde
 
     degrees = sorted((data["options"]["degree"], "strategy=none" in o) for _, o, data in _sweep(tmp_path / "hydra-multirun"))
     assert degrees == [(1, False), (1, True), (2, False), (2, True)]
+    from conveyor.pipelines.report import plot_title  # the picture says what was moved (it said only the sweep's time)
+
+    title = plot_title(_sweep(tmp_path / "hydra-multirun"), {"strategy"}, tmp_path / "hydra-multirun").splitlines()
+    assert title[0].startswith("parquet") and "-> duckdb" in title[0] and "p.duckdb" in title[0], title
+    assert "pipeline=demo" in title[1] and "runtime=local" in title[1] and "strategy" not in title[1] and "degree" not in title[1], title
     # no matplotlib-free surprise: --png none prints the table only
     assert "plot:" not in cli("report", str(tmp_path / "hydra-multirun"), "--png", "none").out
 
