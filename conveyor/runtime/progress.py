@@ -53,12 +53,13 @@ class _Tally:
         return self.rows + per_byte * sum(self.uncounted.values())
 
     def rate(self) -> str:
+        """Rows/s and MB/s since the first partition started."""
         elapsed = time.monotonic() - (self.start or time.monotonic())
-        return f"{self.bytes / 1e6 / elapsed:,.1f} MB/s" if elapsed > 0 else ""
+        return f"{self.shown_rows / elapsed:,.0f} rows/s, {self.bytes / 1e6 / elapsed:,.1f} MB/s" if elapsed > 0 else ""
 
 
 class RichProgress:
-    """An overall bar (rows, MB, MB/s, ETA) and the partitions done and running."""
+    """An overall bar (rows, MB, rows/s and MB/s, the time elapsed and the time left) and the partitions done and running."""
 
     #: it shows running partitions' rows at once
     live_rows_after = 0.0
@@ -76,7 +77,9 @@ class RichProgress:
             TextColumn("{task.fields[mb]:,.1f} MB"),
             TextColumn("{task.fields[rate]}"),
             TextColumn("{task.fields[parts]}"),
+            TextColumn("elapsed"),
             TimeElapsedColumn(),
+            TextColumn("left"),
             TimeRemainingColumn(),
             console=console,
             transient=True,

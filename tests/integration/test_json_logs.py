@@ -62,4 +62,4 @@ def test_progress_lines_carry_their_numbers(monkeypatch) -> None:
         set_format("text")
     (obj,) = _objects(out.getvalue())
     assert obj["event"] == "progress" and obj["rows"] == 40 and obj["rows_total"] == 100 and obj["partitions"] == 2
-    assert obj["message"].startswith("progress: 40 rows (40%)")
+    assert obj["message"].startswith("progress: 40 rows (40%)") and " rows/s, " in obj["message"] and " MB/s" in obj["message"]
