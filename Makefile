@@ -8,6 +8,9 @@ PIP := $(BIN)/python -m pip
 SF ?= 0.1
 DEMO_DIR ?= demo-data
 PYTEST_ARGS ?=
+# make test runs the suite in this many pytest-xdist workers, a module to a worker (each worker starts its own
+# throwaway servers and Ray instances); 1 runs it in one process
+TEST_WORKERS ?= 2
 
 # the benchmark's TPC-H scale factor and what it runs (see benchmarks/bench.py --help)
 BENCH_SF ?= 1
@@ -39,7 +42,7 @@ test: $(VENV)/.installed-test
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-mariadb.sh
 	bash scripts/ensure-clickhouse.sh
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # the tests that need no server, no Ray and no subprocess of the CLI (unit tests, files, DuckDB, SQLite): under two minutes
 quick: $(VENV)/.installed-test

@@ -10,6 +10,13 @@ from unittest import mock
 
 import pytest
 
+# Under pytest-xdist (make test runs two workers) each worker's Ray has a folder of its own: its instances, their
+# sockets and the address file `ray start` leaves for ray.init() (and Conveyor) to find are then its own, so one
+# worker's runs never join the other's `ray start` cluster.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["RAY_TMPDIR"] = f"/tmp/conveyor-{os.environ['PYTEST_XDIST_WORKER']}"
+    os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
+
 from tests.helpers import BIN, PG_PASSWORD, REPO, CliResult, pg_exec, run_cli  # noqa: F401  (fixtures use them; tests import them from tests.helpers)
 
 

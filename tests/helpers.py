@@ -163,3 +163,50 @@ def id_files(folder: Path, files: int = 3, rows: int = 100) -> Path:
     for i in range(files):
         pq.write_table(pa.table({"id": pa.array(range(i * rows, (i + 1) * rows), pa.int64())}), folder / f"p{i}.parquet")
     return folder
+
+
+def stop_ray_under(temp: str, wait: float = 15.0) -> None:
+    """Stop the Ray processes whose command line names ``temp`` (a `ray start` of this test process's), and their children
+    (workers rename themselves: ``ray::IDLE``): `ray stop` stops every Ray process of the machine, another xdist
+    worker's too. SIGTERM, then SIGKILL what is left after ``wait`` seconds."""
+    def tree() -> list[int]:
+        parents: dict[int, int] = {}
+        named: list[int] = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if temp.encode() in cmd:
+                named.append(int(entry.name))
+        found, todo = set(named), list(named)
+        while todo:
+            pid = todo.pop()
+            kids = [c for c, p in parents.items() if p == pid and c not in found]
+            found.update(kids)
+            todo += kids
+        return sorted(found)
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = tree()
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if Path(f"/proc/{p}").exists() and "Z" not in _state(p)]
+            time.sleep(0.2)
+        if not pids:
+            return
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"

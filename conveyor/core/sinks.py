@@ -191,6 +191,9 @@ class SinkCapabilities:
     #: the sources' wire formats (``NativeExport.format``) its ``write_native`` can import, into a target
     #: that takes them (``TargetInfo.native`` says whether this one does)
     native_formats: tuple[str, ...] = ()
+    #: a source of the sink's type reads its target back exactly (``conveyor verify``, ``verify=checksum``): with the
+    #: sink's own keys that source shares and those ``read_back`` adds
+    read_back: bool = False
 
 
 def sink_capabilities(sink: Any) -> SinkCapabilities:
@@ -305,10 +308,10 @@ class SinkBase:
         return []
 
     def read_back(self, like: pa.Schema) -> dict[str, Any]:
-        """How its target is read back (``conveyor verify``, ``verify=checksum``): a source of the sink's type reads it,
-        with the sink's own config keys that source shares (its connection, table or path) and these keys besides, so
-        that it returns what the sink wrote for rows of schema ``like`` exactly (the default: none besides). The suite
-        rule ``SinkSuite.test_its_read_back_returns_what_it_wrote`` holds a sink to it."""
+        """How its target is read back, where it declares it can be (``SinkCapabilities.read_back``): a source of the
+        sink's type reads it, with the sink's own config keys that source shares (its connection, table or path) and
+        these keys besides, so that it returns what the sink wrote for rows of schema ``like`` exactly (the default:
+        none besides). The suite rule ``SinkSuite.test_its_read_back_returns_what_it_wrote`` holds a sink to it."""
         return {}
 
 

@@ -68,8 +68,12 @@ def target_as_source(spec: Any, written: str | None = None, like: Any = None) ->
 
     from conveyor import registry
     from conveyor.config import build_plugin
+    from conveyor.core import sink_capabilities
 
     name = spec.names["sink"]
+    if not sink_capabilities(spec.sink).read_back:
+        raise ConfigError(f"conveyor verify: a {name} target cannot be read back: its sink declares no read-back "
+                          "(SinkCapabilities.read_back)", key="sink", hint="verify=count checks what each partition stored")
     try:
         cls = registry.load("source", name)
     except Exception:
@@ -83,9 +87,9 @@ def target_as_source(spec: Any, written: str | None = None, like: Any = None) ->
         elif "path" in wanted:  # a file sink's staged folder, with its filesystem's protocol
             proto = str(values.get("path", "")).partition("://")
             values["path"] = written if "://" in written or not proto[1] else f"{proto[0]}://{written}"
-    read_back = getattr(spec.sink, "read_back", None)
-    if like is not None and read_back is not None:
-        values.update({k: (OmegaConf.create(v) if isinstance(v, dict | list) else v) for k, v in read_back(like).items() if k in wanted})
+    if like is not None:
+        values.update({k: (OmegaConf.create(v) if isinstance(v, dict | list) else v) for k, v in spec.sink.read_back(like).items()
+                       if k in wanted})
     options = dataclasses.replace(spec.options, run_id=f"{spec.options.run_id}-target")
     return build_plugin("source", OmegaConf.create({"source": {"type": name, **values}}), options)[1]
 

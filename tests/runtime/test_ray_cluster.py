@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conveyor.testing.pgserver import free_port
-from tests.helpers import BIN, checksum, pg_exec
+from tests.helpers import BIN, checksum, pg_exec, stop_ray_under
 
 CLUSTER: dict[str, str] = {}
 
@@ -17,7 +17,9 @@ CLUSTER: dict[str, str] = {}
 def cluster(pg_servers):
     """A two-node Ray cluster on 127.0.0.1 (one CPU each); stopped after the module."""
     port, dashboard = free_port(), free_port()
-    temp = "/tmp/ray"  # Ray's default: `ray start` leaves its address there for ray.init() (and Conveyor) to find
+    # Ray's default (RAY_TMPDIR's ray/: tests/conftest.py gives each xdist worker its own): `ray start` leaves its address
+    # there for ray.init() (and Conveyor) to find
+    temp = os.path.join(os.environ.get("RAY_TMPDIR", "/tmp"), "ray")
     # Ray's token authentication, on for this cluster; every process of the test uses it
     env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
     ray = str(BIN / "ray")
@@ -34,7 +36,10 @@ def cluster(pg_servers):
         yield f"http://127.0.0.1:{dashboard}"
     finally:
         os.environ.pop("RAY_AUTH_MODE", None)
-        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            stop_ray_under(temp)
+        else:
+            subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
 
 
 def test_submit_a_job_and_every_row_arrives(cluster: str, cli, pg_source, pg_target) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from conveyor.connectors.adbc.common import AdbcBase, AdbcSinkConfig, qident
-from conveyor.core import JobOptions, Partition, PrepareRequest, SinkPlan, TargetInfo, WriteStats, check_stored
+from conveyor.core import JobOptions, Partition, PrepareRequest, SinkCapabilities, SinkPlan, TargetInfo, WriteStats, check_stored
 from conveyor.errors import ConveyorError, SchemaError
 from conveyor.kit.arrowutil import CountingBatches, length_checked
 from conveyor.kit.mapping import TargetColumn, map_columns
@@ -20,6 +20,7 @@ class AdbcSink(AdbcBase, StagedSink):
     """Writes through ``adbc_ingest``; load modes beyond append need the driver to run SQL."""
 
     config_class = AdbcSinkConfig
+    capabilities = SinkCapabilities(read_back=True)
 
     def __init__(self, config: AdbcSinkConfig, options: JobOptions) -> None:
         self.config = config

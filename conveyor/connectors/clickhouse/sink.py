@@ -69,7 +69,7 @@ class ClickHouseSink(SinkBase):
     """Appends whole partitions (ATTACH PARTITION from a table each); truncate/create/replace swap in at the end."""
 
     config_class = ClickHouseSinkConfig
-    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace"))
+    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace"), read_back=True)
 
     def __init__(self, config: ClickHouseSinkConfig, options: JobOptions) -> None:
         self.config = config

@@ -93,7 +93,8 @@ class DuckDBSink(DuckChangeApplier, StagedSink):
 
     config_class = DuckDBSinkConfig
     #: DuckDB lets one process at a time write a database file
-    capabilities = SinkCapabilities(single_process=True, load_modes=("truncate", "append", "create", "replace", "merge"))
+    capabilities = SinkCapabilities(single_process=True, load_modes=("truncate", "append", "create", "replace", "merge"),
+                                    read_back=True)
 
     def __init__(self, config: DuckDBSinkConfig, options: JobOptions) -> None:
         self.config = config

@@ -18,6 +18,7 @@ from conveyor.core import (
     Partition,
     PrepareRequest,
     SinkBase,
+    SinkCapabilities,
     SinkPlan,
     TargetInfo,
     WriteStats,
@@ -52,6 +53,7 @@ class FileSinkConfig:
 
 class FileSink(SinkBase):
     config_class: type = FileSinkConfig
+    capabilities = SinkCapabilities(read_back=True)
     extension = ""
 
     def describe_target(self, request: PrepareRequest) -> TargetInfo:

@@ -70,7 +70,7 @@ class DeltaSink(DeltaChangeApplier, SinkBase):
     merge_check = ("the staged keys are checked (no NULL, none twice) before the "
                    "merge; its commit's metrics must show every staged row updated or inserted")
     config_class = DeltaSinkConfig
-    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"))
+    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"), read_back=True)
 
     def __init__(self, config: DeltaSinkConfig, options: JobOptions) -> None:
         self.config = config

@@ -77,7 +77,7 @@ class IcebergSink(IcebergChangeApplier, SinkBase):
     merge_check = ("the staged keys are checked (no NULL, none twice) before the merge; "
                    "after it, the table's growth must be the rows pyiceberg says it inserted")
     config_class = IcebergSinkConfig
-    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"))
+    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"), read_back=True)
 
     def __init__(self, config: IcebergSinkConfig, options: JobOptions) -> None:
         self.config = config

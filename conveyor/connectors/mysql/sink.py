@@ -42,7 +42,7 @@ class MySqlSink(MyChangeApplier, StagedSink):
     """One MySQL transaction per partition (InnoDB); truncate/create/replace/merge through a staging table."""
 
     config_class = MySqlSinkConfig
-    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"))
+    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"), read_back=True)
     empty = "DELETE FROM"  # TRUNCATE commits on its own in MySQL: DELETE keeps the swap in one transaction
 
     def __init__(self, config: MySqlSinkConfig, options: JobOptions) -> None:

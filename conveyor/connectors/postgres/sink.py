@@ -155,7 +155,7 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
 class PostgresSink(PgChangeApplier, SinkBase):
     config_class = PostgresSinkConfig
     capabilities = SinkCapabilities(transactional=True, load_modes=("truncate", "append", "create", "replace", "merge"),
-                                    native_formats=(passthrough.FORMAT, passthrough.TEXT_FORMAT))
+                                    native_formats=(passthrough.FORMAT, passthrough.TEXT_FORMAT), read_back=True)
 
     def __init__(self, config: PostgresSinkConfig, options: JobOptions) -> None:
         self.config = config
