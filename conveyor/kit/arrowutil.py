@@ -112,6 +112,40 @@ def negative_zero_checked(batches: Iterable[pa.RecordBatch], key: str, database:
         yield batch
 
 
+def fraction_checked(batches: Iterable[pa.RecordBatch], checks: Sequence[tuple[str, str, int, str]], key: str,
+                     database: str) -> Iterator[pa.RecordBatch]:
+    """The batches, each time or timestamp column bound for a target of fewer fractional digits checked first: ``checks``
+    are (source column, target column, the digits it keeps, the target type as shown). A value with more digits is
+    refused by name (the database would round it); +/-infinity passes. One vectorized remainder per batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from conveyor.errors import TransferError
+
+    digits_of = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+    for batch in batches:
+        for s, t, keep, shown in checks:
+            arr = batch.column(s)
+            if isinstance(arr.type, pa.BaseExtensionType):
+                arr = arr.storage
+            if not (pa.types.is_time(arr.type) or pa.types.is_timestamp(arr.type)):
+                continue  # judged in prepare (casts.py)
+            finer = digits_of.get(arr.type.unit, 0) - keep
+            if finer <= 0:
+                continue
+            ticks = arr.cast(pa.int64())
+            quantum = pa.scalar(10 ** finer, pa.int64())
+            rest = pc.subtract(ticks, pc.multiply(pc.divide(ticks, quantum), quantum))
+            finite = pc.and_(pc.less(ticks, pa.scalar(2**63 - 1, pa.int64())), pc.greater(ticks, pa.scalar(-2**63 + 1, pa.int64())))
+            bad = pc.and_(pc.not_equal(rest, 0), finite)  # +/-infinity (the unit's farthest values) are no fractions
+            if pc.any(bad).as_py():
+                first = arr.filter(bad)[0]
+                raise TransferError(f"writing {key}: column {s} -> {t}: the value {first} has more fractional digits than {shown} "
+                                    f"keeps ({database} would round it)", partition=key,
+                                    hint=f"widen {t}'s precision in the target, or round the values in the source (source.query)")
+        yield batch
+
+
 def length_checked(batches: Iterable[pa.RecordBatch], checks: Sequence[tuple[str, str, int, str]], key: str,
                    database: str) -> Iterator[pa.RecordBatch]:
     """The batches, each string column bound for a ``varchar(n)`` / ``char(n)`` target checked first:

@@ -23,8 +23,10 @@ text -> json, jsonb, uuid, enum, xml        the text *is* the value's form; Post
 a column read as PostgreSQL's text form     the same type on both sides (inet, money, ranges, ...)
 of a type -> that type
 date -> timestamp                           midnight, no time zone involved
-timestamp, time: precision kept or finer    a coarser target is refused (PostgreSQL would round);
-                                            a coarser Arrow unit is checked per value
+timestamp, time: precision kept or finer    a coarser PostgreSQL target: each value is checked (one
+                                            with more digits is refused by name: PostgreSQL would
+                                            round it); other targets refuse a coarser one; a
+                                            coarser Arrow unit is checked per value
 interval -> interval with the same or more  interval(0), interval YEAR TO MONTH, ... into a target
 fields and digits                           that keeps fewer would truncate or round: refused
 ==========================================  ==========================================================
@@ -170,8 +172,10 @@ def _judge_interval(src: int, tgt: int) -> str | None:
     return None
 
 
-def judge(src: ColumnType, tgt: ColumnType) -> str | None:
-    """None where every value keeps its meaning on the way from ``src`` to ``tgt``; else why not."""
+def judge(src: ColumnType, tgt: ColumnType, fractions_checked: bool = False) -> str | None:
+    """None where every value keeps its meaning on the way from ``src`` to ``tgt``; else why not. ``fractions_checked``:
+    the sink checks each time's or timestamp's value against a target that keeps fewer fractional digits (a value
+    that has more is refused by name), so the types alone do not refuse it."""
     sk, tk = src.kind, tgt.kind
     if src.as_text and tk == "string":
         return None  # already text: the characters are kept
@@ -188,6 +192,8 @@ def judge(src: ColumnType, tgt: ColumnType) -> str | None:
             s, t = src.digits, tgt.digits
             if s is None and sk != "decimal":
                 s = 6
+            if t is not None and (s is None or s > t) and fractions_checked and sk != "decimal":
+                return None  # each value is checked (fraction_limits / arrowutil.fraction_checked)
             if t is not None and (s is None or s > t):
                 what = "scale" if sk == "decimal" else "fractional seconds"
                 return f"the target keeps fewer digits ({what} {t} < {'unlimited' if s is None else s}): values would be rounded"
@@ -242,14 +248,16 @@ def _item(ct: ColumnType) -> ColumnType | None:
 
 
 def check_casts(pairs: Sequence[tuple[str, str]], sources: Sequence[ColumnType], targets: Sequence[ColumnType],
-                where: str, allowed: Sequence[str] = (), engine: str = "PostgreSQL", note: str = "") -> list[str]:
+                where: str, allowed: Sequence[str] = (), engine: str = "PostgreSQL", note: str = "",
+                fractions_checked: bool = False) -> list[str]:
     """Refuse, naming every such column, the pairs whose values would change; returns the target
     columns the user allowed to be cast anyway (``sink.allow_cast``), which the target's ``engine``
-    then casts by its own rules (``note``: what those rules do with a time zone, where it matters)."""
+    then casts by its own rules (``note``: what those rules do with a time zone, where it matters).
+    ``fractions_checked``: see :func:`judge`."""
     allow_all = "*" in allowed
     refused, forced = [], []
     for (s, t), st, tt in zip(pairs, sources, targets):
-        why = judge(st, tt)
+        why = judge(st, tt, fractions_checked)
         if why is None:
             continue
         if allow_all or s in allowed or t in allowed:

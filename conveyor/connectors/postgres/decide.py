@@ -234,7 +234,8 @@ def check_target_casts(request: PrepareRequest, pairs: list[tuple[str, str]], tc
         col = src_cols.get(s)
         sources.append(pg_column_type(col, f.type, as_text=col.unconstrained_numeric or not col.native) if col is not None
                        else ColumnType.of_field(f))
-    return check_casts([pair for pair, _ in judged], sources, [pg_column_type(t, None) for _, t in judged], where, config.allow_cast)
+    return check_casts([pair for pair, _ in judged], sources, [pg_column_type(t, None) for _, t in judged], where, config.allow_cast,
+                       fractions_checked=True)  # a time(2) / timestamp(3) target: each value checked (encoding.fraction_limits)
 
 
 def _route_these(route: tuple[parttree.Tree | None, str], request: PrepareRequest, pairs: list[tuple[str, str]], tcols: list[PgColumn],

@@ -259,6 +259,29 @@ def length_limits(pairs: Sequence[tuple[str, str]], sources: dict[str, PgColumn]
     return tuple((s, t, n, typ) for s, t, n, typ in limits if n is not None)
 
 
+#: fractional-second digits of an Arrow time's or timestamp's unit
+_UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+
+
+def fraction_limits(pairs: Sequence[tuple[str, str]], schema: Any, sources: dict[str, PgColumn], tcols: Sequence[PgColumn],
+                    forced: Sequence[str]) -> tuple[tuple[str, str, int, str], ...]:
+    """PgLoad.fractions: the time(n) / timestamp(n) / timestamptz(n) columns (n < 6) whose source holds more fractional
+    digits (a PostgreSQL column of a finer precision, an Arrow unit finer than n): each value is checked before the
+    COPY, which would round it (not the ones ``sink.allow_cast`` hands to PostgreSQL's own cast)."""
+    out = []
+    for (s, t), col in zip(pairs, tcols):
+        if t in forced or col.typname not in ("time", "timestamp", "timestamptz") or not 0 <= col.typmod < 6:
+            continue
+        src = sources.get(s)
+        if src is not None and src.typname in ("time", "timestamp", "timestamptz"):
+            digits = 6 if src.typmod < 0 else src.typmod
+        else:
+            digits = _UNIT_DIGITS.get(getattr(schema.field(s).type, "unit", ""), 0)
+        if digits > col.typmod:
+            out.append((s, t, col.typmod, col.type_sql))
+    return tuple(out)
+
+
 def insert_from_temp(columns: Sequence[str], types: Sequence[str], table: str, temp: str) -> str:
     """Move a partition from its temp table into ``table`` (qualified), PostgreSQL casting where Arrow could not."""
     cols = ", ".join(ident(t) for t in columns)

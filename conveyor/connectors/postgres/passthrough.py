@@ -192,6 +192,10 @@ def negotiate(native: NativeExport | None, pairs: Sequence[tuple[str, str]], tar
                 why = (f"column {s}: {sc.type_sql} -> {t.type_sql}: each value's length is checked (PostgreSQL would cut "
                        "a longer value's trailing spaces)")
                 break
+            if t.typname in ("time", "timestamp", "timestamptz") and 0 <= t.typmod < (6 if sc.typmod < 0 else sc.typmod):
+                why = (f"column {s}: {sc.type_sql} -> {t.type_sql}: each value's fractional seconds are checked (PostgreSQL "
+                       "would round them)")
+                break
     if why is None:
         differ = [f"{s} {src[s].type_sql} -> {t.type_sql}" for (s, _), t in zip(pairs, targets) if src[s].type_sql != t.type_sql]
         learn_psql_version()  # the source's partitions will run psql: its version is asked meanwhile

@@ -116,9 +116,10 @@ class Preparer:
             if d.tree is not None and (writer != "pgpq" or None in casts):  # decide() chose routing for pgpq's batches only
                 raise SchemaError(f"{self.where}: the target changed between the plan and the load (its rows were to be routed "
                                   "into its partitions)", hint="run it again")
+            sources = passthrough.source_columns(request.info.native)
             load = dataclasses.replace(load, writer=writer, casts=casts, pgpq_types=pgpq_types,
-                                       lengths=encoding.length_limits(pairs, passthrough.source_columns(request.info.native), tcols,
-                                                                     list(d.forced)))
+                                       lengths=encoding.length_limits(pairs, sources, tcols, list(d.forced)),
+                                       fractions=encoding.fraction_limits(pairs, request.schema, sources, tcols, list(d.forced)))
             if d.tree is not None:
                 load = dataclasses.replace(load, route=d.tree, route_buffer=self.config.routing_buffer_mb << 20)
             details.append(f"{writer} encoder" + (f" ({why})" if why else ""))

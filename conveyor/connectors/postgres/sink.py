@@ -52,7 +52,7 @@ from conveyor.core import (
 )
 from conveyor.errors import ConfigError, ConveyorError
 from conveyor.kit import merge as merging
-from conveyor.kit.arrowutil import length_checked
+from conveyor.kit.arrowutil import fraction_checked, length_checked
 from conveyor.kit.merge import MergeOptions
 from conveyor.kit.staged import StagedSink, check_taken, swap_steps
 from conveyor.log import note
@@ -245,6 +245,8 @@ class PostgresSink(PgChangeApplier, SinkBase):
         plan = self._into(plan, part)
         if plan.own.lengths:  # varchar(n) / char(n) targets: each value's length, before PostgreSQL sees it
             batches = length_checked(batches, plan.own.lengths, part.key, "PostgreSQL")
+        if plan.own.fractions:  # time(n) / timestamp(n) targets: each value's fractional seconds, which PostgreSQL would round
+            batches = fraction_checked(batches, plan.own.fractions, part.key, "PostgreSQL")
         if plan.own.writer == "pgpq":
             return writers.write_pgpq(self.config, plan, part, batches)
         return writers.write_adbc(self.config, self.options.run_id, plan, part, batches)

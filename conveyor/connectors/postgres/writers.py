@@ -60,6 +60,9 @@ class PgLoad:
     #: (source column, target column, n, target type) of each varchar(n) / char(n) column whose
     #: values' lengths are checked before the COPY (types.text_length_limit; arrowutil.length_checked)
     lengths: tuple[tuple[str, str, int, str], ...] = ()
+    #: time(n) / timestamp(n) targets whose values' fractional seconds are checked before the COPY, which would round them
+    #: (encoding.fraction_limits; arrowutil.fraction_checked)
+    fractions: tuple[tuple[str, str, int, str], ...] = ()
 
 
 def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str,
