@@ -27,10 +27,14 @@ def cluster(pg_servers):
     # `ray start` with RAY_AUTH_MODE=token refuses to start without one (made only if none exists)
     subprocess.run([ray, "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=60)
     common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
+    # each node's dashboard agent on a port of its own: its default (52365) may be taken by another Ray instance of this
+    # machine (the other xdist worker's), and a head without its agent answers a job submission "No available agent"
     subprocess.run([ray, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-                    "--include-dashboard=true", *common], env=env, check=True, capture_output=True, timeout=180)
+                    f"--dashboard-agent-listen-port={free_port()}", "--include-dashboard=true", *common],
+                   env=env, check=True, capture_output=True, timeout=180)
     try:
-        subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", *common], env=env, check=True, capture_output=True, timeout=180)
+        subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", f"--dashboard-agent-listen-port={free_port()}", *common], env=env,
+                       check=True, capture_output=True, timeout=180)
         os.environ["RAY_AUTH_MODE"] = "token"  # for `conveyor submit` run by the tests
         CLUSTER.update(gcs=f"127.0.0.1:{port}", temp=temp)
         yield f"http://127.0.0.1:{dashboard}"

@@ -73,7 +73,8 @@ def read(con: Any, oid: int) -> TableDefinition:
         "AND p.relkind <> 'p' ORDER BY i.inhseqno", [oid]).fetchall()]
     children = con.execute("SELECT coalesce(array_length(array_agg(i.inhrelid), 1), 0) FROM pg_inherits i JOIN pg_class c "
                            "ON c.oid = i.inhrelid WHERE i.inhparent = %s AND NOT c.relispartition", [oid]).fetchone()[0]
-    partitioned = con.execute("SELECT pg_get_partkeydef(%s), (SELECT count(*) FROM pg_inherits WHERE inhparent = %s), "
+    partitioned = con.execute("SELECT pg_get_partkeydef(%s), "
+                              "(SELECT coalesce(array_length(array_agg(inhrelid), 1), 0) FROM pg_inherits WHERE inhparent = %s), "
                               "(SELECT inhparent::regclass::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent "
                               " WHERE i.inhrelid = %s AND p.relkind = 'p')", [oid, oid, oid]).fetchone()
     if partitioned[0]:
