@@ -84,7 +84,8 @@ class RichProgress:
             console=console,
             transient=True,
         )
-        self._task = self._bar.add_task("moving", total=total_rows, mb=0.0, rate="", parts=self._parts_text())
+        # "starting" until the first rows or bytes arrive (Ray's workers take seconds to start: the bar is not stuck)
+        self._task = self._bar.add_task("starting", total=total_rows, mb=0.0, rate="", parts=self._parts_text())
 
     def __enter__(self) -> RichProgress:
         self._bar.start()
@@ -100,7 +101,8 @@ class RichProgress:
 
     def _show(self) -> None:
         t = self._tally
-        self._bar.update(self._task, completed=t.shown_rows, mb=t.bytes / 1e6, rate=t.rate(), parts=self._parts_text())
+        self._bar.update(self._task, completed=t.shown_rows, mb=t.bytes / 1e6, rate=t.rate(), parts=self._parts_text(),
+                         description="moving" if t.rows or t.bytes or t.done else "starting")
 
     def started(self, key: str) -> None:
         with self._lock:

@@ -1,4 +1,5 @@
-"""The live bar says its rate in rows/s and labels its two times (it showed MB/s only, and two bare times)."""
+"""The live bar says its rate in rows/s and labels its two times (it showed MB/s only, and two bare times), and says it is
+starting until the first rows arrive (it sat at 0% "moving" while Ray's workers started)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ def test_the_bar_shows_rows_per_second_and_labels_its_times() -> None:
     bar = RichProgress(console, total_rows=1000, partitions=2, total_bytes=100_000)
     with bar:
         bar.started("p0")
+        bar._bar.refresh()
+        assert "starting" in console.export_text(clear=False)  # before the first rows: not a bar stuck at 0% "moving"
         time.sleep(0.05)
         bar.advanced("p0", 400, 40_000)
         bar._bar.refresh()
