@@ -40,11 +40,20 @@ def _running(root: str) -> bool:
     return True
 
 
+def _as_a_runner_starts_it() -> None:
+    """The probe's signals as a CI runner's fresh `pytest` has them: none blocked, SIGTERM's default action. A process
+    inherits its parent's blocked signals and ignored ones; this test's process is an xdist worker that ran other tests
+    first (Ray's libraries among them), and twice in the clean clone's run the probe never saw the SIGTERM: it slept
+    its 120 s out and passed."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def test_sigterm_stops_the_sessions_postgres_servers(tmp_path: Path) -> None:
     (tmp_path / "test_probe.py").write_text(PROBE)
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
                              "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_as_a_runner_starts_it)
     roots_file = tmp_path / "roots"
     try:
         deadline = time.monotonic() + 120
