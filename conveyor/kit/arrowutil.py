@@ -121,8 +121,8 @@ def fraction_checked(batches: Iterable[pa.RecordBatch], checks: Sequence[tuple[s
     import pyarrow.compute as pc
 
     from conveyor.errors import TransferError
+    from conveyor.kit.casts import UNIT_DIGITS
 
-    digits_of = {"s": 0, "ms": 3, "us": 6, "ns": 9}
     for batch in batches:
         for s, t, keep, shown in checks:
             arr = batch.column(s)
@@ -130,7 +130,7 @@ def fraction_checked(batches: Iterable[pa.RecordBatch], checks: Sequence[tuple[s
                 arr = arr.storage
             if not (pa.types.is_time(arr.type) or pa.types.is_timestamp(arr.type)):
                 continue  # judged in prepare (casts.py)
-            finer = digits_of.get(arr.type.unit, 0) - keep
+            finer = UNIT_DIGITS.get(arr.type.unit, 0) - keep
             if finer <= 0:
                 continue
             ticks = arr.cast(pa.int64())

@@ -57,7 +57,8 @@ _SAME_KIND = {"int2": "int", "int4": "int", "int8": "int", "oid": "int", "float4
               "timestamp": "timestamp", "timestamptz": "timestamptz", "interval": "interval", "uuid": "uuid",
               "json": "json", "jsonb": "json", **{t: "string" for t in _TEXT}}
 _TEXT_FORMS = {"json", "uuid", "enum", "xml"}  # kinds a string is written into as it is
-_UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+#: fractional-second digits of an Arrow time's or timestamp's unit
+UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class ColumnType:
             return typ.scale if pa.types.is_decimal(typ) else None
         if self.db:
             return self.typmod if self.typmod >= 0 else None
-        return _UNIT_DIGITS.get(getattr(_plain(self.arrow), "unit", ""), None)
+        return UNIT_DIGITS.get(getattr(_plain(self.arrow), "unit", ""), None)
 
 
 def _plain(typ: Any) -> Any:

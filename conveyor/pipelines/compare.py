@@ -80,6 +80,8 @@ def target_as_source(spec: Any, written: str | None = None, like: Any = None) ->
         raise ConfigError(f"conveyor verify: a {name} target cannot be read back (there is no {name} source)", key="sink") from None
     wanted = {f.name for f in dataclasses.fields(cls.config_class)}
     values = {k: getattr(spec.sink.config, k) for k in wanted if hasattr(spec.sink.config, k)}
+    if like is not None:  # what the sink says its read-back needs besides (Sink.read_back)
+        values.update({k: v for k, v in getattr(spec.sink, "read_back", lambda _: {})(like).items() if k in wanted})
     values = {k: (OmegaConf.create(v) if isinstance(v, dict | list) else v) for k, v in values.items()}
     if written is not None:
         if "table" in wanted:
@@ -87,9 +89,6 @@ def target_as_source(spec: Any, written: str | None = None, like: Any = None) ->
         elif "path" in wanted:  # a file sink's staged folder, with its filesystem's protocol
             proto = str(values.get("path", "")).partition("://")
             values["path"] = written if "://" in written or not proto[1] else f"{proto[0]}://{written}"
-    if like is not None:
-        values.update({k: (OmegaConf.create(v) if isinstance(v, dict | list) else v) for k, v in spec.sink.read_back(like).items()
-                       if k in wanted})
     options = dataclasses.replace(spec.options, run_id=f"{spec.options.run_id}-target")
     return build_plugin("source", OmegaConf.create({"source": {"type": name, **values}}), options)[1]
 

@@ -11,7 +11,7 @@ from typing import Any
 from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, ident, translate
 from conveyor.connectors.postgres.types import PgColumn, adbc_field, text_length_limit
 from conveyor.errors import ConveyorError, SchemaError
-from conveyor.kit.casts import ColumnType
+from conveyor.kit.casts import UNIT_DIGITS, ColumnType
 
 
 def choose_writer(writer: str, schema: Any, pairs: list[tuple[str, str]], casts: tuple[Any, ...],
@@ -259,10 +259,6 @@ def length_limits(pairs: Sequence[tuple[str, str]], sources: dict[str, PgColumn]
     return tuple((s, t, n, typ) for s, t, n, typ in limits if n is not None)
 
 
-#: fractional-second digits of an Arrow time's or timestamp's unit
-_UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
-
-
 def fraction_limits(pairs: Sequence[tuple[str, str]], schema: Any, sources: dict[str, PgColumn], tcols: Sequence[PgColumn],
                     forced: Sequence[str]) -> tuple[tuple[str, str, int, str], ...]:
     """PgLoad.fractions: the time(n) / timestamp(n) / timestamptz(n) columns (n < 6) whose source holds more fractional
@@ -276,7 +272,7 @@ def fraction_limits(pairs: Sequence[tuple[str, str]], schema: Any, sources: dict
         if src is not None and src.typname in ("time", "timestamp", "timestamptz"):
             digits = 6 if src.typmod < 0 else src.typmod
         else:
-            digits = _UNIT_DIGITS.get(getattr(schema.field(s).type, "unit", ""), 0)
+            digits = UNIT_DIGITS.get(getattr(schema.field(s).type, "unit", ""), 0)
         if digits > col.typmod:
             out.append((s, t, col.typmod, col.type_sql))
     return tuple(out)
