@@ -137,7 +137,8 @@ class JobFailed(ConveyorError):
 #: the extra (``pip install 'conveyor[<extra>]'``) that brings each optional top-level module
 EXTRAS = {"psycopg": "postgres", "adbc_driver_postgresql": "postgres", "adbc_driver_manager": "postgres", "pgpq": "postgres",
           "duckdb_extension_postgres": "postgres", "pymysql": "mysql", "duckdb_extension_mysql": "mysql", "s3fs": "s3",
-          "gcsfs": "gcs", "adlfs": "azure", "ray": "ray", "adbc_driver_sqlite": "adbc", "matplotlib": "plot", "dagster": "dagster"}
+          "gcsfs": "gcs", "adlfs": "azure", "ray": "ray", "pandas": "ray-data", "adbc_driver_sqlite": "adbc", "matplotlib": "plot",
+          "dagster": "dagster"}
 
 
 def missing_extra(exc: BaseException) -> PluginError | None:

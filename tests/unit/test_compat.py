@@ -94,3 +94,21 @@ def test_ray_says_which_execution_of_a_task_this_is(tmp_path) -> None:
         assert ray.get(attempt.remote(str(tmp_path / "died"))) == 0
     finally:
         ray.shutdown()
+
+
+def test_ray_datas_datasink_and_datasource_are_as_conveyor_ray_data_uses_them() -> None:
+    """conveyor.ray_data uses Ray Data's public (developer) API only; what it relies on of it: ``on_write_start`` gets
+    the first block's schema (Ray 2.60), a write task's context has its index (the partition key a retry shares),
+    ``min_bytes_per_write`` exists (set, the write is an operator of its own, whose first input's schema is the
+    Dataset's), a read task takes a schema, and a write's result holds each task's return and Ray's row count."""
+    pytest.importorskip("ray.data")
+    from ray.data import Datasink, ReadTask
+    from ray.data.datasource.datasink import WriteResult
+
+    assert "schema" in inspect.signature(Datasink.on_write_start).parameters
+    assert isinstance(inspect.getattr_static(Datasink, "min_bytes_per_write"), property)
+    assert {"read_fn", "metadata", "schema", "per_task_row_limit"} <= set(inspect.signature(ReadTask).parameters)
+    assert {"num_rows", "write_returns"} <= {f.name for f in __import__("dataclasses").fields(WriteResult)}
+    from ray.data._internal.execution.interfaces.task_context import TaskContext
+
+    assert "task_idx" in {f.name for f in __import__("dataclasses").fields(TaskContext)}
