@@ -85,8 +85,8 @@ def route(col: PgColumn) -> Route | None:
         return Route(f"{q}::text AS {q}", "its text form")
     if base == "oid":  # read as int8 on both decoders (PgColumn.select_expr)
         return Route(col.select_expr(), "DuckDB, as int8")
-    if base == "char" and not col.elem:  # the one-byte "char": DuckDB reads its byte as ADBC does (a NUL too; not its text form, '')
-        return Route(q, "DuckDB")
+    if base == "char" and not col.elem:  # the one-byte "char": its text form ('' where it stores a NUL byte, which no text target takes)
+        return Route(f"{q}::text AS {q}", "its text form")
     if base in EXACT and not (col.elem and base == "bytea"):
         return Route(q, "DuckDB")
     return None

@@ -51,6 +51,9 @@ def _cast_plan(config: PgConnConfig, run_id: str, schema: Any, pairs: list[tuple
     built in (no connection, ~0.1 s of a job's start); a connection asks the driver for the rest,
     and checks on a temp table what PostgreSQL must cast."""
     types = [c.type_sql for c in tcols]
+    # the one-byte "char" takes its text form ('' for the NUL byte it stores), which PostgreSQL casts: its binary form is one
+    # byte, which an empty string is not
+    forced = (*forced, *(t for (_, t), c in zip(pairs, tcols) if c.typname == "char" and not c.elem))
     known = [adbc_field(c) for c in tcols]
     casts = arrow_casts(schema, pairs, known, forced) if all(f is not None for f in known) else None
     if casts is not None and all(c is not None for c in casts):

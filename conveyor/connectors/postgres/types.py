@@ -81,6 +81,8 @@ class PgColumn:
             return f"{q}::text AS {q}"
         if self.typname == "oid" or self.elem == "oid":  # unsigned 32 bits: ADBC read 4294967295 as the int32 -1
             return f"{q}::int8{'[]' if self.elem else ''} AS {q}"
+        if self.typname == "char" and not self.elem:  # the one-byte "char" stores '' as a NUL byte: its text form is ''
+            return f"{q}::text AS {q}"
         return q
 
 

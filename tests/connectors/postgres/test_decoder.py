@@ -162,16 +162,16 @@ def test_arrays_wide_numerics_and_loose_bpchar_take_their_own_routes_and_decode_
     src = PostgresSource(PostgresSourceConfig(port=arrays.port, table="dec_arrays_all"), JobOptions())
     reader = src.describe().reader
     assert src.decoder == "duckdb", reader
-    assert "DuckDB: id, i2, i4, i8, f4, f8, b, t, vc, by, d, ts, tz, u, j, jb, tm, iv, dd, di, c1" in reader
+    assert "DuckDB: id, i2, i4, i8, f4, f8, b, t, vc, by, d, ts, tz, u, j, jb, tm, iv, dd, di;" in reader
     assert "DuckDB, padded back to 3 characters by Arrow: ch;" in reader and "padded back to 4 characters by Arrow: dc" in reader and "its text, cast to decimal256(50, 2) by Arrow: nb" in reader
-    assert "its text form (spaces kept): bp" in reader and "its text form: e, n, ns, nm" in reader
+    assert "its text form (spaces kept): bp" in reader and "its text form: e, n, ns, nm, c1" in reader
     duck, adbc = _read(arrays, "dec_arrays_all", "duckdb"), _read(arrays, "dec_arrays_all", "adbc")
     assert duck.schema == adbc.schema and duck.num_rows == adbc.num_rows == len(ARRAY_ROWS)
     for name in adbc.column_names:
         assert _values(duck, name) == _values(adbc, name), name
     row = duck.select(["ch", "bp", "nb", "i2", "t", "b", "dc", "c1"]).to_pydict()  # and they are PostgreSQL's values
     assert row["ch"][0] == ["a  ", "ab ", None, " \t "] and row["bp"] == ["ab  ", " ", None] and row["dc"] == ["ab  ", "    ", None]
-    assert row["c1"] == ["\x00", "x", None]  # the one-byte "char": '' is stored as a NUL byte
+    assert row["c1"] == ["", "x", None]  # the one-byte "char": '' (stored as a NUL byte, which no text target takes), as PostgreSQL prints it
     assert str(row["nb"][0]) == "123456789012345678901234567890123456789012345678.99" and row["i2"][1] == []
     assert row["t"][0] == ["a b", None, "é🦆", "", "{x}", "NULL"] and row["b"][0] == [True, False, None]
 
