@@ -948,6 +948,8 @@ def main() -> int:
                          "clickhouse (PostgreSQL -> ClickHouse -> Parquet, benchmarks/clickhouse_group.py), "
                          "lake (PostgreSQL -> Iceberg and -> Delta Lake against the libraries' own writes, benchmarks/lake_group.py), "
                          "schema (TPC-H's 8 tables in one job against pg_dump | pg_restore and one job per table; not in the default list), "
+                         "raydata (PostgreSQL -> PostgreSQL through conveyor.ray_data against conveyor run and Ray Data's read_sql/"
+                         "write_sql, benchmarks/raydata_group.py; not in the default list), "
                          "awkward (uuid, jsonb, char(n), time, enum, int4[] against the same values in plain types, into Parquet; "
                          "not in the default list), verify (conveyor verify of a table against its Parquet copy; not in the default list)")
     ap.add_argument("--layouts", default="", help="partitioned group: the layouts to run, by name (default: all)")
@@ -1024,6 +1026,12 @@ def main() -> int:
                     lake_group.run(bench, t, [d for d in degrees if d <= 2], work, conveyor, psql)
             if "runtime" in groups:
                 bench.runtime(tables[0], 8)
+            if "raydata" in groups:
+                sys.path.insert(0, str(Path(__file__).parent))
+                import raydata_group  # benchmarks/raydata_group.py, beside this script
+
+                for t in tables:
+                    raydata_group.run(bench, t, 8, 2, CORES, conveyor, read_sql_too=t == "orders")
             if "awkward" in groups:
                 bench.awkward(args.awkward_rows, max(d for d in degrees if d <= 2))
             if "schema" in groups:

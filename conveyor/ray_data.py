@@ -135,23 +135,29 @@ def read(pipeline: str | None = None, *overrides: str, ray_remote_args: dict[str
     """A ``ray.data.Dataset`` of the job's source (as ``conveyor.run`` composes it): its partitions planned now, in
     the source's snapshot, one read task each. The snapshot is held open until the Dataset is garbage-collected or
     the process ends; :func:`reading` closes it when its block ends."""
-    import ray.data
 
     source = datasource(pipeline, *overrides, **config)
-    return ray.data.read_datasource(source, ray_remote_args=ray_remote_args or {})
+    return _dataset(source, ray_remote_args)
 
 
 @contextlib.contextmanager
 def reading(pipeline: str | None = None, *overrides: str, ray_remote_args: dict[str, Any] | None = None, **config: Any) -> Iterator[Any]:
     """:func:`read`, with the source's snapshot closed when the block ends (the Dataset must be consumed inside it)."""
-    import ray.data
 
     source = datasource(pipeline, *overrides, **config)
     try:
-        yield ray.data.read_datasource(source, ray_remote_args=ray_remote_args or {})
+        yield _dataset(source, ray_remote_args)
     finally:
         if source._held is not None:
             source._held.close()
+
+
+def _dataset(source: ConveyorDatasource, ray_remote_args: dict[str, Any] | None) -> Any:
+    """The Dataset of the datasource's read tasks, one block stream each: Ray Data's parallelism set to their number, so
+    it does not split each task's output into sub-blocks (which a write fused into the read would commit one by one)."""
+    import ray.data
+
+    return ray.data.read_datasource(source, override_num_blocks=len(source.partitions), ray_remote_args=ray_remote_args or {})
 
 
 def datasource(pipeline: str | None = None, *overrides: str, **config: Any) -> ConveyorDatasource:
@@ -253,8 +259,8 @@ class WriteReport:
 class ConveyorDatasink(_RayDatasink):
     """A Conveyor sink as a Ray Data datasink (made by :func:`datasink`; :func:`write` runs it)."""
 
-    def __init__(self, spec: Any, min_bytes_per_write: int = MIN_BYTES_PER_WRITE) -> None:
-        self._spec, self._min_bytes = spec, min_bytes_per_write
+    def __init__(self, spec: Any, min_bytes_per_write: int | None = None, schema: pa.Schema | None = None) -> None:
+        self._spec, self._min_bytes, self._schema = spec, min_bytes_per_write, schema
         self._plan: SinkPlan | None = None
         self._start = 0.0
         self.report = WriteReport(load_mode=spec.options.load_mode)
@@ -264,14 +270,21 @@ class ConveyorDatasink(_RayDatasink):
 
     @property
     def min_bytes_per_write(self) -> int | None:
-        # the write is an operator of its own (not fused with the map before it): its first input's schema is what
-        # on_write_start prepares the sink with, and each task's transaction holds this much at least
-        return self._min_bytes
+        """Where the Dataset's schema is not known before it runs, the write is an operator of its own (set, Ray Data
+        does not fuse it with the steps before it): its first input's schema is then the Dataset's, what
+        ``on_write_start`` prepares the sink with, and each task's transaction holds this much at least. Where the
+        schema is known (given), the write may run in the read's own tasks: one partition read and written in one
+        task, no block through the object store."""
+        if self._min_bytes is not None:
+            return self._min_bytes
+        return None if self._schema is not None else MIN_BYTES_PER_WRITE
 
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
         """The sink prepared on the driver for rows of ``schema`` (the first block's): the target checked, a
         staging table made for truncate / create / replace."""
         self._start = time.perf_counter()
+        if self._schema is not None:  # known before the Dataset ran (the first input of a fused write is the read's task)
+            schema = self._schema
         if schema is None:
             raise ConfigError("the Dataset's blocks have no schema Conveyor can load", hint="give the write Arrow or pandas blocks")
         self._plan = _prepared(self._spec, schema)
@@ -424,8 +437,11 @@ def _say_what_stayed(error: ConveyorError, sink: Any, plan: SinkPlan) -> None:
     error.args = (error.message,)
 
 
-def datasink(pipeline: str | None = None, *overrides: str, min_bytes_per_write: int = MIN_BYTES_PER_WRITE, **config: Any) -> ConveyorDatasink:
-    """The :class:`ConveyorDatasink` of the job's sink (as ``conveyor.run`` composes it), for ``ds.write_datasink``."""
+def datasink(pipeline: str | None = None, *overrides: str, min_bytes_per_write: int | None = None, schema: pa.Schema | None = None,
+             **config: Any) -> ConveyorDatasink:
+    """The :class:`ConveyorDatasink` of the job's sink (as ``conveyor.run`` composes it), for ``ds.write_datasink``. Give
+    ``schema`` where the Dataset's is known before it runs (``ds.schema(fetch_if_missing=False)``): the write may then
+    run in the tasks of the steps before it."""
     from conveyor.api import compose
     from conveyor.config import build_job
 
@@ -439,14 +455,18 @@ def datasink(pipeline: str | None = None, *overrides: str, min_bytes_per_write: 
     if not sink_capabilities(spec.sink).transactional:
         raise ConfigError(f"sink {spec.names['sink']}: its partitions are not written all or nothing, so a write task Ray retries "
                           "could write its rows twice", key="sink", hint="write to a sink that commits each partition once")
-    return ConveyorDatasink(spec, min_bytes_per_write)
+    return ConveyorDatasink(spec, min_bytes_per_write, schema)
 
 
-def write(ds: Any, pipeline: str | None = None, *overrides: str, min_bytes_per_write: int = MIN_BYTES_PER_WRITE,
+def write(ds: Any, pipeline: str | None = None, *overrides: str, min_bytes_per_write: int | None = None,
           concurrency: int | None = None, **config: Any) -> WriteReport:
     """Write the Dataset into the job's sink, exactly once per write task; the :class:`WriteReport`. A failure
-    raises what stopped it after aborting the load."""
-    sink = datasink(pipeline, *overrides, min_bytes_per_write=min_bytes_per_write, **config)
+    raises what stopped it after aborting the load. Where the Dataset's schema is known before it runs (a Conveyor
+    read, nothing after it that changes columns), each partition is read and written in one task."""
+    known = ds.schema(fetch_if_missing=False)
+    known = getattr(known, "base_schema", known)
+    sink = datasink(pipeline, *overrides, min_bytes_per_write=min_bytes_per_write,
+                    schema=known if isinstance(known, pa.Schema) else None, **config)
     try:
         ds.write_datasink(sink, concurrency=concurrency)
     except Exception as exc:

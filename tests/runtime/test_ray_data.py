@@ -140,7 +140,11 @@ def _kill_a_writer(server, killed: list[int], stop: threading.Event) -> None:
         time.sleep(0.01)
 
 
-def test_a_worker_killed_mid_write_is_retried_and_every_row_lands_once(ray_instance, pg_source, pg_target) -> None:
+@pytest.mark.parametrize("fused", [True, False], ids=["read-and-write-in-one-task", "write-tasks-of-their-own"])
+def test_a_worker_killed_mid_write_is_retried_and_every_row_lands_once(ray_instance, pg_source, pg_target, fused: bool) -> None:
+    """Fused: a Conveyor read written as it is runs each partition's read and write in one task, whose retry reads the
+    partition again in the snapshot; not fused (min_bytes_per_write set): the write tasks take blocks from the object
+    store, and a retry takes the same ones."""
     _source(pg_source, "rd_kill", 200_000)
     pg_exec(pg_target, "DROP TABLE IF EXISTS rd_kill_t",
             "CREATE TABLE rd_kill_t (id int, price numeric(15,2), flag char(1), at timestamptz, note text)")
@@ -150,12 +154,14 @@ def test_a_worker_killed_mid_write_is_retried_and_every_row_lands_once(ray_insta
     with ray_data.reading(source=_pg(pg_source, "rd_kill"), strategy={"type": "ctid", "partitions": 4}) as ds:
         killer.start()
         try:
-            report = ray_data.write(ds, sink=_pg(pg_target, "rd_kill_t"), load_mode="append", min_bytes_per_write=1)
+            report = ray_data.write(ds, sink=_pg(pg_target, "rd_kill_t"), load_mode="append", min_bytes_per_write=None if fused else 1)
         finally:
             stop.set()
             killer.join(5)
     assert killed, "no write was caught mid-COPY"
     assert report.rows == 200_000 and report.verification.ok
+    if fused:  # one write task per partition: each read and written in one task
+        assert sorted(s.partition for s in report.partitions) == [f"raydata-{i:05d}" for i in range(4)]
     assert checksum(pg_target, "rd_kill_t") == checksum(pg_source, "rd_kill")
 
 
@@ -181,12 +187,20 @@ def test_a_failed_pipeline_leaves_a_staged_target_as_it_was(ray_instance, pg_tar
 
 
 def test_a_block_whose_values_would_change_is_refused_by_column(ray_instance, pg_target) -> None:
-    import ray
+    """The sink is prepared for the first block's schema; a later block of another type is cast only where no value
+    changes (int64 -> float64 of small integers), else refused naming the column, and the failed write leaves nothing."""
+    sink = ray_data.datasink(sink=_pg(pg_target, "rd_mixed"), load_mode="create")
+    sink.on_write_start(pa.schema([("n", pa.float64())]))
 
-    ds = ray.data.from_arrow([pa.table({"n": pa.array([1, 2], pa.int64())}), pa.table({"n": pa.array([1.5, 2.0], pa.float64())})])
-    with pytest.raises(ConveyorError, match="column n: a block holds double"):
-        ray_data.write(ds, sink=_pg(pg_target, "rd_mixed"), load_mode="create", min_bytes_per_write=1)
-    assert not pg_exec(pg_target, "SELECT 1 FROM pg_class WHERE relname = 'rd_mixed'")
+    class Ctx:
+        task_idx = 0
+
+    assert sink.write([pa.table({"n": pa.array([1, 2], pa.int64())})], Ctx()).rows == 2  # exact as doubles
+    Ctx.task_idx = 1
+    with pytest.raises(ConveyorError, match="column n: a block holds int64, the write was prepared for double"):
+        sink.write([pa.table({"n": pa.array([2**53 + 1], pa.int64())})], Ctx())
+    sink.on_write_failed(RuntimeError("the pipeline stopped"))
+    assert not pg_exec(pg_target, "SELECT 1 FROM pg_class WHERE relname = 'rd_mixed' OR relname LIKE '_conveyor_stage_%'")
 
 
 def test_a_sink_that_cannot_commit_a_partition_once_is_refused(ray_instance) -> None:
