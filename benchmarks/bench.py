@@ -941,7 +941,7 @@ def main() -> int:
     ap.add_argument("--parts", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--groups", default="defaults,pg_to_pg,parquet_to_pg,pg_to_parquet,duckdb_to_pg,wal_minimal,recipes,partitioned,merge,"
-                                        "runtime,memory,mysql,clickhouse,lake",
+                                        "runtime,memory,mysql,clickhouse,lake,raydata",
                     help="comma-separated: defaults (the shipped pipelines as a user runs them), pg_to_pg, parquet_to_pg, pg_to_parquet, "
                          "duckdb_to_pg, wal_minimal, recipes, partitioned, "
                          "merge (the last three lineitem only), runtime, memory, mysql (MariaDB <-> PostgreSQL), "
@@ -949,7 +949,7 @@ def main() -> int:
                          "lake (PostgreSQL -> Iceberg and -> Delta Lake against the libraries' own writes, benchmarks/lake_group.py), "
                          "schema (TPC-H's 8 tables in one job against pg_dump | pg_restore and one job per table; not in the default list), "
                          "raydata (PostgreSQL -> PostgreSQL through conveyor.ray_data against conveyor run and Ray Data's read_sql/"
-                         "write_sql, benchmarks/raydata_group.py; not in the default list), "
+                         "write_sql, benchmarks/raydata_group.py), "
                          "awkward (uuid, jsonb, char(n), time, enum, int4[] against the same values in plain types, into Parquet; "
                          "not in the default list), verify (conveyor verify of a table against its Parquet copy; not in the default list)")
     ap.add_argument("--layouts", default="", help="partitioned group: the layouts to run, by name (default: all)")
