@@ -62,7 +62,7 @@ def test_postgres_through_map_batches_into_postgres_and_parquet_exact(ray_instan
         report = ray_data.write(taxed, sink=_pg(pg_target, "rd_dst"), load_mode="create")
         assert report.rows == 40_000 and report.handed == 40_000 and report.verification.ok
         assert report.verification.target_rows == 40_000
-        parquet = ray_data.write(ds, sink={"type": "parquet", "path": str(tmp_path / "rd_out")}, load_mode="create")
+        parquet = ray_data.write(taxed, sink={"type": "parquet", "path": str(tmp_path / "rd_out")}, load_mode="create")
         assert parquet.rows == 40_000 and parquet.verification.ok
     # the target as PostgreSQL stored it: every row, the tax exact, the types the source's
     pg_exec(pg_source, "DROP TABLE IF EXISTS rd_expect",
@@ -71,11 +71,15 @@ def test_postgres_through_map_batches_into_postgres_and_parquet_exact(ray_instan
     types = dict(pg_exec(pg_target, "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
                                     "WHERE attrelid = 'rd_dst'::regclass AND attnum > 0 AND NOT attisdropped"))
     assert types["price"] == "numeric(15,2)" and types["at"] == "timestamp with time zone"
-    # the Parquet files hold the source's rows exactly
+    # the Parquet files hold the pipeline's rows exactly
     got = pq.read_table(tmp_path / "rd_out").sort_by("id")
     assert got.schema.field("price").type == pa.decimal128(15, 2) and got.num_rows == 40_000
-    want = pg_exec(pg_source, "SELECT id, price, flag, at, note FROM rd_src ORDER BY id")
+    want = pg_exec(pg_source, "SELECT id, price, flag, at, note FROM rd_expect ORDER BY id")
     assert [tuple(r.values()) for r in got.to_pylist()] == [tuple(r) for r in want]
+    # and a file source is a Dataset too: the Parquet files read back through their own strategy, one task per file
+    back = ray_data.read(source={"type": "parquet", "path": str(tmp_path / "rd_out")}, strategy={"type": "files"}).materialize()
+    assert back.count() == 40_000 and back.schema().base_schema.field("price").type == pa.decimal128(15, 2)
+    assert back.sum("id") == sum(range(1, 40_001))
 
 
 def test_one_read_task_per_partition_whatever_ray_data_asks(ray_instance, pg_source) -> None:
