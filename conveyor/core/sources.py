@@ -91,6 +91,9 @@ class TableDefinition:
     #: (column, its type as the table declares it, what kind of type that is: "an enum", "a domain", ...) for the
     #: columns whose declared type is not a built-in one: a sink that makes another type says so
     declared_types: tuple[tuple[str, str, str], ...] = ()
+    #: (column, its collation, quoted) for the columns whose collation is not their type's default: a target of the same
+    #: engine takes it, another one says it did not
+    collations: tuple[tuple[str, str], ...] = ()
 
     @property
     def comments(self) -> int:
@@ -100,15 +103,32 @@ class TableDefinition:
     def beyond_keys(self) -> list[str]:
         """What a target that takes only NOT NULL, the key and comments leaves of it (another engine: its SQL for
         defaults, checks and indexes is not this dialect's)."""
-        return [f"{len(x)} {what}" for x, what in ((self.defaults, "default(s)"), (self.sequences, "identity/serial column(s)"),
-                                                   (self.constraints, "CHECK/UNIQUE/EXCLUDE constraint(s)"), (self.indexes, "index(es)"))
-                if x] + list(self.not_carried)
+        return ([f"{len(x)} {what}" for x, what in ((self.defaults, "default(s)"), (self.sequences, "identity/serial column(s)"),
+                                                    (self.constraints, "CHECK/UNIQUE/EXCLUDE constraint(s)"), (self.indexes, "index(es)"))
+                 if x] + list(self.not_carried)
+                + [f"column {c}'s type {sql} ({kind}): made of its values as read" for c, sql, kind in self.declared_types]
+                + [f"column {c}'s collation {collation}" for c, collation in self.collations])
 
     @staticmethod
     def said(carried: Sequence[tuple[int, str]], left: Sequence[str]) -> str:
         """The line a run says (and report.json keeps): ``carried`` as (how many, what), then what was ``left``."""
         parts = [f"{n} {what}" for n, what in carried if n]
         return "definition carried: " + (", ".join(parts) or "nothing beyond the columns") + (f"; not carried: {'; '.join(left)}" if left else "")
+
+
+def columns_only(info: SourceInfo, key_as: str = "") -> str:
+    """The definition line of a new target that takes the source's columns and no more of its definition (a file, a lake
+    table; ``key_as``: what it makes of the primary key, e.g. ClickHouse's sorting key): what it carried and what it left
+    ("" where the source describes no definition and no key)."""
+    d, key = info.definition, info.primary_key
+    if d is None and not key:
+        return ""
+    left = [f"{len(d.not_null)} NOT NULL"] if d is not None and d.not_null else []
+    if key and not key_as:
+        left.append("primary key")
+    if d is not None and d.comments:
+        left.append(f"{d.comments} comment(s)")
+    return TableDefinition.said(((1 if key and key_as else 0, f"primary key ({key_as})"),), left + (d.beyond_keys() if d is not None else []))
 
 
 class DeferredSchema:
@@ -384,6 +404,7 @@ __all__ = [
     "ForeignKey",
     "SequenceDef",
     "TableDefinition",
+    "columns_only",
     "SourceTable",
     "NativeExport",
     "SourceInfo",

@@ -24,6 +24,7 @@ from conveyor.core import (
     WriteStats,
     check_partition_rows,
     check_stored,
+    columns_only,
     target_for,
 )
 from conveyor.errors import ConfigError, ConveyorError, SchemaError, TransferError
@@ -128,7 +129,10 @@ class ClickHouseSink(SinkBase):
             self._check_casts(pairs, schema, types)
             create = f"CREATE TABLE {{table}} AS {self._q()}"
         once = commits.Once(f"{self.config.database}.{self.config.table}", self.options.load, self.options.run_id)
-        return SinkPlan(rows_before=None if mode == "append" else 0, target=f"{self.config.where()}.{self.config.table}",
+        said = columns_only(request.info, key_as="its ORDER BY" if self.config.order_by is None else "") if mode in ("create", "replace") else ""
+        if said:
+            say(f"{where}: {said}")
+        return SinkPlan(definition=said, rows_before=None if mode == "append" else 0, target=f"{self.config.where()}.{self.config.table}",
                         write_target=self.config.table if mode == "append" else f"{commits.STAGE_PREFIX}{self.options.run_id}",
                         load_mode=mode, columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
                         own=ChPlan(create, columns, once), checks_before_commit=mode == "append")

@@ -23,11 +23,13 @@ from conveyor.core import (
     TargetInfo,
     WriteStats,
     check_stored,
+    columns_only,
     target_for,
 )
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
 from conveyor.kit import fs as fs_util
 from conveyor.kit.arrowutil import CountingBatches, cast_batches, without_views
+from conveyor.log import say
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,11 @@ class FileSink(SinkBase):
             raise
         except Exception as exc:
             raise fs_util.translate(exc, where) from None
+        said = columns_only(request.info) if mode in ("create", "replace") else ""
+        if said:
+            say(f"{where}: {said}")
         return SinkPlan(
-            target=fs_util.display(fs, root), write_target=write_to, load_mode=mode,
+            definition=said, target=fs_util.display(fs, root), write_target=write_to, load_mode=mode,
             columns=tuple(schema.names), source_columns=tuple(schema.names), schema=schema, own=FilesPlan(request.window, made),
         )
 

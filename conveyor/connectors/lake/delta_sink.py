@@ -30,6 +30,7 @@ from conveyor.core import (
     WriteStats,
     check_partition_rows,
     check_stored,
+    columns_only,
     target_for,
 )
 from conveyor.errors import ConfigError, TransferError
@@ -37,6 +38,7 @@ from conveyor.kit import fs as fs_util
 from conveyor.kit import merge as merging
 from conveyor.kit.mapping import TargetColumn, map_columns
 from conveyor.kit.staged import check_mode
+from conveyor.log import say
 
 
 @dataclass
@@ -128,7 +130,10 @@ class DeltaSink(DeltaChangeApplier, SinkBase):
             fs, root = self._cursor_root()
             cursors.record_pending(fs, root, request.window, self.options.load, mode, self.options.run_id)
         self._beat = Beat(conf.path, self.options.run_id, conf.fsspec_options())
-        return SinkPlan(target=where, write_target=write_target, load_mode=mode, columns=tuple(t for _, t in pairs),
+        said = columns_only(request.info) if mode in ("create", "replace") else ""
+        if said:
+            say(f"{where}: {said}")
+        return SinkPlan(definition=said, target=where, write_target=write_target, load_mode=mode, columns=tuple(t for _, t in pairs),
                         source_columns=tuple(s for s, _ in pairs), schema=schema, rows_before=None if mode == "append" else 0,
                         checks_before_commit=mode == "append", own=DeltaPlan(arrow, partition_by, merge, request.window))
 

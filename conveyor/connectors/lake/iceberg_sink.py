@@ -33,12 +33,14 @@ from conveyor.core import (
     WriteStats,
     check_partition_rows,
     check_stored,
+    columns_only,
     target_for,
 )
 from conveyor.errors import ConfigError, SchemaError, TransferError
 from conveyor.kit import merge as merging
 from conveyor.kit.mapping import TargetColumn, map_columns
 from conveyor.kit.staged import check_mode
+from conveyor.log import say
 
 #: a chunk of a partitioned table's rows written at once (pyiceberg splits a table, not a stream, by partition)
 CHUNK_BYTES = 256 << 20
@@ -150,7 +152,10 @@ class IcebergSink(IcebergChangeApplier, SinkBase):
             cursors.record_pending(fs, root, request.window, self.options.load, mode, self.options.run_id)
         self._beat = Beat(stage.location(), self.options.run_id, icefinal.storage(stage))
         target_schema = _schema_for(arrow, [t for _, t in pairs])
-        return SinkPlan(target=where, write_target=table if branch is None else f"{table}@{branch}", load_mode=mode,
+        said = columns_only(request.info) if mode in ("create", "replace") else ""
+        if said:
+            say(f"{where}: {said}")
+        return SinkPlan(definition=said, target=where, write_target=table if branch is None else f"{table}@{branch}", load_mode=mode,
                         columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
                         rows_before=None if mode == "append" else 0, checks_before_commit=mode == "append",
                         own=IcePlan(table, branch, target_schema, merge, request.window))

@@ -160,6 +160,8 @@ class PostgresSource(PgPlanning, PgChangeFeed):
         finally:
             con.close()
         self._schema = DeferredSchema(self._arrow_schema, [c.name for c in self.columns])
+        if made is not None and any(c.collation for c in self.columns):
+            made = dataclasses.replace(made, collations=tuple((c.name, c.collation) for c in self.columns if c.collation))
         self.decoder, reader = self._pick_decoder()
         return SourceInfo(schema=self._schema, label=label, estimated_rows=estimate, estimated_bytes=size,
                           native=passthrough.offer(self.columns), reader=reader, primary_key=keys[0], foreign_keys=keys[1],
