@@ -95,6 +95,10 @@ class ConveyorDatasource(_RayDatasource):
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None) -> list[ReadTask]:
         """One read task per partition (Ray Data's ``parallelism`` is the strategy's to decide: ``degree``)."""
+        if self._held is not None and not self._held.holds:
+            raise ConfigError(f"{self._label}: the source's snapshot was closed when crd.reading's block ended, and the Dataset "
+                              "is read after it", hint="consume the Dataset inside `with crd.reading(...)`, or use crd.read (it holds "
+                                                       "the snapshot while the Dataset lives)")
         schema, each = self._info.schema, None
         if self._info.estimated_bytes:
             each = int(self._info.estimated_bytes / max(len(self._partitions), 1))

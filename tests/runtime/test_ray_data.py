@@ -241,3 +241,12 @@ def test_merge_and_replace_from_a_dataset(ray_instance, pg_target) -> None:
     assert pg_exec(pg_target, "SELECT h, count(*) FROM rd_merge GROUP BY h ORDER BY h") == [("new", 1000), ("old", 499)]
     report = ray_data.write(ds, sink=_pg(pg_target, "rd_merge"), load_mode="replace")
     assert report.rows == 1000 and pg_exec(pg_target, "SELECT count(*), min(id) FROM rd_merge")[0] == (1000, 500)
+
+
+def test_a_dataset_read_after_its_snapshot_was_closed_says_so(ray_instance, pg_source) -> None:
+    _source(pg_source, "rd_closed", 1_000)
+    with ray_data.reading(source=_pg(pg_source, "rd_closed"), strategy={"type": "ctid", "partitions": 2}) as ds:
+        pass
+    with pytest.raises(ConveyorError, match="the source's snapshot was closed when crd.reading's block ended") as failed:
+        ds.count()
+    assert "consume the Dataset inside" in failed.value.hint
