@@ -49,7 +49,8 @@ quick: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not slow and not servers" $(PYTEST_ARGS)
 
-docs: $(VENV)/.installed-test
+# the site on http://127.0.0.1:8000 (the docs extra alone: mkdocs and what the plugins' reference pages import)
+docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 bench: $(VENV)/.installed-bench
