@@ -102,7 +102,7 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
     try:
         if mode == "plan":
             plan = plan_run(cfg)
-            console.print(plan_table(plan))
+            cliout.print_table(console, plan_table(plan))
             for text in plan.lines:  # what the plan says after its table (a sync job: its slot and its targets' positions)
                 console.print(text, highlight=False)
             return 0
@@ -123,7 +123,7 @@ def _run_one(cfg: Any, mode: str, verbose: bool) -> int:
                   bytes=report.bytes, partitions=len(report.results), seconds=round(report.seconds, 3), target=report.target,
                   verification=verified, phases=report.phases)
         else:
-            console.print(summary_table(report))
+            cliout.print_table(console, summary_table(report))
         for text in report.lines():  # what the run says after its table (a sync job: where its targets are now)
             if json_lines():
                 event("summary", text, status="ok")

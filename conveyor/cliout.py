@@ -63,10 +63,33 @@ def report_error(exc: BaseException, verbose: bool) -> int:
     return EXIT_INTERNAL
 
 
+#: the width of output that is not a terminal (a log, a pipe, a CI job): what nothing is cut or wrapped at
+OFF_TERMINAL_WIDTH = 100_000
+
+
 def console() -> Any:
     from rich.console import Console
 
-    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else OFF_TERMINAL_WIDTH)
+
+
+def print_table(console: Any, table: Any) -> None:
+    """A table as the terminal shows it; off a terminal, its title and caption as lines of their own (not wrapped to the
+    table's width nor padded to it) and the table as wide as its cells: a log keeps every path and name whole, and no
+    line ends in spaces."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    title, caption = table.title, table.caption
+    table.title = table.caption = None
+    try:
+        for line in str(title or "").splitlines():
+            console.print(line, markup=False, highlight=False)
+        console.print(table)
+        for line in str(caption or "").splitlines():
+            console.print(line, markup=False, highlight=False)
+    finally:
+        table.title, table.caption = title, caption
 
 
 def quiet_libraries() -> None:

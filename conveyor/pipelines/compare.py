@@ -307,7 +307,9 @@ def verify_job(cfg: Any, console: Any) -> int:
         table.add_column(name, justify="right" if name in ("partitions", "rows") else "left")
     for name, side in (("source", result.source), ("target", result.target)):
         table.add_row(name, side.label, str(side.partitions), f"{side.rows:,}")
-    console.print(table)
+    from conveyor.cliout import print_table
+
+    print_table(console, table)
     keyed = f"by key ({', '.join(result.key)})" if result.key else "as one multiset (no key: no primary key, no verify_key)"
     if result.equal:
         console.print(f"equal: {result.source.rows:,} rows, {len(result.columns)} columns compared {keyed}", markup=False, highlight=False)

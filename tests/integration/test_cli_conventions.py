@@ -90,3 +90,19 @@ printf '%s\\n' "${{COMPREPLY[@]}}"
 """
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert "strategy=ctid" in out.stdout.split(), out.stdout + out.stderr
+
+
+def test_off_a_terminal_the_summary_cuts_no_path_and_pads_no_line(cli, tpch_orders: Path, tmp_path: Path) -> None:
+    """A run's output in a log or a pipe: every path whole on its line (it was cut with an ellipsis, and the title
+    wrapped mid-name, at 160 columns), and no line padded with spaces to a width."""
+    deep = tmp_path / ("a_folder_with_a_long_name_" * 4) / ("and_a_second_one_as_long_" * 4)
+    deep.mkdir(parents=True)
+    database = deep / "a_database_file_with_a_long_name_too.duckdb"
+    files = sorted(tpch_orders.iterdir())
+    res = cli("run", "source=parquet", f"source.path={files[0]}", "sink=duckdb", f"sink.database={database}",
+              "sink.table=orders_with_a_long_table_name", "load_mode=create", "runtime=local")
+    assert res.code == 0, res.err
+    lines = res.out.splitlines()
+    assert any(f"({database}:main.orders_with_a_long_table_name)" in line for line in lines), res.out
+    assert any(str(files[0]) in line for line in lines) and "…" not in res.out, res.out
+    assert not [line for line in lines if line != line.rstrip()], res.out
