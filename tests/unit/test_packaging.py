@@ -22,6 +22,8 @@ def test_duckdb_is_pinned_only_where_the_extension_needs_it_and_every_suggested_
     assert not any(dep.startswith("duckdb==") for dep in project["dependencies"]), "the core pins duckdb"
     bench = project["optional-dependencies"]["bench"]
     assert "duckdb==1.5.5" in bench and "duckdb-extension-postgres==1.5.5" in bench
+    # the core's duckdb goes no higher than the extension wheels' version: adding the postgres extra never downgrades it
+    assert "duckdb>=1.1,<=1.5.5" in project["dependencies"]
     suggested = set(re.findall(r'"(\w+)"', (REPO / "conveyor" / "kit" / "fs.py").read_text().split("_EXTRA =")[1].split("}")[0]))
     extras = set(project["optional-dependencies"])
     assert {"s3", "gcs", "azure"} <= suggested and suggested & {"s3", "gcs", "azure"} <= extras
