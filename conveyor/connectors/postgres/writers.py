@@ -9,12 +9,13 @@ in one transaction, exactly once (``commits.Attempt``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from conveyor.connectors.postgres import commits
-from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal
+from conveyor.connectors.postgres.common import PgConnConfig, adbc_connect, connect, ident, literal, sqlstate, translate
 from conveyor.connectors.postgres.encoding import _cast_plan, _ingest_schema, _storage, _wire_sql, _wire_type, choose_writer, insert_from_temp
 from conveyor.connectors.postgres.types import PgColumn
 from conveyor.core import INFINITY_DAYS, INFINITY_TICKS, Partition, SinkPlan, WriteStats
@@ -105,7 +106,8 @@ def write_adbc(config: PgConnConfig, run_id: str, plan: SinkPlan, part: Partitio
         else:  # through a temp table (PostgreSQL casts a column, or the server counts nothing): the INSERT's count
             temp = f"_conveyor_in_{part.index}"
             cur.adbc_ingest(temp, reader, mode="create", temporary=True)
-            cur.execute(insert_from_temp(plan.columns, load.target_types, into, temp))
+            with _casts_named(config, load, plan, part):
+                cur.execute(insert_from_temp(plan.columns, load.target_types, into, temp))
             stored = cur.rowcount
         return stored, counted.bytes, counted.rows
 
@@ -151,13 +153,31 @@ def write_pgpq(config: PgConnConfig, plan: SinkPlan, part: Partition, batches: I
                 cp.write(encoder.finish())
             stored = cur.rowcount  # the rows COPY stored (a row a trigger skipped is not counted)
         if temp is not None:
-            stored = con.execute(insert_from_temp(plan.columns, load.target_types, _table(load, plan), temp)).rowcount
+            with _casts_named(config, load, plan, part):
+                stored = con.execute(insert_from_temp(plan.columns, load.target_types, _table(load, plan), temp)).rowcount
         return stored, counted.bytes, counted.rows
 
     try:
         return attempt.run(con, con.execute, lambda sql: con.execute(sql).fetchone(), body, cause=lambda: counted.error)
     finally:
         con.close()
+
+
+@contextlib.contextmanager
+def _casts_named(config: PgConnConfig, load: PgLoad, plan: SinkPlan, part: Partition) -> Iterator[None]:
+    """The INSERT that moves a partition from its temp table, PostgreSQL casting some columns: a value a cast refuses
+    (an enum label the target's type lacks, text no type takes) is an error naming those columns and their types, which
+    PostgreSQL's own message does not (no COPY context there)."""
+    try:
+        yield
+    except Exception as exc:
+        cast = [f"{t} to {ty}" for t, c, ty in zip(plan.columns, load.casts, load.target_types) if c is None]
+        if not (sqlstate(exc) or "").startswith("22") or not cast:
+            raise
+        err = translate(exc, config, f"writing {part.key} into {load.once.target}", part.key)
+        err.message = f"{err.message} (in PostgreSQL's cast of column {'; column '.join(cast)})"
+        err.args = (err.message,)
+        raise err from None
 
 
 def _no_infinity(batches: Iterator[Any], key: str) -> Iterator[Any]:
