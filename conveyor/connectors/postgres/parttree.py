@@ -16,7 +16,8 @@ from conveyor.connectors.postgres.common import ident
 
 #: the hash functions (by the key's kind) the client router computes as PostgreSQL does
 _HASHES = {("int", "hashint2extended"), ("int", "hashint4extended"), ("int", "hashint8extended"),
-           ("date", "hashint4extended"), ("ts", "timestamp_hash_extended"), ("tstz", "timestamp_hash_extended")}
+           ("date", "hashint4extended"), ("date", "hashdateextended"),  # 18 gave date a hash function of its own, the same hash
+           ("ts", "timestamp_hash_extended"), ("tstz", "timestamp_hash_extended"), ("tstz", "timestamptz_hash_extended")}  # (18: its own)
 
 
 #: the key kinds the client compares exactly, by the column's type: the binary COPY integers

@@ -143,7 +143,7 @@ def _pick(level: Level, keys: list[tuple[Any, Any]]) -> Any:
     if level.strategy == "hash":
         h = np.zeros(len(keys[0][0]), dtype=np.uint64)
         for (values, nulls), proc in zip(keys, level.hashes):
-            wide = proc in ("hashint8extended", "timestamp_hash_extended")
+            wide = proc in ("hashint8extended", "timestamp_hash_extended", "timestamptz_hash_extended")
             one = hash_int8(values) if wide else hash_uint32(values.astype(np.int32).view(np.uint32))
             combined = combine64(h, one)
             h = combined if nulls is None else np.where(nulls, h, combined)  # a NULL key column adds nothing

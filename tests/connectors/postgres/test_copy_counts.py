@@ -23,7 +23,7 @@ from tests.helpers import PG_PASSWORD, Relayed, checksum, job, pg_exec
 ROWS = 20000
 
 
-pytestmark = pytest.mark.usefixtures("pg_password")
+pytestmark = [pytest.mark.usefixtures("pg_password"), pytest.mark.pg_versions]  # on PostgreSQL 15 and 18
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ SPECIAL = ("(5, 1, 1, 1, 1, 1, true, 'x', 'x', '\\x01', 'infinity', '-infinity',
            "(6, 1, 1, 1, 1, 1, true, 'x', 'x', '\\x01', '-infinity', '294276-12-31 23:59:59', '-infinity', 1, 1, 1, 1, NULL, NULL, 'x', 'y', NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
 
 
-pytestmark = pytest.mark.usefixtures("pg_password")
+pytestmark = [pytest.mark.usefixtures("pg_password"), pytest.mark.pg_versions]  # on PostgreSQL 15 and 18
 
 
 @pytest.fixture(scope="module")

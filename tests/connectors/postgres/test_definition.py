@@ -18,7 +18,7 @@ import pytest
 from conveyor.errors import SchemaError
 from tests.helpers import job, pg_exec
 
-pytestmark = pytest.mark.usefixtures("pg_password")
+pytestmark = [pytest.mark.usefixtures("pg_password"), pytest.mark.pg_versions]  # on PostgreSQL 15 and 18
 
 SOURCE = [
     "DROP TABLE IF EXISTS dt_src CASCADE", "DROP FUNCTION IF EXISTS dt_touch() CASCADE",
@@ -59,7 +59,8 @@ def _definition(server, table: str) -> dict:
             "col_description(attrelid, attnum) FROM pg_attribute LEFT JOIN pg_attrdef ON adrelid = attrelid AND adnum = attnum "
             "WHERE attrelid = %T AND attnum > 0 ORDER BY attnum")],
         "constraints": sorted((norm(n), t, d) for n, t, d in rows(
-            "SELECT conname, contype, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %T")),
+            # (PostgreSQL 18 keeps NOT NULL as constraints too, contype 'n': compared above as attnotnull)
+            "SELECT conname, contype, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %T AND contype <> 'n'")),
         "indexes": sorted(norm(re.sub(r"^CREATE (UNIQUE )?INDEX \S+ ON \S+", r"\1", d)) for (d,) in rows(
             "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %T")),
         "index_names": sorted(norm(n) for (n,) in rows("SELECT relname FROM pg_index JOIN pg_class ON oid = indexrelid WHERE indrelid = %T")),

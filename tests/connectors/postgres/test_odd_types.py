@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import job, pg_exec
 
-pytestmark = pytest.mark.usefixtures("pg_password")
+pytestmark = [pytest.mark.usefixtures("pg_password"), pytest.mark.pg_versions]  # on PostgreSQL 15 and 18
 
 
 @pytest.fixture(scope="module")

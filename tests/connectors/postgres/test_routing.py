@@ -15,6 +15,8 @@ from conveyor.pipelines.job import run_job
 from tests.helpers import checksum, job, pg_exec
 from tests.runtime.faults import ray_spec, with_fault_source
 
+pytestmark = pytest.mark.pg_versions  # on PostgreSQL 15 and 18
+
 ROWS = 30000
 
 

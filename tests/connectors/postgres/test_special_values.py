@@ -19,6 +19,8 @@ import pytest
 from conveyor.errors import TransferError
 from tests.helpers import job, pg_exec
 
+pytestmark = pytest.mark.pg_versions  # on PostgreSQL 15 and 18
+
 DDL = "CREATE TABLE special (id int, d date, ts timestamp, tz timestamptz, f float8, n numeric, tm time)"
 ROWS = ("(1, 'infinity', 'infinity', 'infinity', 'NaN', 'NaN', '24:00:00'), "
         "(2, '-infinity', '-infinity', '-infinity', '-0', 'Infinity', '00:00:00'), "

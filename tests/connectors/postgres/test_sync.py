@@ -20,6 +20,8 @@ import pytest
 
 from tests.helpers import BIN, checksum, pg_exec, run_cli, runtime_args, wait_until
 
+pytestmark = pytest.mark.pg_versions  # on PostgreSQL 15 and 18
+
 COLUMNS = ("id int8 PRIMARY KEY, a text, n numeric(50, 2), f float8, d date, ts timestamptz, arr int[], j jsonb, b bytea, "
            "ch char(5), big text")
 
@@ -162,6 +164,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.pg_versions("15")  # the driver's steps, not the server's version (a sync on 18: the other tests here)
 @pytest.mark.parametrize("point", ["first-load-recorded", "apply", "after-commit"])
 def test_a_driver_killed_at_each_step_then_run_again_is_exact(sync_src, pg_target, tmp_path: Path, point: str) -> None:
     args = _args(sync_src, pg_target, "sy_t", "sy_k", "strategy=ctid", "degree=2")
@@ -257,6 +260,7 @@ def test_missing_prerequisites_and_a_target_that_cannot_apply_are_refused_by_nam
     assert pg_exec(sync_src, "SELECT count(*) FROM pg_replication_slots") == [(0,)]  # refused before anything was made
 
 
+@pytest.mark.pg_versions("15")  # planning chunks of keys, not the server's version
 def test_chunks_several_tables_plan_and_clean(sync_src, pg_target, tmp_path: Path) -> None:
     """Two tables in one job (one slot), a change set applied in chunks of 7 keys; plan shows the slot and the
     WAL it holds; clean lists and drops it, and the next run loads the tables again."""

@@ -14,6 +14,8 @@ import pytest
 from conveyor.errors import SchemaError, TransferError
 from tests.helpers import job, pg_exec
 
+pytestmark = pytest.mark.pg_versions  # on PostgreSQL 15 and 18
+
 DDL = """
 CREATE TABLE types (
   id int4 PRIMARY KEY, i2 int2, i8 int8, n numeric(18,4), nu numeric, f4 float4, f8 float8, b bool,

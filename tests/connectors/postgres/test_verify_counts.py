@@ -23,7 +23,7 @@ from tests.helpers import pg_exec
 RANGES = [(0, 40), (40, 41), (41, 90), (90, 200), (200, None)]  # uneven, one a single page, the last open-ended
 
 
-pytestmark = pytest.mark.usefixtures("pg_password")
+pytestmark = [pytest.mark.usefixtures("pg_password"), pytest.mark.pg_versions]  # on PostgreSQL 15 and 18
 
 
 @pytest.fixture(scope="module")

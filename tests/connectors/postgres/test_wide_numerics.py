@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import job, pg_exec
 
-pytestmark = pytest.mark.usefixtures("pg_password")
+pytestmark = [pytest.mark.usefixtures("pg_password"), pytest.mark.pg_versions]  # on PostgreSQL 15 and 18
 
 BIG = "12345678901234567890123456789012345678901234567890123456789012345678901234567890.5"
 
