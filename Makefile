@@ -26,8 +26,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-$(VENV)/.installed-%: pyproject.toml | $(BIN)/python
-	$(PIP) install --quiet -e ".[$*]"
+# constraints.txt: the versions of every package the tests ran with, as one set (pip's resolver backtracked for minutes, or
+# gave up, over moto's, s3fs's and pyiceberg's dependencies without it); make it again with `pip freeze` after an upgrade
+$(VENV)/.installed-%: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) install --quiet -e ".[$*]" -c constraints.txt
 	touch $@
 
 install: $(VENV)/.installed-demo
