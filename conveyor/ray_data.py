@@ -2,9 +2,9 @@
 
     import conveyor.ray_data as crd
 
-    with crd.reading("source=postgres", source={"table": "orders", "port": 5432}, degree=4) as ds:
+    with crd.reading(source={"type": "postgres", "table": "orders", "port": 5432}, degree=4) as ds:
         ds = ds.map_batches(add_tax, batch_format="pyarrow")
-        report = crd.write(ds, "sink=postgres", sink={"table": "orders_taxed"}, load_mode="create")
+        report = crd.write(ds, sink={"type": "postgres", "table": "orders_taxed"}, load_mode="create")
     print(report.rows, report.verification.ok)
 
 A job's config is given as ``conveyor.run`` takes it (a pipeline's name, overrides as strings, nested values as
@@ -302,7 +302,7 @@ class ConveyorDatasink(_RayDatasink):
         part = WritePart(index=int(ctx.task_idx), count=0)
         handed = _Handed(blocks, plan.schema)
         # the sink checks, before its commit, the rows the target stored against the rows it was handed
-        checking = dataclasses.replace(plan, expecting=Expected(reading=handed, recount=lambda: handed.sent)
+        checking = dataclasses.replace(plan, expecting=Expected.from_read(handed, lambda: handed.sent)
                                        if plan.counting == Counting.READ else None)
         try:
             stats = self._spec.sink.write(checking, part, handed)
