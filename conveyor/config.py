@@ -21,6 +21,7 @@ from omegaconf import errors as oc_errors
 from conveyor import registry
 from conveyor.core import LOAD_MODES, MAP_METHODS, SCHEMA_DRIFTS, JobOptions
 from conveyor.core.cursor import IncrementalConfig
+from conveyor.core.migration import MigrateConfig
 from conveyor.errors import ConfigError
 from conveyor.log import warn
 
@@ -70,6 +71,8 @@ class JobConfig:
     vars: dict[str, Any] = field(default_factory=dict)
     #: incremental loads: incremental.cursor=<column> (combined with append or merge)
     incremental: IncrementalConfig = field(default_factory=IncrementalConfig)
+    #: a sync that moves a whole database (pipeline=pg_migrate): its definitions, then the rows, then its indexes
+    migrate: MigrateConfig = field(default_factory=MigrateConfig)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class JobSpec:
     names: dict[str, str]
     #: the job's incremental settings (a sync job's slot and its follow interval)
     incremental: IncrementalConfig = field(default_factory=IncrementalConfig)
+    #: a whole-database migration's settings (``migrate.schema``: the sync moves the database's definitions too)
+    migrate: MigrateConfig = field(default_factory=MigrateConfig)
 
 
 #: the Hydra config group under which every plugin's dataclass defaults are registered
@@ -405,4 +410,4 @@ def build_job(cfg: DictConfig, run_id: str | None = None, kinds: tuple[str, ...]
     source = projected(built.get("source", (None, None))[1], job.columns, job.rename)  # the job's columns / rename, if any
     return JobSpec(source=source, sink=built.get("sink", (None, None))[1], strategy=built.get("strategy", (None, None))[1],
                    runtime=built.get("runtime", (None, None))[1], options=options, names={kind: built[kind][0] for kind in kinds},
-                   incremental=job.incremental)
+                   incremental=job.incremental, migrate=job.migrate)

@@ -19,6 +19,8 @@ from conveyor.core.counting import *  # noqa: F403
 from conveyor.core.counting import __all__ as _counting
 from conveyor.core.cursor import *  # noqa: F403
 from conveyor.core.cursor import __all__ as _cursor
+from conveyor.core.migration import *  # noqa: F403
+from conveyor.core.migration import __all__ as _migration
 from conveyor.core.options import *  # noqa: F403
 from conveyor.core.options import __all__ as _options
 from conveyor.core.partitions import *  # noqa: F403
@@ -32,4 +34,4 @@ from conveyor.core.sources import __all__ as _sources
 from conveyor.core.splitting import *  # noqa: F403
 from conveyor.core.splitting import __all__ as _splitting
 
-__all__ = [*_changes, *_counting, *_cursor, *_options, *_partitions, *_sources, *_splitting, *_sinks, *_runs]
+__all__ = [*_changes, *_counting, *_cursor, *_migration, *_options, *_partitions, *_sources, *_splitting, *_sinks, *_runs]

@@ -28,6 +28,8 @@ class TargetColumn:
     type: str = ""
     nullable: bool = True
     has_default: bool = False
+    #: computed by the target from its own expression (PostgreSQL's GENERATED ALWAYS AS (...)): never written
+    generated: bool = False
 
 
 def _by_name(source: Sequence[str], target: Sequence[TargetColumn]) -> tuple[list[tuple[str, str]], list[str]]:
@@ -68,7 +70,12 @@ def map_columns(
     elif unmatched and drift == "ignore":
         say(f"{where}: schema_drift=ignore: source columns the target lacks are not loaded: {', '.join(unmatched)}")
         unmatched = []
-    used = {t for _, t in pairs}
+    computed = {c.name for c in target if c.generated}
+    if any(t in computed for _, t in pairs):
+        say(f"{where}: {', '.join(t for _, t in pairs if t in computed)}: generated on the target (computed there from its own "
+            "expression), not written")
+        pairs = [(s, t) for s, t in pairs if t not in computed]
+    used = {t for _, t in pairs} | computed
     dupes = sorted({t for _, t in pairs if sum(1 for _, u in pairs if u == t) > 1})
     required = [c.name for c in target if c.name not in used and not c.nullable and not c.has_default]
     problems = []

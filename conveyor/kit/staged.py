@@ -46,15 +46,16 @@ def check_taken(where: str, taken: int, staged: int) -> None:
 
 
 def swap_steps(mode: str, target: str, stage: str, new_name: str, columns: Sequence[str], empty: str = "DELETE FROM",
-               drop_old: bool = True) -> list[str]:
+               drop_old: bool = True, overriding: str = "") -> list[str]:
     """The statements that make a staged load the target's content, in one transaction.
 
     ``target`` and ``stage`` are qualified names, ``new_name`` the target's bare (quoted) name the
     stage is renamed to, ``columns`` quoted column names; ``empty`` empties the target for truncate
-    (``TRUNCATE`` where the engine has it)."""
+    (``TRUNCATE`` where the engine has it); ``overriding``: the clause that lets an insert write identity columns'
+    values (PostgreSQL's ``OVERRIDING SYSTEM VALUE``: a GENERATED ALWAYS identity takes the source's values)."""
     if mode == "truncate":
         cols = ", ".join(columns)
-        return [f"{empty} {target}", f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {stage}", f"DROP TABLE {stage}"]
+        return [f"{empty} {target}", f"INSERT INTO {target} ({cols}) {overriding}SELECT {cols} FROM {stage}", f"DROP TABLE {stage}"]
     drop = [f"DROP TABLE IF EXISTS {target}"] if mode == "replace" and drop_old else []
     return [*drop, f"ALTER TABLE {stage} RENAME TO {new_name}"]
 

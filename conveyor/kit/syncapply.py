@@ -89,6 +89,8 @@ class SqlChangeApplier:
     def sync_state(self, slot: str) -> SyncState | None:
         """The position this target's rows are at for ``slot`` (None: no sync has committed into it)."""
         with self._sync_connection() as con:
+            if self._state_missing(con):  # nothing synced yet (and no table made by a look: a migration's target stays empty)
+                return None
             row = con.execute(f"SELECT position, signature, source FROM {self._state_table(con)} "
                               f"WHERE slot = '{slot}' AND target = {_text(self._sync_target, self._sync_mysql)}").fetchone()
         return SyncState(int(row[0]), row[1], row[2]) if row else None
@@ -166,6 +168,17 @@ class SqlChangeApplier:
         no gone key left); False only where nothing on the target can skip or change a row (no trigger, no rule) and
         :meth:`_effects` counts what the transaction did."""
         return True
+
+    #: the clause an INSERT of the source's rows takes to write identity columns' values (PostgreSQL: OVERRIDING SYSTEM VALUE)
+    _overriding = ""
+
+    def _computed(self, con: Any) -> set[str]:
+        """The target's columns it computes itself (generated columns), which an apply leaves to it."""
+        return set()
+
+    def _state_missing(self, con: Any) -> bool:
+        """Whether the target's sync state table is not there (False where the engine cannot tell cheaply: it is made)."""
+        return False
 
     def _deferred(self) -> list[str]:
         """Statements at the start of the apply that defer the constraints that can be deferred (checked at its commit)."""
@@ -268,7 +281,8 @@ def _prepare(con: Any, change: Change, quote: Callable[[str], str]) -> _Table:
         return _Table(change, sink._qualified(), "", [], "")
     target, stage = sink._qualified(), sink._qualified(change.stage)
     present = f"s.{quote(PRESENT)}"
-    columns = [d[0] for d in con.execute(f"SELECT * FROM {stage} LIMIT 0").description if d[0] != PRESENT]
+    computed = sink._computed(con)  # the target makes these from its own expression: never written
+    columns = [d[0] for d in con.execute(f"SELECT * FROM {stage} LIMIT 0").description if d[0] != PRESENT and d[0] not in computed]
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in change.keys)
     t = _Table(change, target, stage, columns, on)
     t.staged, t.existing = _ints(con, f"SELECT count(*), sum(CASE WHEN {present} THEN 1 ELSE 0 END) FROM {stage} AS s")
@@ -343,7 +357,8 @@ def _insert(con: Any, t: _Table, quote: Callable[[str], str]) -> None:
     order = ", ".join(f"s.{quote(k)}" for k in keys)  # in key order: the target's key index grows page by page
     anti = "" if t.change.full else f" AND t.{quote(keys[0])} IS NULL"
     join = "" if t.change.full else f" LEFT JOIN {t.target} AS t ON {t.on}"
-    con.execute(f"INSERT INTO {t.target} ({cols}) SELECT {', '.join(f's.{quote(c)}' for c in t.columns)} FROM {t.stage} AS s{join} "
+    con.execute(f"INSERT INTO {t.target} ({cols}) {t.change.sink._overriding}SELECT {', '.join(f's.{quote(c)}' for c in t.columns)} "
+                f"FROM {t.stage} AS s{join} "
                 f"WHERE s.{quote(PRESENT)}{anti} ORDER BY {order}")
 
 

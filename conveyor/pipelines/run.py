@@ -141,7 +141,12 @@ def _sync(spec: Any, place: RunPlace, load: Callable[[Any], JobReport], config: 
             part.replace(place.report)
 
     try:
-        report = sync.run(spec, load, written)
+        if spec.migrate.schema:
+            from conveyor.pipelines import migrate
+
+            report = migrate.run(spec, load, written, sync.run)
+        else:
+            report = sync.run(spec, load, written)
     except BaseException as exc:
         if "report" in seen:
             written(seen["report"], "cancelled" if isinstance(exc, Cancelled) else "failed", exc)

@@ -93,6 +93,8 @@ class SyncReport:
     seconds: float = 0.0
     #: a position as the source writes it
     text: Callable[[int], str] = field(default=str, repr=False)
+    #: a whole-database migration's part (``conveyor.pipelines.migrate.MigrationReport``), else None
+    migration: Any = None
 
     #: the runs a long ``follow`` keeps in its report (the newest; every run's line is in the log)
     KEPT: ClassVar[int] = 1000
@@ -103,6 +105,9 @@ class SyncReport:
         del self.runs[:-self.KEPT]
 
     def lines(self) -> list[str]:
+        return self._lines() + (self.migration.lines() if self.migration is not None else [])
+
+    def _lines(self) -> list[str]:
         if self.first_load is not None and not self.runs:
             rows, seconds = self.first_load
             return [f"sync: first load, {rows:,} rows into {self.target} in {seconds:.2f} s; "
@@ -117,6 +122,8 @@ class SyncReport:
                                "retained_bytes": self.retained_bytes, "runs": [r.as_dict() for r in self.runs]}
         if self.first_load is not None:
             out["first_load"] = {"rows": self.first_load[0], "seconds": round(self.first_load[1], 3)}
+        if self.migration is not None:
+            out["migration"] = self.migration.as_dict()
         return out
 
 
@@ -145,11 +152,13 @@ def check(spec: JobSpec) -> None:
     slot_of(spec)
 
 
-def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[Any], None] | None = None) -> Any:
+def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[Any], None] | None = None,
+        before_load: Callable[[Any], None] | None = None) -> Any:
     """The sync job ``spec`` describes: its first load, then (with ``incremental.follow``) or else its applies (every
     ``incremental.follow`` seconds until Ctrl-C / SIGTERM, which raise :class:`Cancelled` with every applied change
     committed). Returns the job's report (a :class:`~conveyor.pipelines.job.JobReport`, its ``sync`` this
-    :class:`SyncReport`); ``on_run`` gets it after every run."""
+    :class:`SyncReport`); ``on_run`` gets it after every run; ``before_load`` gets the first position's snapshot before
+    the first load reads it (a migration makes the target's tables there)."""
     check(spec)
     start = time.perf_counter()
     slot = slot_of(spec)
@@ -168,7 +177,7 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[Any], N
                                     "the source is another server): the changes since the target's position are lost to it",
                                     hint="conveyor clean --drop (this job's settings), then run it again: the first run loads the "
                                          "tables again")
-            report, sync.position = _first(spec, feed, sinks, load)
+            report, sync.position = _first(spec, feed, sinks, load, before_load)
             sync.first_load = (report.rows, report.seconds)
             report.sync = sync
             if not _again(spec, feed, report, start, on_run):
@@ -226,10 +235,13 @@ def _targets(spec: JobSpec, feed: FeedSession) -> list[Any]:
     return [spec.sink.for_target(t.schema, t.name, spec.options) for t in feed.tables]
 
 
-def _first(spec: JobSpec, feed: FeedSession, sinks: list[Any], load: Callable[[JobSpec], Any]) -> tuple[Any, int]:
+def _first(spec: JobSpec, feed: FeedSession, sinks: list[Any], load: Callable[[JobSpec], Any],
+           before_load: Callable[[Any], None] | None = None) -> tuple[Any, int]:
     """The first load, in the snapshot the feed's first position came with; each target records the position."""
     with feed.first() as (position, snapshot):
         say(f"sync: slot {feed.slot} made at {feed.text(position)}: loading the tables in its snapshot")
+        if before_load is not None:
+            before_load(snapshot)
         job = load(dataclasses.replace(spec, source=feed.snapshot_source(snapshot)))
     for table, sink in zip(feed.tables, sinks):
         sink.record_sync(SyncRecord(feed.slot, table.label, position, table.signature))

@@ -118,6 +118,11 @@ def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3
     for f in sorted(tpch_orders.iterdir()):
         client.upload_file(str(f), "bucket", f"orders/{f.name}")
     pg_exec(pg_source, "DROP TABLE IF EXISTS orders", "DROP TABLE IF EXISTS orders_copy")
+    pg_exec(pg_source, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database IN ('app', 'app_new')",
+            "DROP DATABASE IF EXISTS app WITH (FORCE)", "DROP DATABASE IF EXISTS app_new WITH (FORCE)", "CREATE DATABASE app",
+            "CREATE DATABASE app_new")  # pg_migrate's: a database to move, and an empty one to move it to
+    pg_exec(pg_source, "CREATE TABLE items (id int PRIMARY KEY, name text UNIQUE)", "INSERT INTO items SELECT g, 'i' || g FROM generate_series(1, 500) g",
+            dbname="app")
     examples = pipeline_examples()
     assert {e.split()[2] for e in examples} == {f"pipeline={p.stem}" for p in (REPO / "configs" / "pipeline").glob("*.yaml")} - {"pipeline=demo"}
     # the DuckDB example reads the table the README's own example made; order them as a user would
@@ -125,12 +130,15 @@ def test_every_pipeline_example_runs_as_written(tpch_orders: Path, pg_source, s3
              "sink.table=orders load_mode=replace runtime=local"]
     order = ["parquet_to_postgres", "pg_to_pg", "postgres_to_parquet", "pg_to_mysql", "mysql_to_pg", "mysql_to_parquet",
              "pg_to_clickhouse", "clickhouse_to_parquet", "pg_to_iceberg", "pg_to_delta",
-             "parquet_to_duckdb", "duckdb_to_parquet", "s3_parquet_to_postgres"]
+             "parquet_to_duckdb", "duckdb_to_parquet", "s3_parquet_to_postgres", "pg_migrate"]
     examples.sort(key=lambda e: order.index(e.split()[2].split("=")[1]))
     for command in first + examples:
         proc = run_block(command, box, env)
         assert proc.returncode == 0, f"{command}\n--- stderr:\n{proc.stderr[-3000:]}"
     assert checksum(pg_source, "orders_copy")[0] == 15000
+    assert pg_exec(pg_source, "SELECT count(*), count(DISTINCT name) FROM items", dbname="app_new") == [(500, 500)]  # migrated, cut over
+    assert pg_exec(pg_source, "SELECT count(*) FROM pg_indexes WHERE tablename = 'items'", dbname="app_new") == [(2,)]
+    assert pg_exec(pg_source, "SELECT count(*) FROM pg_replication_slots WHERE database = 'app'") == [(0,)]
     assert pg_exec(pg_source, "SELECT count(*) FROM orders")[0][0] == 30000  # replaced, then the S3 files appended
     assert ds.dataset(box / "out" / "from_duckdb").count_rows() == 15000
     assert checksum(pg_source, "orders_from_mysql") == checksum(pg_source, "orders_copy")  # PostgreSQL -> MySQL -> PostgreSQL

@@ -30,6 +30,7 @@ from typing import Any
 from conveyor.connectors.postgres import commits, decide, definition, partitioned, passthrough, writers
 from conveyor.connectors.postgres import target as targets
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, row_hash_sql, translate
+from conveyor.connectors.postgres.migration import PgSchemaImport
 from conveyor.connectors.postgres.prepare import Preparer, drop_added
 from conveyor.connectors.postgres.syncsink import PgChangeApplier
 from conveyor.connectors.postgres.target import Target
@@ -69,6 +70,10 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
     table: str = "???"
     #: create / replace make the new table UNLOGGED (faster, not crash-safe, not replicated)
     unlogged: bool = False
+    #: a sync's applies run as a replica's (session_replication_role = replica, as PostgreSQL's own subscriptions do):
+    #: the target's triggers and foreign key checks and actions do not fire, the source's own effects arrive as its
+    #: changes (a migration's target, whose triggers and constraints are the source's; needs a superuser)
+    apply_as_replica: bool = False
     #: create / replace: load the new table UNLOGGED (its rows write no WAL), then SET LOGGED just
     #: before it is swapped in (one pass writes it to the WAL): the target ends as logged as ever
     unlogged_load: bool = False
@@ -152,7 +157,7 @@ class PostgresSinkConfig(MergeOptions, PgConnConfig):
             self.schema, self.table = schema, table  # schema.table, the schema left at its default: split
 
 
-class PostgresSink(PgChangeApplier, SinkBase):
+class PostgresSink(PgChangeApplier, PgSchemaImport, SinkBase):
     config_class = PostgresSinkConfig
     capabilities = SinkCapabilities(transactional=True, load_modes=("truncate", "append", "create", "replace", "merge"),
                                     native_formats=(passthrough.FORMAT, passthrough.TEXT_FORMAT), read_back=True)
@@ -349,6 +354,8 @@ class PostgresSink(PgChangeApplier, SinkBase):
                 else:
                     self._swap_in(con, plan, target, sum(r.rows for r in results))
                 self._forget_markers(con, plan)  # a staged load is visible whole: its markers served their purpose
+            elif plan.load_mode == "truncate":
+                self._forget_markers(con, plan)  # in place, one partition: committed with it; no resume or retry follows a finalize
             self._commit_cursor(con, plan)
             con.commit()
             partitioned.say_default_rows(con, target, self.name)
@@ -371,7 +378,7 @@ class PostgresSink(PgChangeApplier, SinkBase):
         if plan.load_mode == "replace" and con.execute("SELECT to_regclass(%s) IS NOT NULL", [self._qualified()]).fetchone()[0]:
             targets.keep_identity(con, target, plan.write_target)  # the new table takes the old one's owner, grants and comment
         steps = swap_steps(plan.load_mode, self._qualified(), stage, ident(self.config.table), [ident(c) for c in plan.columns],
-                           empty=f"TRUNCATE {targets.only_of(con, self._qualified())}".strip())
+                           empty=f"TRUNCATE {targets.only_of(con, self._qualified())}".strip(), overriding="OVERRIDING SYSTEM VALUE ")
         if self.config.unlogged_load and not self.config.unlogged and plan.load_mode in ("create", "replace"):
             steps.insert(0, f"ALTER TABLE {stage} SET LOGGED")  # with its indexes
         if plan.own.primary_key:  # built once over the loaded rows; a duplicate fails here, the target untouched

@@ -19,6 +19,7 @@ from typing import Any
 from conveyor.connectors.postgres import changes, definition, duckdecode, passthrough, reading
 from conveyor.connectors.postgres.common import PG_DIALECT, PgConnConfig, adbc_connect, connect, ident, literal, translate
 from conveyor.connectors.postgres.feed import PgChangeFeed
+from conveyor.connectors.postgres.migration import PgSchemaExport
 from conveyor.connectors.postgres.planning import KIND_NAMES, PgPlanning, relation_info
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, read_arrow_type, read_columns
 from conveyor.core import (
@@ -76,7 +77,7 @@ class PostgresSourceConfig(PgConnConfig):
             raise ValueError(f"decoder: {self.decoder!r} is not one of {', '.join(DECODERS)}")
 
 
-class PostgresSource(PgPlanning, PgChangeFeed):
+class PostgresSource(PgPlanning, PgChangeFeed, PgSchemaExport):
     """Reads a PostgreSQL table or query as Arrow batches; serves every partition method."""
 
     config_class = PostgresSourceConfig

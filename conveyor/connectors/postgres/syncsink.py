@@ -12,6 +12,7 @@ from conveyor.kit.syncapply import PRESENT, SqlChangeApplier
 
 class PgChangeApplier(SqlChangeApplier):
     config: Any
+    _overriding = "OVERRIDING SYSTEM VALUE "
 
     @contextlib.contextmanager
     def _sync_connection(self) -> Iterator[Any]:
@@ -48,7 +49,27 @@ class PgChangeApplier(SqlChangeApplier):
             return []
         return ["SET LOCAL enable_hashjoin = off", "SET LOCAL enable_mergejoin = off", "SET LOCAL jit = off"]
 
+    def drop_stage(self, stage: str) -> None:
+        from conveyor.connectors.postgres import commits
+
+        with self._sync_connection() as con:
+            con.execute(f"DROP TABLE IF EXISTS {self._qualified(stage)}")
+            if con.execute("SELECT to_regclass(%s) IS NOT NULL", (self._qualified(commits.MARKERS),)).fetchone()[0]:
+                # the stage load's commit markers: the stage is gone, and a run's stage load is never resumed
+                con.execute(f"DELETE FROM {self._qualified(commits.MARKERS)} WHERE target LIKE %s", (f"%{stage}%",))
+
+    def _computed(self, con: Any) -> set[str]:
+        return {r[0] for r in con.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND "
+                                          "attgenerated <> '' AND NOT attisdropped", (self._qualified(),)).fetchall()}
+
+    def _state_missing(self, con: Any) -> bool:
+        from conveyor.kit.syncapply import STATE
+
+        return con.execute("SELECT to_regclass(%s) IS NULL", (self._qualified(STATE),)).fetchone()[0]
+
     def _deferred(self) -> list[str]:
+        if self.config.apply_as_replica:
+            return ["SET LOCAL session_replication_role = replica"]
         return ["SET CONSTRAINTS ALL DEFERRED"]
 
     def _effects(self, con: Any) -> tuple[int, int, int] | None:

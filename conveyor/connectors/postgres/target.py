@@ -57,10 +57,11 @@ def inspect(con: Any, schema: str, table: str) -> Target:
     qualified = ident(schema, table)
     cols = read_columns(con, f"SELECT * FROM {qualified} LIMIT 0")
     meta = con.execute(
-        "SELECT a.attname, a.attnotnull, a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' "
+        "SELECT a.attname, a.attnotnull, a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '', a.attgenerated <> '' "
         "FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         [qualified]).fetchall()
-    mapping = tuple(TargetColumn(name, c.type_sql, not notnull, bool(hasdef)) for (name, notnull, hasdef), c in zip(meta, cols))
+    mapping = tuple(TargetColumn(name, c.type_sql, not notnull, bool(hasdef), bool(generated))
+                    for (name, notnull, hasdef, generated), c in zip(meta, cols))
     return Target(schema, table, True, row[0], tuple(cols), mapping)
 
 
