@@ -287,6 +287,11 @@ class SourceBase:
         """This source passing on the special values (``INFINITY``) a sink keeps, which it refuses by default."""
         return self
 
+    def comparing(self, other: Any) -> Any:
+        """This source as ``conveyor verify`` reads it beside ``other`` (the other end, read as a source): where both are
+        one engine, values Arrow cannot hold may be read as the text both print alike."""
+        return self
+
     def many(self) -> bool:
         """Whether this source is configured with several tables, read in one snapshot (no connection made)."""
         return False

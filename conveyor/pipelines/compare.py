@@ -188,9 +188,15 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     from conveyor.strategies.basic import FilesStrategy
 
     degree = JobOptions.resolve_degree(spec.options.degree, os.cpu_count())
-    read = opened or _keeping(spec.source)
+    if opened is None:  # conveyor verify: each end read as it reads beside the other (one engine: values Arrow cannot hold as text)
+        read = _keeping(spec.source)
+        target = _keeping(target_as_source(spec, written, read.describe().schema))
+        read, target = _comparing(read, target), _comparing(target, read)
+    else:
+        read = opened
     sinfo = read.describe()
-    target = _keeping(target_as_source(spec, written, sinfo.schema))
+    if opened is not None:
+        target = _keeping(target_as_source(spec, written, sinfo.schema))
     tinfo = target.describe()
     tnames = {n.lower(): n for n in tinfo.schema.names}
     pairs = [(n, tnames[n.lower()]) for n in sinfo.schema.names if n.lower() in tnames]
@@ -241,6 +247,12 @@ def _keeping(source: Any) -> Any:
 
     keeping = getattr(source, "keeping", None)
     return keeping((INFINITY,)) if keeping is not None else source
+
+
+def _comparing(source: Any, other: Any) -> Any:
+    """``source`` as it reads beside ``other`` (``SourceBase.comparing``; a source without it as it is)."""
+    comparing = getattr(source, "comparing", None)
+    return comparing(other) if comparing is not None else source
 
 
 def _one_column_key(source: Any) -> list[str]:

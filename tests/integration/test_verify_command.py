@@ -234,3 +234,27 @@ def test_infinity_kept_by_a_copy_is_compared(pg_source, pg_target, tmp_path: Pat
     for name, sink in targets:
         result = _verify("source=postgres", f"sink={name}", source=src, sink=sink)
         assert _broken_keys(result) == {1: "values differ", 3: "values differ"}, (name, result.keys)
+
+
+def test_numeric_nan_and_arrays_of_several_dimensions_are_compared_between_postgresql_servers(pg_source, pg_target) -> None:
+    """A PostgreSQL copy keeps numeric NaN and infinity, and arrays of several dimensions (the pass-through carries them);
+    Arrow holds neither, and verify said "cannot be compared" of its own exact copies. Between two PostgreSQL servers
+    numerics and arrays are now read as both print them (a numeric without trailing zeros: 1.50 in numeric(12,2) is
+    1.5000 in numeric(20,4)); a changed value is still found by its key."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS v_nan", "CREATE TABLE v_nan (id int PRIMARY KEY, n numeric(12, 2), u numeric, "
+            "m int[], t text[], nn numeric(8, 3)[])",
+            "INSERT INTO v_nan SELECT g, CASE WHEN g % 5 = 0 THEN 'NaN' ELSE g / 4.0 END, CASE WHEN g % 7 = 0 THEN 'Infinity' "
+            "WHEN g % 7 = 1 THEN 'NaN' ELSE g * 1.000001 END, ARRAY[[g, g + 1], [g + 2, NULL]], ARRAY[['a', 'b'], ['c', g::text]], "
+            "ARRAY[g / 3.0, NULL] FROM generate_series(1, 3000) g")
+    src = {"type": "postgres", "port": pg_source.port, "table": "v_nan"}
+    pg_exec(pg_target, "DROP TABLE IF EXISTS v_nan", "CREATE TABLE v_nan (id int PRIMARY KEY, n numeric(20, 4), u numeric, "
+            "m int[], t text[], nn numeric(8, 3)[])")
+    sink = {"type": "postgres", "port": pg_target.port, "table": "v_nan"}
+    report = conveyor.run(None, "source=postgres", "sink=postgres", "strategy=ctid", source=src, sink=sink, load_mode="truncate")
+    assert report.rows == 3000
+    result = _verify("source=postgres", "sink=postgres", source=src, sink=sink)
+    assert result.equal and result.target.rows == 3000, result.keys
+    pg_exec(pg_target, "UPDATE v_nan SET n = 0 WHERE id = 5", "UPDATE v_nan SET m[2][2] = 7 WHERE id = 8",
+            "UPDATE v_nan SET u = '-Infinity' WHERE id = 14")
+    result = _verify("source=postgres", "sink=postgres", source=src, sink=sink)
+    assert _broken_keys(result) == {5: "values differ", 8: "values differ", 14: "values differ"}, result.keys

@@ -95,6 +95,8 @@ class PostgresSource(PgPlanning, PgChangeFeed, PgSchemaExport):
         self.snapshot_mark: dict[str, Any] | None = None
         #: the sink keeps infinity (core.INFINITY): pass it on instead of refusing it
         self.keep_infinity = False
+        #: beside another PostgreSQL in ``conveyor verify``: numerics and arrays read as their text (``comparing``)
+        self.text_compared = False
         #: the job's ``columns``: only these are read (a column left out is never read, its values never checked)
         self.selected: tuple[str, ...] = ()
         #: incremental.cursor: only the rows of this window are planned, read, counted and checksummed
@@ -111,6 +113,15 @@ class PostgresSource(PgPlanning, PgChangeFeed, PgSchemaExport):
         self.relid: int | None = None
         self.relkind = ""
         self.scan_stats = False
+
+    def comparing(self, other: Any) -> PostgresSource:
+        """This source as ``conveyor verify`` reads it beside ``other``: beside another PostgreSQL, its numerics and arrays
+        are read as their text (NaN, several dimensions: values Arrow cannot hold), as the other end reads its own."""
+        if not isinstance(other, PostgresSource):
+            return self
+        texts = copy.copy(self)
+        texts.text_compared = True
+        return texts
 
     def selecting(self, columns: tuple[str, ...]) -> PostgresSource:
         """This source reading only ``columns`` (the job's ``columns``), where the relation has every one of them."""
@@ -156,6 +167,9 @@ class PostgresSource(PgPlanning, PgChangeFeed, PgSchemaExport):
                     self.columns = tuple(c for c in self.columns if c.name in self.selected)
                 if self.relid is not None:
                     self.columns = _collated(con, self.relid, self.columns)
+                if self.text_compared:
+                    self.columns = tuple(dataclasses.replace(c, as_text=True) if c.typname == "numeric" or c.elem else c
+                                         for c in self.columns)
             except Exception as exc:
                 raise translate(exc, self.config, "describing the source") from None
         finally:

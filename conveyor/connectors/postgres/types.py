@@ -46,6 +46,9 @@ class PgColumn:
     base_sql: str = ""  # for domains: the base type
     #: the column's collation where it is not its type's default (a table's column: "C", "en-x-icu", ...), quoted
     collation: str = ""
+    #: read as its text whatever its type (``conveyor verify`` of one PostgreSQL beside another: numerics and arrays,
+    #: whose values Arrow cannot always hold, NaN or several dimensions, compared as both servers print them)
+    as_text: bool = False
 
     @property
     def kind(self) -> str:
@@ -60,6 +63,8 @@ class PgColumn:
     @property
     def native(self) -> bool:
         """ADBC reads it as a proper Arrow type (else it is read as text)."""
+        if self.as_text:
+            return False
         if self.typtype == "e":
             return True
         if self.elem:
@@ -75,6 +80,8 @@ class PgColumn:
         from conveyor.connectors.postgres.common import ident
 
         q = ident(self.name)
+        if self.as_text:  # a numeric without its trailing zeros: 1.50 in numeric(12,2) and 1.5000 in numeric(20,4) are one value
+            return f"trim_scale({q})::text AS {q}" if self.typname == "numeric" else f"{q}::text AS {q}"
         if self.typtype == "d" and self.base_sql:
             return f"{q}::{self.base_sql} AS {q}"
         if self.unconstrained_numeric or not self.native:
@@ -128,9 +135,9 @@ def numeric_precision_scale(col: PgColumn) -> tuple[int, int] | None:
 
 
 def numeric_arrow_type(col: PgColumn) -> Any:
-    """decimal128/256(p, s) for numeric(p, s); None for every other column."""
+    """decimal128/256(p, s) for numeric(p, s); None for every other column (and one read as its text)."""
     ps = numeric_precision_scale(col)
-    if ps is None:
+    if ps is None or col.as_text:
         return None
     import pyarrow as pa
 
@@ -178,6 +185,8 @@ def read_arrow_type(col: PgColumn) -> Any:
     None for a column only ADBC's driver can say (ask it)."""
     import pyarrow as pa
 
+    if col.as_text:
+        return pa.string()
     decimal = numeric_arrow_type(col)
     if decimal is not None:
         return decimal
