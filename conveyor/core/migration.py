@@ -95,9 +95,14 @@ class SchemaImport(Protocol):
         """This sink with a sync's applies made as a replica's (PostgreSQL: ``session_replication_role = replica``)."""
         ...
 
-    def forget_migration(self, slot: str, schemas: Sequence[str] = ()) -> list[str]:
-        """The migration's own records removed from the target (after its cutover), and Conveyor's tables in ``schemas``
-        (the migrated tables' schemas) that hold nothing any more (markers, sync states); what was dropped."""
+    def empty_tables(self, tables: Sequence[tuple[str, str]]) -> None:
+        """The migration's tables (schema, name) emptied in one transaction, with their loads' commit markers (a first load
+        that stopped is made again in a new snapshot)."""
+        ...
+
+    def forget_migration(self, slot: str, tables: Sequence[tuple[str, str]] = ()) -> list[str]:
+        """The migration's own records removed from the target (after its cutover): its tables' loads' commit markers,
+        Conveyor's tables in their schemas that hold nothing any more (markers, sync states); what was dropped."""
         ...
 
 

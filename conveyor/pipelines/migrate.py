@@ -71,9 +71,10 @@ def check(spec: Any) -> None:
     if not spec.source.many():
         raise ConfigError("migrate.schema=true moves a database: its tables are source.tables (patterns), not one source.table",
                           key="source.tables", hint="use pipeline=pg_migrate (source.tables=['*.*'])")
-    if spec.options.load_mode != "truncate":
-        raise ConfigError(f"migrate.schema=true: load_mode={spec.options.load_mode}; the first load fills the tables the source's "
-                          "definitions made", key="load_mode", hint="use load_mode=truncate (pipeline=pg_migrate sets it)")
+    if spec.options.load_mode != "append":
+        raise ConfigError(f"migrate.schema=true: load_mode={spec.options.load_mode}; the first load appends to the empty tables the "
+                          "source's definitions made (each partition committed once, by its marker)", key="load_mode",
+                          hint="use load_mode=append (pipeline=pg_migrate sets it)")
     if spec.migrate.cutover and spec.incremental.follow:
         raise ConfigError("migrate.cutover=true ends the sync: it does not go with incremental.follow", key="migrate.cutover",
                           hint="stop the follow (Ctrl-C), stop the application's writes, then run the cutover")
@@ -99,13 +100,16 @@ def run(spec: Any, load: Callable[[Any], Any], on_run: Callable[[Any], None] | N
 
     if step != "indexed":
         def schema_first(snapshot: Any) -> None:
+            if step is not None:  # made by a run that stopped in its load: the tables emptied, loaded again in this snapshot
+                spec.sink.empty_tables(_targets(spec))
+                return
             pre, post = export("pre-data", snapshot), export("post-data", snapshot)
             spec.sink.import_schema(pre, slot, "schema", later=post)
             migration.made["pre-data"] = pre.describe()
             say(f"migrate: the source's definitions made on the target ({pre.describe()}); loading the tables")
 
         once = dataclasses.replace(spec, incremental=dataclasses.replace(spec.incremental, follow=0))
-        report = sync_run(once, load, None, before_load=schema_first if step is None else None)
+        report = sync_run(once, load, None, before_load=schema_first)
         if later is None:
             later = spec.sink.migration_step(slot)[1]
         if later is None:  # a step recorded by a run that kept no post-data: take it now
@@ -158,12 +162,17 @@ def _cutover(spec: Any, load: Callable[[Any], Any], sync_run: Callable[..., Any]
     last = sync_run(spec, load, None)
     _quiet(last, "while it verified the tables")
     migration.sequences = spec.sink.set_sequences(spec.source.sequence_values())
-    schemas = [t.schema for t in tables]
-    migration.dropped = sync.leftovers(spec, remove=True) + spec.sink.forget_migration(slot, schemas)
+    migration.dropped = sync.leftovers(spec, remove=True) + spec.sink.forget_migration(slot, [(t.schema, t.name) for t in tables])
     migration.step = "done"
     migration.downtime_seconds = round(time.perf_counter() - started, 3)
     last.sync.migration = migration
     return last
+
+
+def _targets(spec: Any) -> list[tuple[str, str]]:
+    """The migration's tables (schema, name): the source's, in its session."""
+    with spec.source.session() as session:
+        return [(t.schema, t.name) for t in session.tables()]
 
 
 def _quiet(report: Any, when: str) -> None:

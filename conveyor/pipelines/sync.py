@@ -143,7 +143,8 @@ def check(spec: JobSpec) -> None:
     if not isinstance(spec.sink, ChangeApplier):
         raise ConfigError(f"incremental.method=replication: sink {spec.names.get('sink')} cannot apply changes (it deletes and "
                           "inserts rows by key in one transaction)", key="sink", hint="sync into postgres, duckdb, mysql, iceberg or delta")
-    if spec.options.load_mode not in ("replace", "truncate", "create"):
+    if spec.options.load_mode not in ("replace", "truncate", "create") and not (spec.migrate.schema and spec.options.load_mode == "append"):
+        # (a migration's first load appends into the empty tables its definitions made)
         raise ConfigError(f"incremental.method=replication: load_mode={spec.options.load_mode}; a sync's first run loads each table "
                           "whole, and later runs apply changes", key="load_mode", hint="use load_mode=replace (or truncate / create)")
     if spec.incremental.chunk_keys <= 0 or spec.incremental.follow < 0 or spec.incremental.wait_timeout < 0:

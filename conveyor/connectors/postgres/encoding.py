@@ -285,7 +285,7 @@ def insert_from_temp(columns: Sequence[str], types: Sequence[str], table: str, t
     """Move a partition from its temp table into ``table`` (qualified), PostgreSQL casting where Arrow could not."""
     cols = ", ".join(ident(t) for t in columns)
     exprs = ", ".join(f"{ident(t)}::{ty}" for t, ty in zip(columns, types))  # a no-op where types agree
-    return f"INSERT INTO {table} ({cols}) SELECT {exprs} FROM pg_temp.{ident(temp)}"
+    return f"INSERT INTO {table} ({cols}) OVERRIDING SYSTEM VALUE SELECT {exprs} FROM pg_temp.{ident(temp)}"  # an ALWAYS identity too
 
 
 def _ingest_schema(schema: Any, pairs: Sequence[tuple[str, str]], casts: Sequence[Any]) -> Any:

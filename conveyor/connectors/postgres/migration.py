@@ -259,14 +259,27 @@ class PgSchemaImport:
     def as_replica(self) -> Any:
         return type(self)(dataclasses.replace(self.config, apply_as_replica=True), self.options)
 
-    def forget_migration(self, slot: str, schemas: Sequence[str] = ()) -> list[str]:
+    def empty_tables(self, tables: Sequence[tuple[str, str]]) -> None:
+        from conveyor.connectors.postgres import commits
+
+        con = connect(self.config, autocommit=True)
+        try:
+            con.execute("BEGIN")
+            con.execute(f"TRUNCATE {', '.join(ident(s, t) for s, t in tables)}")
+            _forget_markers(con, tables, commits.MARKERS)
+            con.execute("COMMIT")
+        finally:
+            con.close()
+
+    def forget_migration(self, slot: str, tables: Sequence[tuple[str, str]] = ()) -> list[str]:
         from conveyor.connectors.postgres import commits
         from conveyor.kit.syncapply import STATE
 
         con = connect(self.config, autocommit=True)
         try:
             dropped = []
-            for schema in sorted(set(schemas)):  # Conveyor's own tables the migration left empty (markers, sync states)
+            _forget_markers(con, tables, commits.MARKERS)
+            for schema in sorted({s for s, _ in tables}):  # Conveyor's own tables the migration left empty (markers, sync states)
                 for table in (commits.MARKERS, STATE):
                     name = ident(schema, table)
                     if _exists(con, name) and not con.execute(f"SELECT EXISTS (SELECT FROM {name})").fetchone()[0]:
@@ -281,6 +294,13 @@ class PgSchemaImport:
             return [*dropped, f"migration record {slot} (schema {STATE_SCHEMA})"]
         finally:
             con.close()
+
+
+def _forget_markers(con: Any, tables: Sequence[tuple[str, str]], markers: str) -> None:
+    """The commit markers of loads into ``tables`` (kept in each table's schema)."""
+    for schema in sorted({s for s, _ in tables}):
+        if _exists(con, ident(schema, markers)):
+            con.execute(f"DELETE FROM {ident(schema, markers)} WHERE target = ANY(%s)", ([f"{s}.{t}" for s, t in tables if s == schema],))
 
 
 def _exists(con: Any, name: str) -> bool:
