@@ -39,7 +39,7 @@ TABLES = {"region": "r_regionkey", "nation": "n_nationkey", "part": "p_partkey",
 
 def _checksums(server: PgServer, db: str) -> dict[str, str]:
     tables = psql(server, "SELECT format('%I.%I', schemaname, tablename) FROM pg_tables WHERE schemaname NOT IN "
-                          "('pg_catalog', 'information_schema') AND tablename NOT LIKE '\\_conveyor%' ORDER BY 1", db=db).split()
+                          "('pg_catalog', 'information_schema', 'pgcopydb') AND tablename NOT LIKE '\\_conveyor%' ORDER BY 1", db=db).split()
     return {t: psql(server, f"SELECT count(*) || ':' || md5(coalesce(string_agg(md5(x::text), '' ORDER BY md5(x::text)), '')) "
                             f"FROM {t} x", db=db) for t in tables}
 
@@ -98,26 +98,32 @@ def pgcopydb_follow_downtime(src: PgServer, dst: PgServer, db: str, target_db: s
     env = {**os.environ, "PGPASSWORD": src.password, "PATH": f"/usr/lib/postgresql/15/bin:{os.environ['PATH']}"}
     folder = work / f"pgcopydb-{target_db}"
     shutil.rmtree(folder, ignore_errors=True)
+    log = work / f"pgcopydb-{target_db}.log"
     proc = subprocess.Popen(["pgcopydb", "clone", "--follow", "--source", src.url(db), "--target", dst.url(target_db), "--table-jobs",
                              str(degree), "--index-jobs", str(degree), "--dir", str(folder), "--slot-name", "pgcopydb_bench",
-                             "--create-slot"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                             "--create-slot"], stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, env=env)
     try:
         time.sleep(wait)
         if proc.poll() is not None:
-            return {"tool": "pgcopydb clone --follow (0.10)", "error": (proc.stdout.read() if proc.stdout else "")[-1500:]}
+            return {"tool": "pgcopydb clone --follow (0.10)", "error": log.read_text()[-1500:]}
         t0 = time.perf_counter()
-        subprocess.run(["pgcopydb", "stream", "sentinel", "set", "endpos", "--current", "--source", src.url(db), "--dir", str(folder)],
+        subprocess.run(["pgcopydb", "stream", "sentinel", "set", "endpos", "--current", "--source", src.url(db)],
                        capture_output=True, text=True, env=env, timeout=120, check=True)
-        proc.wait(timeout=1800)
+        proc.wait(timeout=600)
         return {"tool": "pgcopydb clone --follow (0.10)", "downtime_s": round(time.perf_counter() - t0, 2), "exit": proc.returncode,
                 "equal": _checksums(src, db) == _checksums(dst, target_db)}
-    except Exception as exc:  # noqa: BLE001 (a cell that did not run is reported, the others stand)
-        return {"tool": "pgcopydb clone --follow (0.10)", "error": str(exc)[-1500:]}
+    except Exception as exc:  # a cell that did not run is reported, the others stand
+        return {"tool": "pgcopydb clone --follow (0.10)", "error": f"{str(exc)[-500:]}; its log: {log.read_text()[-1000:]}"}
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        psql(src, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'pgcopydb_bench'", db=db)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+        psql(src, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'pgcopydb_bench' AND NOT active",
+             db=db)
 
 
 def tpch(src: PgServer, sf: float, work: Path) -> None:
@@ -151,6 +157,7 @@ def main() -> int:
     ap.add_argument("--degree", type=int, default=2)
     ap.add_argument("--pagila", type=Path, help="a folder with pagila-schema.sql and pagila-data.sql")
     ap.add_argument("--follow-wait", type=float, default=60, help="seconds pgcopydb clone --follow runs before its endpos")
+    ap.add_argument("--cells", default="conveyor,pgcopydb,follow", help="which to measure (comma-separated)")
     ap.add_argument("--out", default=f".bench/migrate-{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
     out = Path(args.out)
@@ -162,11 +169,13 @@ def main() -> int:
         dbs = [("tpch", lambda: tpch(src, args.sf, work))] + ([("pagila", lambda: pagila(src, args.pagila))] if args.pagila else [])
         for db, make in dbs:
             make()
-            for n, measure in enumerate((conveyor_migrate, pgcopydb_clone)):
-                cell = {"database": db, **measure(src, dst, db, f"{db}_{n}", work, args.degree)}
-                cells.append(cell)
-                print(json.dumps(cell), flush=True)
-            if shutil.which("pgcopydb"):
+            wanted = args.cells.split(",") if shutil.which("pgcopydb") else ["conveyor"]
+            for n, (name, measure) in enumerate((("conveyor", conveyor_migrate), ("pgcopydb", pgcopydb_clone))):
+                if name in wanted:
+                    cell = {"database": db, **measure(src, dst, db, f"{db}_{n}", work, args.degree)}
+                    cells.append(cell)
+                    print(json.dumps(cell), flush=True)
+            if "follow" in wanted:
                 cell = {"database": db, **pgcopydb_follow_downtime(src, dst, db, f"{db}_f", work, args.degree, args.follow_wait)}
                 cells.append(cell)
                 print(json.dumps(cell), flush=True)
