@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -170,6 +170,8 @@ class Runtime(Protocol):
 
     def held(self) -> AbstractContextManager[None]: ...
 
+    def each(self, work: Callable[[Any], Any], items: Sequence[Any], degree: int, names: Sequence[str] = ()) -> list[Any]: ...
+
 
 class RuntimeBase:
     """The defaults of a runtime's hooks: tasks run in this process, on this machine's CPUs, with
@@ -200,6 +202,14 @@ class RuntimeBase:
 
     def release(self) -> None:
         """Stop what ``start_early`` started and ``run`` did not use (a job that failed before its tasks)."""
+
+    def each(self, work: Callable[[Any], Any], items: Sequence[Any], degree: int, names: Sequence[str] = ()) -> list[Any]:
+        """``work(item)`` of every item, ``degree`` at once, where this runtime runs tasks (here: this process's threads),
+        in order; what ``conveyor verify`` reads its partitions with. ``work`` is picklable where the runtime ships it."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(1, degree), thread_name_prefix="conveyor-each") as pool:
+            return list(pool.map(work, items))
 
     def held(self) -> AbstractContextManager[None]:
         """Keep what the runtime starts for a job ready for every job this process runs inside the block (a sync's

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,26 +153,12 @@ def _rows_in(hasher: _Hasher, buckets: tuple[int, ...], session: Any, part: Any)
     return pa.concat_tables(got) if got else None
 
 
-def _call(work: Any, session: Any, part: Any) -> Any:
-    """A Ray task: ``work`` (a picklable partial) of one partition."""
-    return work(session, part)
-
-
-def _each_partition(source: Any, partitions: list[Any], degree: int, work: Any, ray_runtime: Any = None, opened: bool = False) -> list[Any]:
+def _each_partition(source: Any, partitions: list[Any], degree: int, work: Any, runtime: Any, opened: bool = False) -> list[Any]:
     """``work(session, partition)`` of every partition, in the source's session (its snapshot; ``opened``: the
-    source is one already, the job's): ``degree`` at once in this process's threads, or as Ray tasks (each
-    named by its partition) on the Ray runtime's instance."""
+    source is one already, the job's), ``degree`` at once on the job's runtime (``Runtime.each``: this process's
+    threads, or Ray tasks named by their partition)."""
     with (contextlib.nullcontext(source) if opened else source.session()) as session:
-        if ray_runtime is None:
-            with ThreadPoolExecutor(max(1, degree), thread_name_prefix="conveyor-verify") as pool:
-                return list(pool.map(lambda p: work(session, p), partitions))
-        ray, started = ray_runtime.instance.init()
-        try:
-            remote = ray.remote(_call)
-            refs = [remote.options(name=f"conveyor verify {p.key}", num_cpus=1, max_retries=1).remote(work, session, p) for p in partitions]
-            return ray.get(refs)
-        finally:
-            ray_runtime.instance.done(ray, started)
+        return runtime.each(functools.partial(work, session), partitions, degree, [f"conveyor verify {p.key}" for p in partitions])
 
 
 def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: str = "distinct", opened: Any = None,
@@ -211,9 +196,7 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     key_index = [i for i, (s, _) in enumerate(pairs) if s in key_cols]
     key_index.sort(key=lambda i: key_cols.index(pairs[i][0]))
     result = Comparison(Side(sinfo.label), Side(tinfo.label), tuple(key_cols), tuple(s for s, _ in pairs), unmatched)
-    from conveyor.runtime.ray import RayRuntime
-
-    on_ray = spec.runtime if isinstance(spec.runtime, RayRuntime) else None
+    runtime = spec.runtime if spec.runtime is not None else _threads()  # the partitions read where the job runs its tasks
     sides = []
     for side, source, info, names, strategy in (
             (result.source, read, sinfo, [s for s, _ in pairs], spec.strategy),
@@ -227,7 +210,7 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
                 parts = list(strategy.plan(PlanRequest(source=session, info=info, degree=degree)).partitions)
         side.partitions = len(parts)
         hasher = _Hasher(tuple(names), tuple(key_index), tuple(types), zero)
-        for rows, buckets in _each_partition(source, parts, degree, functools.partial(_sums, hasher), on_ray, source is opened):
+        for rows, buckets in _each_partition(source, parts, degree, functools.partial(_sums, hasher), runtime, source is opened):
             side.rows += rows
             for k, (n, total) in buckets.items():
                 side.counts[k] += n
@@ -236,7 +219,7 @@ def compare(spec: Any, key: list[str] | None = None, max_keys: int = 20, zero: s
     differing = [k for k in range(BUCKETS) if (result.source.counts[k], result.source.sums[k]) != (result.target.counts[k], result.target.sums[k])]
     result.differing_buckets = len(differing)
     if differing and key_cols:
-        result.keys = _differing_keys(sides, tuple(differing), degree, max_keys, on_ray, opened is not None)
+        result.keys = _differing_keys(sides, tuple(differing), degree, max_keys, runtime, opened is not None)
     return result
 
 
@@ -247,6 +230,13 @@ def _keeping(source: Any) -> Any:
 
     keeping = getattr(source, "keeping", None)
     return keeping((INFINITY,)) if keeping is not None else source
+
+
+def _threads() -> Any:
+    """A job built without its runtime (``kinds``): this process's threads."""
+    from conveyor.core import RuntimeBase
+
+    return RuntimeBase()
 
 
 def _comparing(source: Any, other: Any) -> Any:
@@ -266,14 +256,14 @@ def _one_column_key(source: Any) -> list[str]:
 
 
 def _differing_keys(sides: list[tuple[Any, list[Any], _Hasher]], buckets: tuple[int, ...], degree: int, max_keys: int,
-                    on_ray: Any, opened: bool) -> list[tuple[tuple[Any, ...], str]]:
+                    runtime: Any, opened: bool) -> list[tuple[tuple[Any, ...], str]]:
     """The rows of the differing buckets, read again on both sides and joined by key."""
     import duckdb
     import pyarrow as pa
 
     tables = []
     for i, (source, parts, hasher) in enumerate(sides):
-        got = [t for t in _each_partition(source, parts, degree, functools.partial(_rows_in, hasher, buckets), on_ray, opened and i == 0)
+        got = [t for t in _each_partition(source, parts, degree, functools.partial(_rows_in, hasher, buckets), runtime, opened and i == 0)
                if t is not None]
         tables.append(pa.concat_tables(got) if got else None)
     con = duckdb.connect()

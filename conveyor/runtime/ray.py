@@ -95,6 +95,17 @@ class RayRuntime(RuntimeBase):
     def cpus(self) -> int:
         return self.instance.cpus()
 
+    def each(self, work: Any, items: Any, degree: int, names: Any = ()) -> list[Any]:
+        """``work(item)`` of every item as Ray tasks (each named, e.g. ``conveyor verify <partition>``) on the job's instance."""
+        ray, started = self.instance.init()
+        try:
+            remote = ray.remote(_each_call)
+            refs = [remote.options(name=name, num_cpus=1, max_retries=1).remote(work, item)
+                    for item, name in zip(items, list(names) or [f"conveyor task {i}" for i in range(len(items))])]
+            return ray.get(refs)
+        finally:
+            self.instance.done(ray, started)
+
     def start_early(self, degree: int, estimated_bytes: int | None = None) -> None:
         """A private instance (nothing to join) starts in the background while the driver plans."""
         self.instance.start_early()
@@ -267,3 +278,8 @@ class Workers:
             err = TransferError(f"partition {key}: the Ray task failed after {self.config.max_retries} retries: {type(exc).__name__}: {first}",
                                 partition=key)
             return TaskResult(key, task.partition.index, attempts=self.config.max_retries + 1, error=err)
+
+
+def _each_call(work: Any, item: Any) -> Any:
+    """A Ray task of :meth:`RayRuntime.each`."""
+    return work(item)

@@ -240,7 +240,8 @@ def test_numeric_nan_and_arrays_of_several_dimensions_are_compared_between_postg
     """A PostgreSQL copy keeps numeric NaN and infinity, and arrays of several dimensions (the pass-through carries them);
     Arrow holds neither, and verify said "cannot be compared" of its own exact copies. Between two PostgreSQL servers
     numerics and arrays are now read as both print them (a numeric without trailing zeros: 1.50 in numeric(12,2) is
-    1.5000 in numeric(20,4)); a changed value is still found by its key."""
+    1.5000 in numeric(20,4)), and JSON as jsonb prints it (a json copied into jsonb, keys reordered, is equal); a
+    changed value is still found by its key."""
     pg_exec(pg_source, "DROP TABLE IF EXISTS v_nan", "CREATE TABLE v_nan (id int PRIMARY KEY, n numeric(12, 2), u numeric, "
             "m int[], t text[], nn numeric(8, 3)[])",
             "INSERT INTO v_nan SELECT g, CASE WHEN g % 5 = 0 THEN 'NaN' ELSE g / 4.0 END, CASE WHEN g % 7 = 0 THEN 'Infinity' "
@@ -258,3 +259,14 @@ def test_numeric_nan_and_arrays_of_several_dimensions_are_compared_between_postg
             "UPDATE v_nan SET u = '-Infinity' WHERE id = 14")
     result = _verify("source=postgres", "sink=postgres", source=src, sink=sink)
     assert _broken_keys(result) == {5: "values differ", 8: "values differ", 14: "values differ"}, result.keys
+    # json into jsonb: its keys reordered, its spaces gone, one value of a duplicated key kept: equal as jsonb prints them
+    pg_exec(pg_source, "DROP TABLE IF EXISTS v_json", "CREATE TABLE v_json (id int PRIMARY KEY, j json)",
+            "INSERT INTO v_json SELECT g, ('{\"zeta\":' || g || ',  \"a\": [1, {\"y\": 2, \"b\": null}], \"a\": 0}')::json "
+            "FROM generate_series(1, 2000) g")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS v_json", "CREATE TABLE v_json (id int PRIMARY KEY, j jsonb)")
+    src, sink = {**src, "table": "v_json"}, {**sink, "table": "v_json"}
+    conveyor.run(None, "source=postgres", "sink=postgres", "strategy=ctid", source=src, sink=sink, load_mode="truncate")
+    assert pg_exec(pg_target, "SELECT j::text FROM v_json WHERE id = 1") == [('{"a": 0, "zeta": 1}',)]
+    assert _verify("source=postgres", "sink=postgres", source=src, sink=sink).equal
+    pg_exec(pg_target, "UPDATE v_json SET j = jsonb_set(j, '{a}', '3') WHERE id = 21")
+    assert _broken_keys(_verify("source=postgres", "sink=postgres", source=src, sink=sink)) == {21: "values differ"}

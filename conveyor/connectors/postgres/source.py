@@ -116,7 +116,8 @@ class PostgresSource(PgPlanning, PgChangeFeed, PgSchemaExport):
 
     def comparing(self, other: Any) -> PostgresSource:
         """This source as ``conveyor verify`` reads it beside ``other``: beside another PostgreSQL, its numerics and arrays
-        are read as their text (NaN, several dimensions: values Arrow cannot hold), as the other end reads its own."""
+        are read as their text (NaN, several dimensions: values Arrow cannot hold), and JSON as jsonb prints it (a json
+        copied into a jsonb column has its keys in jsonb's order), as the other end reads its own."""
         if not isinstance(other, PostgresSource):
             return self
         texts = copy.copy(self)
@@ -168,8 +169,8 @@ class PostgresSource(PgPlanning, PgChangeFeed, PgSchemaExport):
                 if self.relid is not None:
                     self.columns = _collated(con, self.relid, self.columns)
                 if self.text_compared:
-                    self.columns = tuple(dataclasses.replace(c, as_text=True) if c.typname == "numeric" or c.elem else c
-                                         for c in self.columns)
+                    self.columns = tuple(dataclasses.replace(c, as_text=True) if c.typname in ("numeric", "json", "jsonb") or c.elem
+                                         else c for c in self.columns)
             except Exception as exc:
                 raise translate(exc, self.config, "describing the source") from None
         finally:

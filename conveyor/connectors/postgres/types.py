@@ -47,7 +47,7 @@ class PgColumn:
     #: the column's collation where it is not its type's default (a table's column: "C", "en-x-icu", ...), quoted
     collation: str = ""
     #: read as its text whatever its type (``conveyor verify`` of one PostgreSQL beside another: numerics and arrays,
-    #: whose values Arrow cannot always hold, NaN or several dimensions, compared as both servers print them)
+    #: whose values Arrow cannot always hold, NaN or several dimensions, and JSON, compared as both servers print them)
     as_text: bool = False
 
     @property
@@ -80,8 +80,10 @@ class PgColumn:
         from conveyor.connectors.postgres.common import ident
 
         q = ident(self.name)
-        if self.as_text:  # a numeric without its trailing zeros: 1.50 in numeric(12,2) and 1.5000 in numeric(20,4) are one value
-            return f"trim_scale({q})::text AS {q}" if self.typname == "numeric" else f"{q}::text AS {q}"
+        if self.as_text:  # a numeric without its trailing zeros: 1.50 in numeric(12,2) and 1.5000 in numeric(20,4) are one value;
+            if self.typname == "numeric":  # JSON as jsonb prints it (keys in its order, one space): json and jsonb compare
+                return f"trim_scale({q})::text AS {q}"
+            return f"{q}::jsonb::text AS {q}" if self.typname in ("json", "jsonb") else f"{q}::text AS {q}"
         if self.typtype == "d" and self.base_sql:
             return f"{q}::{self.base_sql} AS {q}"
         if self.unconstrained_numeric or not self.native:

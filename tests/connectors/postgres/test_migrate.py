@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import psycopg
 import pytest
 
 from conveyor.testing.pgserver import PgServer
-from tests.helpers import PG_PASSWORD, pg_exec, run_cli
+from tests.helpers import PG_PASSWORD, BackgroundWriter, pg_exec, run_cli
 
 pytestmark = pytest.mark.usefixtures("pg_password")
 
@@ -109,16 +108,15 @@ def _run(tmp_path: Path, args: list[str], label: str, expect: int = 0) -> dict:
     return json.loads(report.read_text()) if report.exists() else {"stderr": r.err}
 
 
-class Writer:
+class Writer(BackgroundWriter):
     """The application: orders inserted (its trigger writes audit rows), customers updated, orders deleted, an event
     moved to another partition, on the source until stopped (bounded: at most ``limit`` transactions)."""
 
     def __init__(self, server, dbname: str, limit: int = 20_000) -> None:
+        super().__init__()
         self.server, self.dbname, self.limit, self.done = server, dbname, limit, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._write, daemon=True)
 
-    def _write(self) -> None:
+    def _run(self) -> None:
         with psycopg.connect(self.server.dsn(self.dbname), autocommit=True) as con:
             i = 0
             while not self.stop.is_set() and i < self.limit:
@@ -133,14 +131,6 @@ class Writer:
                                 (f"w{i % 500}",))
                 self.done = i
                 time.sleep(0.002)
-
-    def __enter__(self) -> Writer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=60)
 
 
 def _dump(server, dbname: str) -> str:

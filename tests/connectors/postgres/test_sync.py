@@ -12,13 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import BIN, checksum, pg_exec, run_cli, runtime_args, wait_until
+from tests.helpers import BIN, BackgroundWriter, checksum, pg_exec, run_cli, runtime_args, wait_until
 
 pytestmark = pytest.mark.pg_versions  # on PostgreSQL 15 and 18
 
@@ -73,12 +72,12 @@ def _changes(server, low: int, high: int) -> None:
             f"INSERT INTO sy_t SELECT {_row('g')} FROM generate_series({high + 100000}, {high + 100050}) g")
 
 
-class Writer:
+class Writer(BackgroundWriter):
     """Writes the source while a run goes on: small transactions of updates, deletes and inserts (bounded)."""
 
     def __init__(self, server, start: int) -> None:
-        self.server, self.next, self.stop = server, start, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
+        self.server, self.next = server, start
 
     def _run(self) -> None:
         import psycopg
@@ -94,14 +93,6 @@ class Writer:
                     con.execute(f"UPDATE sy_t SET a = a || 'w', n = n + 1 WHERE id = {1 + (i * 37) % 20000}")
                     con.execute(f"DELETE FROM sy_t WHERE id = {1 + (i * 101) % 20000}")
                 time.sleep(0.005)
-
-    def __enter__(self) -> Writer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=60)
 
 
 @pytest.mark.parametrize("kind", ["local", "ray"])
