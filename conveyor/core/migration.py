@@ -77,10 +77,11 @@ class SchemaImport(Protocol):
         """The target server's (major) version, which the source writes its definitions for."""
         ...
 
-    def import_schema(self, script: SchemaScript, slot: str, step: str, later: SchemaScript | None = None) -> None:
+    def import_schema(self, script: SchemaScript, slot: str, step: str, later: SchemaScript | None = None, jobs: int = 1) -> None:
         """Run ``script`` in one transaction (checked first: every role and extension it needs is on the target, refused
         by name) and record ``step`` for the migration ``slot`` in it; ``later`` is kept with the step for the next
-        one (the post-data section taken in the same snapshot as the pre-data)."""
+        one (the post-data section taken in the same snapshot as the pre-data). ``jobs`` > 1: the script's indexes and
+        keys are built that many at once first, each committed by itself and skipped where a stopped run made it."""
         ...
 
     def migration_step(self, slot: str) -> tuple[str | None, SchemaScript | None]:

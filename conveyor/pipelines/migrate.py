@@ -114,7 +114,9 @@ def run(spec: Any, load: Callable[[Any], Any], on_run: Callable[[Any], None] | N
             later = spec.sink.migration_step(slot)[1]
         if later is None:  # a step recorded by a run that kept no post-data: take it now
             later = export("post-data", None)
-        spec.sink.import_schema(later, slot, "indexed")
+        from conveyor.core import resolve_degree
+
+        spec.sink.import_schema(later, slot, "indexed", jobs=resolve_degree(spec.runtime, spec.options.degree))
         migration.made["post-data"] = later.describe()
         migration.sequences = spec.sink.set_sequences(spec.source.sequence_values())
         say(f"migrate: indexes, constraints and triggers made ({later.describe()}); {migration.sequences} sequence(s) set")

@@ -158,6 +158,24 @@ def run_pg_to_delta(cli, tmp_path, tpch_orders, pg_source, pg_target):
     return DeltaTable(str(tmp_path / "lake" / "orders")).count()
 
 
+def run_pg_migrate(cli, tmp_path, tpch_orders, pg_source, pg_target):
+    pg_exec(pg_source, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = 'pl_mig'",
+            "DROP DATABASE IF EXISTS pl_mig WITH (FORCE)", "CREATE DATABASE pl_mig")
+    pg_exec(pg_target, "DROP DATABASE IF EXISTS pl_mig WITH (FORCE)", "CREATE DATABASE pl_mig")
+    res = cli("run", "pipeline=parquet_to_postgres", f"source.path={tpch_orders}", f"sink.port={pg_source.port}", "sink.dbname=pl_mig",
+              "sink.table=orders", "load_mode=create")
+    assert res.code == 0, res.err
+    pg_exec(pg_source, "ALTER TABLE orders ADD PRIMARY KEY (o_orderkey)", dbname="pl_mig")
+    args = ("run", "pipeline=pg_migrate", f"source.port={pg_source.port}", "source.dbname=pl_mig", f"sink.port={pg_target.port}",
+            "sink.dbname=pl_mig")
+    for more in ((), ("migrate.cutover=true",)):
+        res = cli(*args, *more)
+        assert res.code == 0, res.err
+    assert "cutover done: write downtime" in res.out + res.err
+    assert pg_exec(pg_target, "SELECT count(*) FROM pg_constraint WHERE conname = 'orders_pkey'", dbname="pl_mig") == [(1,)]
+    return pg_exec(pg_target, "SELECT count(*) FROM orders", dbname="pl_mig")[0][0]
+
+
 def test_every_pipeline_has_a_run() -> None:
     assert PIPELINES and all(f"run_{name}" in globals() for name in PIPELINES), PIPELINES
 

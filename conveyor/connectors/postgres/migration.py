@@ -155,6 +155,58 @@ def script(section: str, sql: str) -> SchemaScript:
                         dict(objects), {f"column option {k}": n for k, n in sorted(dropped.items())})
 
 
+_ENTRY = re.compile(r"^-- Name: .*; Type: (?P<kind>[A-Z ]+); Schema: (?P<schema>[^;]*); Owner: .*$")
+_INDEX = re.compile(r"^CREATE (?:UNIQUE )?INDEX (?P<name>\S+) ON (?:ONLY )?(?P<table>\S+) ")
+_KEY = re.compile(r"^ALTER TABLE ONLY (?P<table>\S+)\s+ADD CONSTRAINT (?P<name>\S+) (?:PRIMARY KEY|UNIQUE|EXCLUDE|CHECK)\b", re.S)
+
+
+@dataclasses.dataclass
+class Entry:
+    """One object of a pg_dump script: its kind, its statements (with the session settings just before it), and for an
+    index or a table's own key or check, the table it is built on and the query that says it is there already."""
+
+    kind: str
+    sql: str
+    table: str = ""
+    exists: str = ""
+
+
+def split_entries(sql: str) -> tuple[str, list[Entry]]:
+    """A pg_dump script as its preamble (the session settings every connection that runs a part of it needs) and its
+    entries, in order, by pg_dump's own ``-- Name: ...; Type: ...`` headers."""
+    preamble: list[str] = []
+    found: list[tuple[str, str, list[str]]] = []
+    pending: list[str] = []
+    for line in sql.splitlines():
+        header = _ENTRY.match(line)
+        if header:
+            found.append((header.group("kind"), header.group("schema"), pending))
+            pending = []
+        elif line.startswith(("SET ", "SELECT pg_catalog.set_config(")):
+            (pending if found else preamble).append(line)
+        elif found and not line.startswith("--"):
+            found[-1][2].append(line)
+    entries = []
+    for kind, schema, lines in found:
+        text = "\n".join(lines).strip() + "\n"
+        body = "\n".join(x for x in lines if not x.startswith(("SET ", "SELECT pg_catalog.set_config("))).strip()
+        entry = Entry(kind, text)
+        index, key = _INDEX.match(body), _KEY.match(body)
+        if kind == "INDEX" and index and body.count(";") == 1:
+            name = f"{ident(schema)}.{index.group('name')}"
+            entry.table, entry.exists = index.group("table"), f"SELECT to_regclass({_literal(name)}) IS NOT NULL"
+        elif kind == "CONSTRAINT" and key and body.count(";") == 1:
+            entry.table = key.group("table")
+            entry.exists = (f"SELECT EXISTS (SELECT FROM pg_catalog.pg_constraint WHERE conrelid = {_literal(key.group('table'))}::regclass "
+                            f"AND conname = {_literal(_unquote(key.group('name')))})")
+        entries.append(entry)
+    return "\n".join(preamble) + "\n", entries
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _server_major(con: Any) -> int:
     return int(con.execute("SHOW server_version_num").fetchone()[0]) // 10000
 
@@ -196,13 +248,16 @@ class PgSchemaImport:
         finally:
             con.close()
 
-    def import_schema(self, script: SchemaScript, slot: str, step: str, later: SchemaScript | None = None) -> None:
+    def import_schema(self, script: SchemaScript, slot: str, step: str, later: SchemaScript | None = None, jobs: int = 1) -> None:
         con = connect(self.config, autocommit=True)
         try:
             _needs(con, script, self.config)
+            sql = script.sql
+            if jobs > 1:  # indexes and keys table by table, several at once, then the rest below in one transaction
+                sql = self._build_indexes(script, jobs)
             con.execute("BEGIN")
             try:
-                con.execute(script.sql)
+                con.execute(sql)
                 con.execute("RESET search_path")
                 _record(con, slot, step, later)
                 con.execute("COMMIT")
@@ -214,6 +269,35 @@ class PgSchemaImport:
                 raise _refused(exc, script, self.config) from None
         finally:
             con.close()
+
+    def _build_indexes(self, script: SchemaScript, jobs: int) -> str:
+        """The script's indexes and primary, unique, exclusion and check constraints built ``jobs`` tables at once, each
+        statement committed by itself (skipped where a run that stopped made it already); returns the rest of the script
+        (foreign keys, partition indexes attached, triggers, rules, materialized views' data, comments, grants)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        preamble, entries = split_entries(script.sql)
+        groups: dict[str, list[Entry]] = {}
+        for entry in entries:
+            if entry.table:
+                groups.setdefault(entry.table, []).append(entry)
+
+        def build(group: list[Entry]) -> None:
+            con = connect(self.config, autocommit=True)
+            try:
+                con.execute(preamble)
+                for entry in group:
+                    if not con.execute(entry.exists).fetchone()[0]:
+                        con.execute(entry.sql)
+            except Exception as exc:
+                raise _refused(exc, script, self.config) from None
+            finally:
+                con.close()
+
+        with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="conveyor-indexes") as pool:
+            for done in [pool.submit(build, g) for g in sorted(groups.values(), key=len, reverse=True)]:
+                done.result()
+        return preamble + "\n" + "\n".join(e.sql for e in entries if not e.table)
 
     def migration_step(self, slot: str) -> tuple[str | None, SchemaScript | None]:
         con = connect(self.config, autocommit=True)

@@ -200,11 +200,24 @@ def check_published(con: Any, slot: str, tables: Sequence[SyncTable], server_ver
         con.execute(f"ALTER PUBLICATION {ident(slot)} SET TABLE {', '.join(t.qualified for t in tables)}")
 
 
+#: seconds a run tries for the job's lock before it refuses: a run killed just before still holds it until its backend
+#: on the source sees its connection gone (a few milliseconds, up to a moment on a busy server)
+LOCK_WAIT = 2.0
+
+
 def lock(con: Any, slot: str) -> None:
-    """The job's lock, held by ``con``'s session on the source until it closes: a second run of the job is refused by name."""
+    """The job's lock, held by ``con``'s session on the source until it closes: a second run of the job is refused by name
+    (after :data:`LOCK_WAIT` seconds of trying, every 0.1 s)."""
+    import time
+
     key = "SELECT hashtextextended('conveyor sync ' || %s, 0)"
-    if con.execute(f"SELECT pg_try_advisory_lock(({key}))", (slot,)).fetchone()[0]:
-        return
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        if con.execute(f"SELECT pg_try_advisory_lock(({key}))", (slot,)).fetchone()[0]:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
     row = con.execute("SELECT l.pid, a.application_name, extract(epoch FROM now() - a.backend_start)::int FROM pg_locks l "
                       "LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
                       f"AND ((l.classid::int8 << 32) | l.objid::int8) = ({key})", (slot,)).fetchone()
