@@ -27,6 +27,9 @@ class ChangedRowsSource(PostgresSource):
         super().__init__(dataclasses.replace(base.config, table=None, tables=[], exclude=[], query=query), options)
         self.imported_snapshot = snapshot
         self.sync_table = table
+        #: the changed keys (None: every row, after a TRUNCATE): with the table's bytes per row, the size the runtime
+        #: decides by (runtime=auto runs a small change set in the driver rather than starting Ray for it)
+        self.changed_keys = None if chunks is None else sum(len(c) for c in chunks)
         n = 1 if chunks is None else len(chunks)
         # handed to the strategy on the driver; not shipped with the source to the tasks (each partition carries its own)
         self._parts = [NativePartition(index=i, count=n, token=b"" if chunks is None else json.dumps(list(c)).encode(),
@@ -42,6 +45,19 @@ class ChangedRowsSource(PostgresSource):
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
         return twin
+
+    def describe(self) -> Any:
+        info = super().describe()
+        from conveyor.connectors.postgres.common import connect
+
+        con = connect(self.config, autocommit=True)
+        try:
+            size, rows = con.execute("SELECT pg_table_size(oid), reltuples FROM pg_class WHERE oid = %s", (self.sync_table.oid,)).fetchone()
+        finally:
+            con.close()
+        per_row = int(size) / float(rows) if rows and float(rows) > 0 else 1024.0
+        estimate = int(size) if self.changed_keys is None else int(self.changed_keys * per_row)
+        return dataclasses.replace(info, estimated_rows=self.changed_keys, estimated_bytes=estimate)
 
     def native_partitions(self) -> list[NativePartition]:
         return list(self._parts)

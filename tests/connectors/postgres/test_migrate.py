@@ -61,9 +61,9 @@ ROWS = [
     "INSERT INTO shop.customer (name, mood, age, email) SELECT 'c' || g, (ARRAY['sad', 'ok', 'happy'])[g % 3 + 1]::shop.mood, "
     "g % 90 + 1, 'C' || g || '@Example.org' FROM generate_series(1, 2000) g",
     "INSERT INTO shop.orders (customer_id, qty, price, p) SELECT g % 2000 + 1, g % 9 + 1, (g % 1000) / 7.0, ROW(g, 'p' || g)::shop.pair "
-    "FROM generate_series(1, 20000) g",
-    "INSERT INTO shop.events SELECT g, date '2025-06-01' + (g % 400), 'e' || g FROM generate_series(1, 5000) g",
-    "INSERT INTO public.plain SELECT 'k' || g, jsonb_build_object('g', g, 'list', jsonb_build_array(g, 'x')) FROM generate_series(1, 3000) g",
+    "FROM generate_series(1, 8000) g",
+    "INSERT INTO shop.events SELECT g, date '2025-06-01' + (g % 400), 'e' || g FROM generate_series(1, 2000) g",
+    "INSERT INTO public.plain SELECT 'k' || g, jsonb_build_object('g', g, 'list', jsonb_build_array(g, 'x')) FROM generate_series(1, 1000) g",
     "REFRESH MATERIALIZED VIEW shop.order_counts",
 ]
 TABLES = ["shop.customer", "shop.orders", "shop.audit", "shop.events", "public.plain"]
@@ -112,7 +112,7 @@ class Writer(BackgroundWriter):
     """The application: orders inserted (its trigger writes audit rows), customers updated, orders deleted, an event
     moved to another partition, on the source until stopped (bounded: at most ``limit`` transactions)."""
 
-    def __init__(self, server, dbname: str, limit: int = 20_000) -> None:
+    def __init__(self, server, dbname: str, limit: int = 3_000) -> None:
         super().__init__()
         self.server, self.dbname, self.limit, self.done = server, dbname, limit, 0
 
@@ -126,11 +126,11 @@ class Writer(BackgroundWriter):
                                 (i % 2000 + 1, i % 9 + 1, i))
                     con.execute("UPDATE shop.customer SET mood = 'happy', age = %s WHERE id = %s", (i % 80 + 1, i % 2000 + 1))
                     con.execute("DELETE FROM shop.orders WHERE id = %s", (i * 3,))
-                    con.execute("UPDATE shop.events SET day = CASE WHEN day < '2026-01-01' THEN day + 200 ELSE day - 200 END WHERE id = %s", (i % 5000 + 1,))
+                    con.execute("UPDATE shop.events SET day = CASE WHEN day < '2026-01-01' THEN day + 200 ELSE day - 200 END WHERE id = %s", (i % 2000 + 1,))
                     con.execute("INSERT INTO public.plain VALUES (%s, '{\"w\": 1}') ON CONFLICT (k) DO UPDATE SET v = excluded.v",
                                 (f"w{i % 500}",))
                 self.done = i
-                time.sleep(0.002)
+                time.sleep(0.01)
 
 
 def _dump(server, dbname: str) -> str:
