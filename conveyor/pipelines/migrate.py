@@ -150,10 +150,19 @@ def _cutover(spec: Any, load: Callable[[Any], Any], sync_run: Callable[..., Any]
     migration.sequences = spec.sink.set_sequences(spec.source.sequence_values())
     with spec.source.session() as session:
         tables = list(session.tables())
+    def compared(t: Any) -> Any:
+        return compare(dataclasses.replace(spec, source=spec.source.for_table(t, spec.options),
+                                           sink=spec.sink.for_target(t.schema, t.name, spec.options)))
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conveyor.core import resolve_degree
+
     differ = []
-    for t in tables:
-        result = compare(dataclasses.replace(spec, source=spec.source.for_table(t, spec.options),
-                                             sink=spec.sink.for_target(t.schema, t.name, spec.options)))
+    at_once = resolve_degree(spec.runtime, spec.options.degree) if spec.runtime.runs_tasks_here() else 1  # Ray: its tasks are the parallelism
+    with ThreadPoolExecutor(max(1, at_once), thread_name_prefix="conveyor-cutover") as pool:
+        results = list(pool.map(compared, tables))  # a small table's fixed costs beside a large one's reads (each reads in parallel too)
+    for t, result in zip(tables, results):
         if result.equal:
             migration.verified[t.qualified] = result.source.rows
         else:
