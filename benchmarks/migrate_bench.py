@@ -101,7 +101,8 @@ def pgcopydb_follow_downtime(src: PgServer, dst: PgServer, db: str, target_db: s
     log = work / f"pgcopydb-{target_db}.log"
     proc = subprocess.Popen(["pgcopydb", "clone", "--follow", "--source", src.url(db), "--target", dst.url(target_db), "--table-jobs",
                              str(degree), "--index-jobs", str(degree), "--dir", str(folder), "--slot-name", "pgcopydb_bench",
-                             "--create-slot"], stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, env=env)
+                             "--create-slot", "--origin", f"pgcopydb_{target_db}"],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, env=env)
     try:
         time.sleep(wait)
         if proc.poll() is not None:
