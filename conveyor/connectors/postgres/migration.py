@@ -220,8 +220,13 @@ class PgSchemaExport:
         con = connect(self.config, autocommit=True)
         try:
             major = _server_major(con)
+            blobs = con.execute("SELECT EXISTS (SELECT FROM pg_catalog.pg_largeobject_metadata)").fetchone()[0]
         finally:
             con.close()
+        if blobs:  # pg_dump's pre-data would make them empty on the target: their contents are its data section's
+            raise SchemaError("migrate: the source database holds large objects (pg_largeobject), which a migration does not copy",
+                              hint="move them apart (pg_dump --large-objects --data-only | pg_restore), or into bytea columns, "
+                                   "then migrate; nothing was made")
         program = dump_program(major, target_version or major, tool)
         return script(section, dump(self.config, section, snapshot, owners, program))
 

@@ -285,6 +285,11 @@ def test_a_role_or_an_extension_the_target_lacks_is_refused_by_name_with_nothing
     assert "cannot create extension pgcrypto" in refused["error"]["message"], refused["error"]
     assert pg_exec(pg18, nothing, dbname=name) == [(0,)]
     pg_exec(pg_source, "DROP EXTENSION pgcrypto", dbname=name)
+    pg_exec(pg_source, "SELECT lo_from_bytea(0, 'a large object')", dbname=name)  # pg_dump's pre-data would make it empty
+    refused = _run(tmp_path, [*args, "migrate.owners=false"], "large-object", expect=4)
+    assert "holds large objects" in refused["error"]["message"], refused["error"]
+    assert pg_exec(pg18, nothing, dbname=name) == [(0,)]
+    pg_exec(pg_source, "SELECT lo_unlink(oid) FROM pg_largeobject_metadata", dbname=name)
     _run(tmp_path, [*args, "migrate.owners=false"], "without-owners")  # the objects then belong to the target's user
     assert pg_exec(pg18, "SELECT tableowner FROM pg_tables WHERE tablename IN ('plain', 'audit') ORDER BY 1", dbname=name) == \
         [("postgres",), ("postgres",)]
