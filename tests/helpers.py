@@ -202,7 +202,10 @@ def stop_ray_under(temp: str, wait: float = 15.0) -> None:
             pids = [p for p in pids if Path(f"/proc/{p}").exists() and "Z" not in _state(p)]
             time.sleep(0.2)
         if not pids:
-            return
+            break
+    # the address file `ray stop` would remove: left, a later ray.init() of this worker (Ray Data's own, in a README
+    # block) tries to join the instance that is gone, and waits (Conveyor's own discovery checks that it answers)
+    (Path(temp) / "ray_current_cluster").unlink(missing_ok=True)
 
 
 def _state(pid: int) -> str:
