@@ -183,6 +183,10 @@ def drop_stale(conf: ClickHouseConnConfig) -> list[Stage]:
     return dropped
 
 
+#: seconds an ATTACH the query log does not show yet is looked for again before it is taken as never run
+LOG_SETTLE = 3.0
+
+
 def attach_outcomes(conf: ClickHouseConnConfig, source: str, seconds: float = 60) -> dict[str, str]:
     """{partition id: done | failed | unknown} of the ATTACH statements from ``source`` (a qualified table) the
     server logged; an id it never logged is absent. Waits (at most ``seconds``) for those still running."""
@@ -192,9 +196,16 @@ def attach_outcomes(conf: ClickHouseConnConfig, source: str, seconds: float = 60
         if time.monotonic() > deadline:
             raise TransferError(f"an ATTACH from {source} is still running after {seconds:.0f} s", retriable=True)
         time.sleep(0.2)
-    conf.run("SYSTEM FLUSH LOGS", doing="flushing the server's query log")
-    rows = conf.run(f"SELECT query, max(type) FROM system.query_log WHERE position(query, {literal('FROM ' + source)}) > 0 "
-                    "AND position(query, 'ATTACH PARTITION ID') > 0 GROUP BY query", doing="reading the server's query log")
+    # an ATTACH that just finished may reach the log's queue a moment after its client saw it end (seen under load: an
+    # ATTACH done, the log read without it, the partition attached twice): an empty answer is asked again for LOG_SETTLE s
+    settle = time.monotonic() + LOG_SETTLE
+    while True:
+        conf.run("SYSTEM FLUSH LOGS", doing="flushing the server's query log")
+        rows = conf.run(f"SELECT query, max(type) FROM system.query_log WHERE position(query, {literal('FROM ' + source)}) > 0 "
+                        "AND position(query, 'ATTACH PARTITION ID') > 0 GROUP BY query", doing="reading the server's query log")
+        if rows or time.monotonic() > settle:
+            break
+        time.sleep(0.5)
     out = {}
     for query, kind in rows:
         part_id = query.split("ATTACH PARTITION ID ", 1)[1].split(" FROM ", 1)[0].strip().strip("'")
