@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.core import resolve_degree
 from conveyor.core.migration import SchemaExport, SchemaImport, SchemaScript
 from conveyor.errors import ConfigError, VerificationError
 from conveyor.log import say
@@ -101,7 +102,7 @@ def run(spec: Any, load: Callable[[Any], Any], on_run: Callable[[Any], None] | N
     if step != "indexed":
         def schema_first(snapshot: Any) -> None:
             if step is not None:  # made by a run that stopped in its load: the tables emptied, loaded again in this snapshot
-                spec.sink.empty_tables(_targets(spec))
+                spec.sink.empty_tables([(t.schema, t.name) for t in _tables(spec)])
                 return
             pre, post = export("pre-data", snapshot), export("post-data", snapshot)
             spec.sink.import_schema(pre, slot, "schema", later=post)
@@ -114,8 +115,6 @@ def run(spec: Any, load: Callable[[Any], Any], on_run: Callable[[Any], None] | N
             later = spec.sink.migration_step(slot)[1]
         if later is None:  # a step recorded by a run that kept no post-data: take it now
             later = export("post-data", None)
-        from conveyor.core import resolve_degree
-
         spec.sink.import_schema(later, slot, "indexed", jobs=resolve_degree(spec.runtime, spec.options.degree))
         migration.made["post-data"] = later.describe()
         migration.sequences = spec.sink.set_sequences(spec.source.sequence_values())
@@ -148,15 +147,13 @@ def _cutover(spec: Any, load: Callable[[Any], Any], sync_run: Callable[..., Any]
     sync_run(spec, load, None)  # the changes up to now
     _quiet(sync_run(spec, load, None), "before its checks")  # ... and none since: the writes have stopped
     migration.sequences = spec.sink.set_sequences(spec.source.sequence_values())
-    with spec.source.session() as session:
-        tables = list(session.tables())
+    tables = _tables(spec)
+
     def compared(t: Any) -> Any:
         return compare(dataclasses.replace(spec, source=spec.source.for_table(t, spec.options),
                                            sink=spec.sink.for_target(t.schema, t.name, spec.options)))
 
     from concurrent.futures import ThreadPoolExecutor
-
-    from conveyor.core import resolve_degree
 
     differ = []
     at_once = resolve_degree(spec.runtime, spec.options.degree) if spec.runtime.runs_tasks_here() else 1  # Ray: its tasks are the parallelism
@@ -180,10 +177,10 @@ def _cutover(spec: Any, load: Callable[[Any], Any], sync_run: Callable[..., Any]
     return last
 
 
-def _targets(spec: Any) -> list[tuple[str, str]]:
-    """The migration's tables (schema, name): the source's, in its session."""
+def _tables(spec: Any) -> list[Any]:
+    """The migration's tables: the source's, as its session sees them."""
     with spec.source.session() as session:
-        return [(t.schema, t.name) for t in session.tables()]
+        return list(session.tables())
 
 
 def _quiet(report: Any, when: str) -> None:

@@ -314,16 +314,9 @@ class PgSchemaImport:
             con.close()
         if row is None:
             return None, None
-        later = SchemaScript(**{**json.loads(row[1]), "roles": frozenset(json.loads(row[1])["roles"]),
-                                "extensions": frozenset(json.loads(row[1])["extensions"])}) if row[1] else None
+        kept = json.loads(row[1]) if row[1] else None
+        later = SchemaScript(**{**kept, "roles": frozenset(kept["roles"]), "extensions": frozenset(kept["extensions"])}) if kept else None
         return row[0], later
-
-    def record_step(self, slot: str, step: str) -> None:
-        con = connect(self.config, autocommit=True)
-        try:
-            _record(con, slot, step, None)
-        finally:
-            con.close()
 
     def set_sequences(self, values: dict[str, int]) -> int:
         if not values:
