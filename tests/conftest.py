@@ -51,10 +51,11 @@ def tpch_orders(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def mysql_server():
-    """A MariaDB server on a loopback port in a temp folder, run as the unprivileged mysql user."""
-    from conveyor.testing.mysqlserver import MySqlServer
+    """A MariaDB server on a loopback port in a temp folder, run as the unprivileged mysql user, its binary log on (ROW: what
+    a sync from it reads)."""
+    from conveyor.testing.mysqlserver import BINLOG, MySqlServer
 
-    server = MySqlServer()
+    server = MySqlServer(settings=dict(BINLOG))
     os.environ["MYSQL_PWD"] = server.password  # what the mysql connectors' password_env reads by default
     server.start()
     try:

@@ -132,6 +132,12 @@ class FeedSession(Protocol):
 
     slot: str
     tables: Sequence[FeedTable]
+    #: (optional, default true) the source keeps the job's position (a PostgreSQL slot); false: it keeps none (a MySQL
+    #: binlog), the targets' states are the position, and :meth:`position` is the oldest one the source can still read from
+    held_on_source: bool
+    #: (optional, default false) the first load reads live rows, not a snapshot of the first position: a run follows it
+    #: at once (it reads again the keys changed while the load read)
+    live: bool
 
     def position(self) -> int | None:
         """The position the source keeps for the job (None: none yet, or it was lost)."""

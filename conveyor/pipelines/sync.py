@@ -95,6 +95,8 @@ class SyncReport:
     text: Callable[[int], str] = field(default=str, repr=False)
     #: a whole-database migration's part (``conveyor.pipelines.migrate.MigrationReport``), else None
     migration: Any = None
+    #: the source keeps the job's position (a PostgreSQL slot); false: the targets' states are it (a MySQL binlog)
+    held: bool = True
 
     #: the runs a long ``follow`` keeps in its report (the newest; every run's line is in the log)
     KEPT: ClassVar[int] = 1000
@@ -113,9 +115,15 @@ class SyncReport:
             return [f"sync: first load, {rows:,} rows into {self.target} in {seconds:.2f} s; "
                     f"slot {self.slot} at {self.text(self.position)}: the next run applies the changes since"]
         last = self.runs[-1] if self.runs else None
-        return [f"sync: {len(self.runs)} run(s), {sum(r.changes for r in self.runs):,} changes applied; {self.target} holds the source "
-                f"as of {self.text(self.position)}" + (f" (lag {last.lag_bytes:,} bytes, {last.lag_seconds:.2f} s)" if last else ""),
-                f"slot {self.slot}: {self.retained_bytes:,} bytes of WAL held on the source"]
+        first = []
+        if self.first_load is not None:
+            rows, seconds = self.first_load
+            first = [f"sync: first load, {rows:,} rows into {self.target} in {seconds:.2f} s, then the changes made while it read"]
+        held = (f"slot {self.slot}: {self.retained_bytes:,} bytes of WAL held on the source" if self.held else
+                f"job {self.slot}: the source keeps no position for it (the target's sync state is its position)")
+        return first + [f"sync: {len(self.runs)} run(s), {sum(r.changes for r in self.runs):,} changes applied; {self.target} holds the "
+                        f"source as of {self.text(self.position)}" + (f" (lag {last.lag_bytes:,} bytes, {last.lag_seconds:.2f} s)" if last else ""),
+                        held]
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"slot": self.slot, "target": self.target, "position": self.text(self.position),
@@ -139,7 +147,8 @@ def check(spec: JobSpec) -> None:
     """A sync job's config, refused by name before anything connects."""
     if not isinstance(spec.source, ChangeFeed):
         raise ConfigError(f"incremental.method=replication: source {spec.names.get('source')} has no change feed (a sync reads the "
-                          "source's changes)", key="incremental.method", hint="sync from postgres (source.table or source.tables)")
+                          "source's changes)", key="incremental.method",
+                          hint="sync from postgres (source.table or source.tables) or mysql (source.table)")
     if not isinstance(spec.sink, ChangeApplier):
         raise ConfigError(f"incremental.method=replication: sink {spec.names.get('sink')} cannot apply changes (it deletes and "
                           "inserts rows by key in one transaction)", key="sink", hint="sync into postgres, duckdb, mysql, iceberg or delta")
@@ -165,12 +174,13 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[Any], N
     slot = slot_of(spec)
     with spec.source.change_feed(slot, spec.incremental) as feed, _Held(spec.runtime) as runtime:
         sinks = _targets(spec, feed)
-        sync = SyncReport(slot=slot, target=", ".join(s.sync_target for s in sinks), text=feed.text)
+        sync = SyncReport(slot=slot, target=", ".join(s.sync_target for s in sinks), text=feed.text,
+                          held=getattr(feed, "held_on_source", True))
         states = [s.sync_state(slot) for s in sinks]
         held = feed.position()
         report = None
         if held is None or any(s is None for s in states):
-            if held is not None:
+            if held is not None and getattr(feed, "held_on_source", True):
                 note(f"sync: slot {slot} exists but the target has no record of the load that began with it (a first run that "
                      "stopped): loading again")
             elif any(s is not None for s in states):
@@ -181,6 +191,11 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[Any], N
             report, sync.position = _first(spec, feed, sinks, load, before_load)
             sync.first_load = (report.rows, report.seconds)
             report.sync = sync
+            if getattr(feed, "live", False):
+                # the load read live rows (no snapshot to share): a run reads again what changed while it read
+                done, _ = _apply(spec, feed, sinks, runtime)
+                sync.add(done)
+                say(done.describe())
             if not _again(spec, feed, report, start, on_run):
                 return report
         while True:
@@ -236,6 +251,17 @@ def _targets(spec: JobSpec, feed: FeedSession) -> list[Any]:
     return [spec.sink.for_target(t.schema, t.name, spec.options) for t in feed.tables]
 
 
+def _live(spec: JobSpec, feed: FeedSession, full: bool = True) -> Any:
+    """A whole table read live (a feed without a shared snapshot: its rows move while the partitions read them) is not
+    counted again at the source after (a count then is of other rows): each partition's commit checks the rows the
+    target stored against the rows read, and the run that follows reads again what changed."""
+    if not (full and getattr(feed, "live", False)) or spec.options.verify == "none":
+        return spec.options
+    note(f"sync: verify={spec.options.verify} is not run on a whole table read live (the source moves while it is read); each "
+         "partition's commit checks what the target stored, and conveyor verify compares the two once the source is quiet")
+    return dataclasses.replace(spec.options, verify="none")
+
+
 def _first(spec: JobSpec, feed: FeedSession, sinks: list[Any], load: Callable[[JobSpec], Any],
            before_load: Callable[[Any], None] | None = None) -> tuple[Any, int]:
     """The first load, in the snapshot the feed's first position came with; each target records the position."""
@@ -243,7 +269,7 @@ def _first(spec: JobSpec, feed: FeedSession, sinks: list[Any], load: Callable[[J
         say(f"sync: slot {feed.slot} made at {feed.text(position)}: loading the tables in its snapshot")
         if before_load is not None:
             before_load(snapshot)
-        job = load(dataclasses.replace(spec, source=feed.snapshot_source(snapshot)))
+        job = load(dataclasses.replace(spec, source=feed.snapshot_source(snapshot), options=_live(spec, feed)))
     for table, sink in zip(feed.tables, sinks):
         sink.record_sync(SyncRecord(feed.slot, table.label, position, table.signature))
     return job, position
@@ -301,7 +327,8 @@ def _apply(spec: JobSpec, feed: FeedSession, sinks: list[Any], runtime: _Held) -
                 staged.append((sink, stage))
                 parts = _parts(spec, what.keys)
                 runtime.ready()
-                stages.append(_stage(spec, changes.rows(table, parts, spec.options), sink, stage))
+                options = _live(spec, feed, what.full)
+                stages.append(_stage(dataclasses.replace(spec, options=options), changes.rows(table, parts, options), sink, stage))
                 done.staged.append(_summary(stages[-1]))
                 lap = done.lap("stage", lap)
                 plan.append(Change(sink, stage, table.keys, what.full, record, states[i].position, i in referenced))
@@ -368,10 +395,15 @@ def plan_lines(spec: JobSpec) -> list[str]:
     slot = slot_of(spec)
     with spec.source.change_feed(slot, spec.incremental, exclusive=False) as feed:  # beside a running sync
         held, retained = feed.position(), feed.retained()
-        if held is None:
-            return [f"sync: no slot yet: the first run makes slot {slot} (and its publication) and loads the tables in its snapshot"]
         states = [s.sync_state(slot) for s in _targets(spec, feed)]
         at = ", ".join(feed.text(s.position) for s in states if s is not None) or "(none)"
+        if not getattr(feed, "held_on_source", True):
+            if any(s is None for s in states):
+                return [f"sync: job {slot}: the first run loads the table, then reads again what changed while it read"]
+            return [f"sync: job {slot}: the target is at {at}; the source's log goes from {feed.text(held or 0)}: a run applies the "
+                    "changes since the target's position"]
+        if held is None:
+            return [f"sync: no slot yet: the first run makes slot {slot} (and its publication) and loads the tables in its snapshot"]
         return [f"sync: slot {slot} at {feed.text(held)} holds {retained:,} bytes of WAL on the source; the targets are at {at}: "
                 "a run applies the changes since"]
 
@@ -384,7 +416,8 @@ def leftovers(spec: JobSpec, remove: bool) -> list[str]:
     with spec.source.change_feed(slot, spec.incremental, exclusive=remove) as feed:  # a drop waits for no running sync: refused
         sinks = _targets(spec, feed)
         if not remove:
-            out = [f"replication slot {slot}: holds {feed.retained():,} bytes of WAL on the source"] if feed.position() is not None else []
+            out = ([f"replication slot {slot}: holds {feed.retained():,} bytes of WAL on the source"]
+                   if getattr(feed, "held_on_source", True) and feed.position() is not None else [])
             return out + [f"sync state of {s.sync_target} ({slot})" for s in sinks if s.sync_state(slot) is not None]
         out = [f"dropped {what}" for what in feed.drop()]
     return out + [f"dropped {what}" for s in sinks for what in s.forget_sync(slot)]

@@ -71,12 +71,14 @@ def sandbox(tmp_path: Path, tpch_orders: Path) -> Path:
     return box
 
 
-def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders: Path, pg_source, s3, clickhouse_server,
+def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders: Path, pg_source, s3, clickhouse_server, mysql_server,
                                                                     tmp_path: Path) -> None:
     box = sandbox(tmp_path, tpch_orders)
     env = {"PGHOST": "127.0.0.1", "PGPORT": str(pg_source.port), "CLICKHOUSE_HTTP_PORT": str(clickhouse_server.http_port),
-           "CLICKHOUSE_PASSWORD": clickhouse_server.password}
+           "CLICKHOUSE_PASSWORD": clickhouse_server.password, "MYSQL_HOST": "127.0.0.1", "MYSQL_TCP_PORT": str(mysql_server.port),
+           "MYSQL_USER": mysql_server.user, "MYSQL_DATABASE": mysql_server.database, "MYSQL_PWD": mysql_server.password}
     clickhouse_server.execute("DROP TABLE IF EXISTS orders")
+    mysql_server.execute("DROP TABLE IF EXISTS accounts")
     pg_exec(pg_source, "DROP TABLE IF EXISTS orders", "DROP TABLE IF EXISTS orders_copy")
     blocks = [b for b in bash_blocks() if "conveyor submit" not in b and "conveyor new connector" not in b]
     assert len(blocks) >= 5, "the README's and the docs' blocks moved: check this test still runs them"
@@ -92,6 +94,10 @@ def test_every_readme_command_that_needs_no_cluster_runs_as_written(tpch_orders:
     assert ds.dataset(box / "out" / "ch_orders").count_rows() == 15000  # PostgreSQL -> ClickHouse -> Parquet (docs/clickhouse.md)
     assert ds.dataset(box / "out" / "from_iceberg").count_rows() == 15000  # PostgreSQL -> Iceberg -> Parquet (docs/iceberg.md)
     assert ds.dataset(box / "out" / "from_delta").count_rows() == 15000  # PostgreSQL -> Delta -> Parquet (docs/delta.md)
+    con = duckdb.connect(str(box / "accounts.duckdb"), read_only=True)  # MariaDB -> DuckDB, synced (docs/sync.md)
+    assert con.execute("SELECT count(*), sum(balance) FROM accounts").fetchone() == tuple(
+        mysql_server.execute("SELECT count(*), sum(balance) FROM accounts")[0]) == (9990, 499051449)
+    con.close()
     # and the Python blocks, with the same server (the Python API reads PGHOST / PGPORT as the command line does)
     python = python_blocks()
     assert len(python) >= 3, "the README's and the docs' Python blocks moved: check this test still runs them"

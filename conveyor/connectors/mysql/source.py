@@ -24,6 +24,7 @@ from typing import Any
 
 from conveyor.connectors.mysql import textcopy
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, MySqlConnConfig, _duck_connection, qident
+from conveyor.connectors.mysql.feed import MySqlChangeFeed
 from conveyor.core import JobOptions, Partition, SourceInfo, TableDefinition
 from conveyor.errors import ConveyorError, SchemaError, TransferError
 from conveyor.kit import duckext
@@ -90,7 +91,7 @@ _UNFIT = {"geometry": "a spatial type has no Arrow form", "point": "a spatial ty
           "linestring": "a spatial type has no Arrow form", "polygon": "a spatial type has no Arrow form"}
 
 
-class MySqlSource(SqlSource):
+class MySqlSource(MySqlChangeFeed, SqlSource):
     """Reads a MySQL / MariaDB table or query as Arrow batches; serves the keyed partition methods."""
 
     config_class = MySqlSourceConfig

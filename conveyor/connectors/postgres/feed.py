@@ -62,6 +62,10 @@ class PgChangeFeed:
 class PgFeedSession:
     """:class:`~conveyor.core.changes.FeedSession` on a PostgreSQL source (its connection holds the job's lock)."""
 
+    #: the slot keeps the job's position on the source; the first load reads the slot's exported snapshot
+    held_on_source = True
+    live = False
+
     def __init__(self, source: Any, con: Any, slot: str, settings: Any, version: int, tables: list[SyncTable]) -> None:
         self.source, self.con, self.slot, self.settings, self.version = source, con, slot, settings, version
         self._tables = tables
