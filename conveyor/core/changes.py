@@ -54,11 +54,14 @@ class Applied:
     deleted: int
     #: the target was emptied first (the source's changes held a TRUNCATE)
     full: bool = False
+    #: what else the apply did, as the target says it (ClickHouse: the partitions it rewrote)
+    detail: str = ""
 
     def describe(self) -> str:
+        more = f" ({self.detail})" if self.detail else ""
         if self.full:
-            return f"loaded again (the source was truncated): {self.written:,} rows"
-        return f"{self.keys:,} changed keys: {self.written:,} rows written, {self.deleted:,} deleted"
+            return f"loaded again (the source was truncated): {self.written:,} rows{more}"
+        return f"{self.keys:,} changed keys: {self.written:,} rows written, {self.deleted:,} deleted{more}"
 
 
 @dataclass

@@ -151,7 +151,8 @@ def check(spec: JobSpec) -> None:
                           hint="sync from postgres (source.table or source.tables) or mysql (source.table)")
     if not isinstance(spec.sink, ChangeApplier):
         raise ConfigError(f"incremental.method=replication: sink {spec.names.get('sink')} cannot apply changes (it deletes and "
-                          "inserts rows by key in one transaction)", key="sink", hint="sync into postgres, duckdb, mysql, iceberg or delta")
+                          "inserts rows by key in one transaction)", key="sink",
+                          hint="sync into postgres, duckdb, mysql, clickhouse, iceberg or delta")
     if spec.options.load_mode not in ("replace", "truncate", "create") and not (spec.migrate.schema and spec.options.load_mode == "append"):
         # (a migration's first load appends into the empty tables its definitions made)
         raise ConfigError(f"incremental.method=replication: load_mode={spec.options.load_mode}; a sync's first run loads each table "

@@ -565,6 +565,23 @@ class TestMySqlChangeApply(_MySql, ChangeApplySuite):
 
 
 
+class TestClickHouseChangeApply(_ClickHouse, ChangeApplySuite):
+    sink = "clickhouse"
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {**self.connection(), "table": target}
+
+    def read_target(self, target: str) -> pa.Table | None:
+        return TestClickHouseSink.read_target(self, target)  # type: ignore[arg-type]
+
+
+class TestPartitionedClickHouseChangeApply(TestClickHouseChangeApply):
+    """The same, into a table of several partitions (each run rewrites only those its changes touch)."""
+
+    def sink_config(self, target: str) -> dict[str, Any]:
+        return {**self.connection(), "table": target, "partition_by": "intDiv(id, 1000)"}
+
+
 class TestIcebergChangeApply(_Iceberg, ChangeApplySuite):
     sink = "iceberg"
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from conveyor.connectors.clickhouse import commits, native
 from conveyor.connectors.clickhouse import types as chtypes
+from conveyor.connectors.clickhouse.chsync import ChChangeApplier
 from conveyor.connectors.clickhouse.common import ClickHouseConnConfig, literal, qident
 from conveyor.core import (
     JobOptions,
@@ -66,7 +67,7 @@ class ChPlan:
     once: commits.Once
 
 
-class ClickHouseSink(SinkBase):
+class ClickHouseSink(ChChangeApplier, SinkBase):
     """Appends whole partitions (ATTACH PARTITION from a table each); truncate/create/replace swap in at the end."""
 
     config_class = ClickHouseSinkConfig

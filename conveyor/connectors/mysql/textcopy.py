@@ -106,13 +106,19 @@ def export(config: MySqlConnConfig, sql: str, key: str) -> Iterator[_Lines]:
     program = client() or "mariadb"
     args = [program, "--no-defaults", "--batch", "--raw", "--skip-column-names", "--quick", "--default-character-set=utf8mb4",
             f"--host={config.host}", f"--port={int(config.port or 3306)}", f"--user={config.user}", f"--database={config.database}",
-            f"--connect-timeout={config.connect_timeout}", "--init-command=SET time_zone = '+00:00'", "-e", sql]
+            f"--connect-timeout={config.connect_timeout}", "--init-command=SET time_zone = '+00:00'"]
     env = {k: v for k, v in os.environ.items() if k != "MYSQL_PWD"}
     password = config.password()
     if password:
         env["MYSQL_PWD"] = password  # the client's own variable: never on its command line
     errors = tempfile.TemporaryFile()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, env=env)
+    statement = tempfile.TemporaryFile()  # on its input, not its command line: a sync's lookup of many keys is megabytes
+    statement.write(sql.encode() + b";\n")
+    statement.seek(0)
+    try:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors, stdin=statement, env=env)
+    finally:
+        statement.close()
     try:
         yield _Lines(proc, errors, config, key)
     finally:
