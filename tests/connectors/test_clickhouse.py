@@ -352,3 +352,37 @@ def test_a_clickhouse_source_needs_no_strategy_named(ch, cli, tmp_path: Path) ->
     res = cli("plan", "source=clickhouse", f"source.port={ch.http_port}", "source.table=ch_auto", "sink=parquet", f"sink.path={tmp_path}/o")
     assert res.code == 0, res.err
     assert "2 partition(s), strategy=auto" in " ".join(res.out.split())  # its two partitions, one task each
+
+
+@pytest.mark.parametrize("partition_by", ["", "intDiv(id, 100)"])
+def test_merge_rebuilds_the_partitions_its_keys_touch_and_refuses_a_key_twice(ch, pg_source, cli, partition_by: str) -> None:
+    """load_mode=merge: updates and inserts by key, each touched partition swapped in whole; merge_delete=hard leaves the
+    source's rows alone; a key the source has twice, merge_update and merge_delete=soft refused by name, the target unchanged."""
+    part = [f"sink.partition_by='{partition_by}'"] if partition_by else []
+    pg_exec(pg_source, "DROP TABLE IF EXISTS ch_m", "CREATE TABLE ch_m (id int8 PRIMARY KEY, v text NOT NULL)",
+            "INSERT INTO ch_m SELECT g, 'old' || g FROM generate_series(1, 1000) g")
+    ch.execute("DROP TABLE IF EXISTS ch_m")
+    assert cli("run", *_pg(pg_source), "source.table=ch_m", *_ch(ch, "ch_m", *part), "load_mode=create", "strategy=none").code == 0
+    pg_exec(pg_source, "UPDATE ch_m SET v = 'new' || id WHERE id % 10 = 0", "DELETE FROM ch_m WHERE id > 500",
+            "INSERT INTO ch_m SELECT g, 'added' FROM generate_series(2000, 2009) g")
+    pg_exec(pg_source, "DROP TABLE IF EXISTS ch_m_src", "CREATE TABLE ch_m_src AS SELECT * FROM ch_m WHERE id % 10 = 0 OR id >= 2000")
+    r = cli("run", *_pg(pg_source), "source.table=ch_m_src", *_ch(ch, "ch_m"), "load_mode=merge", "sink.merge_keys=[id]", "strategy=none")
+    assert r.code == 0, r.err
+    got = dict(ch.execute("SELECT id, v FROM ch_m ORDER BY id FORMAT TSV"))
+    assert len(got) == 1010 and got["10"] == "new10" and got["11"] == "old11" and got["600"] == "old600" and got["2005"] == "added"
+    assert ch.execute("SELECT count() = uniqExact(id) FROM ch_m")[0][0] == "1"
+    before = ch.execute("SELECT id, v FROM ch_m ORDER BY id FORMAT TSV")
+    pg_exec(pg_source, "INSERT INTO ch_m_src VALUES (10, 'twice')")
+    r = cli("run", *_pg(pg_source), "source.table=ch_m_src", *_ch(ch, "ch_m"), "load_mode=merge", "sink.merge_keys=[id]", "strategy=none")
+    assert r.code != 0 and "more than once" in r.err and "Traceback" not in r.err, r.err
+    for bad, words in (("sink.merge_update=[v]", "merge_update"), ("sink.merge_delete=soft", "merge_update")):
+        extra = [bad, "sink.merge_soft_delete_column=v"] if "soft" in bad else [bad]
+        r = cli("run", *_pg(pg_source), "source.table=ch_m", *_ch(ch, "ch_m"), "load_mode=merge", "sink.merge_keys=[id]", *extra,
+                "strategy=none")
+        assert r.code != 0 and words in r.err, r.err
+    assert ch.execute("SELECT id, v FROM ch_m ORDER BY id FORMAT TSV") == before
+    r = cli("run", *_pg(pg_source), "source.table=ch_m", *_ch(ch, "ch_m"), "load_mode=merge", "sink.merge_keys=[id]",
+            "sink.merge_delete=hard", "strategy=none")
+    assert r.code == 0, r.err
+    assert ch.execute("SELECT id, v FROM ch_m ORDER BY id FORMAT TSV") == [[str(i), v] for i, v in pg_exec(pg_source,
+                                                                                                        "SELECT id, v FROM ch_m ORDER BY id")]

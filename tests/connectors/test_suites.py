@@ -374,7 +374,7 @@ class _ClickHouse:
 
 class TestClickHouseSink(_ClickHouse, SinkSuite):
     sink = "clickhouse"
-    modes = ("create", "append", "truncate", "replace")
+    modes = ("create", "append", "truncate", "replace", "merge")
     read_back_types = ("raw", "amount", "day", "flag")  # 18.16's DateTime holds whole seconds: the kit's microseconds are refused by name
 
     def sink_config(self, target: str) -> dict[str, Any]:

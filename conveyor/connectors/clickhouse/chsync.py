@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from conveyor.connectors.clickhouse.common import literal, qident
@@ -28,6 +29,20 @@ from conveyor.kit.syncapply import PRESENT, ApplyPerTable, stale
 
 STATE = "_conveyor_sync"
 STAGE, NEW = "_conveyor_sync_stage_", "_conveyor_sync_new_"
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """What a rebuild did: the staged rows, those that exist, the target's rows removed, the partitions and rows swapped in."""
+
+    staged: int
+    present: int
+    deleted: int
+    partitions: int
+    rows: int
+
+    def describe(self) -> str:
+        return f"{self.partitions} partition(s) rewritten, {self.rows:,} rows"
 
 
 class ChChangeApplier(ApplyPerTable):
@@ -97,8 +112,23 @@ class ChChangeApplier(ApplyPerTable):
         self.config.run(f"DROP TABLE IF EXISTS {self._q(stage)}", doing="dropping the sync's stage")
 
     def apply_sync(self, stage: str, keys: Sequence[str], full: bool, record: SyncRecord | None, expect: int | None = None) -> Applied:
-        conf, where = self.config, f"clickhouse table {self._sync_target}"
-        run = conf.run
+        where = f"clickhouse table {self._sync_target}"
+        made = self._new_name(record.slot if record else stage)
+        self._claim(self._q(made), self._q(), where, record, expect)
+        try:
+            done = self.rebuild(stage, made, keys, PRESENT, full, where)
+            if record is not None:
+                self.record_sync(record)
+        finally:
+            with contextlib.suppress(Exception):
+                self.config.run(f"DROP TABLE IF EXISTS {self._q(made)}")
+        return Applied(keys=done.staged, written=done.present, deleted=done.deleted, full=full, detail=done.describe())
+
+    def rebuild(self, stage: str, made: str, keys: Sequence[str], present: str | None, full: bool, where: str) -> Rebuilt:
+        """The target with the rows of ``stage`` in place of its rows of the same keys (``present``: the stage's column that
+        says a key's row exists, else every staged row does; ``full``: the target's other rows dropped too): the
+        partitions touched rebuilt in ``made`` (an empty table made like the target), swapped in one by one, read back."""
+        conf, run = self.config, self.config.run
         target, staged = self._q(), self._q(stage)
         cols = [r[0] for r in run(f"SELECT name FROM system.columns WHERE database = {literal(conf.database)} "
                                   f"AND table = {literal(conf.table)}", doing="reading the target")]
@@ -106,51 +136,45 @@ class ChChangeApplier(ApplyPerTable):
             raise SchemaError(f"{where} does not exist", hint="run the sync's first load again (conveyor clean --drop, then run)")
         key = f"({', '.join(qident(k) for k in keys)})"
         staged_keys = f"(SELECT {', '.join(f'assumeNotNull({qident(k)})' for k in keys)} FROM {staged})"
-        gone_keys = staged_keys[:-1] + f" WHERE NOT {qident(PRESENT)})"
+        live = f" WHERE {qident(present)}" if present else ""
+        gone_keys = staged_keys[:-1] + f" WHERE NOT {qident(present)})" if present else None
         listed = ", ".join(qident(c) for c in cols)
         pkey = run(f"SELECT partition_key FROM system.tables WHERE database = {literal(conf.database)} AND name = {literal(conf.table)}",
                    doing="reading the target")[0][0]
-        made = self._new_name(record.slot if record else stage)
         new = self._q(made)
-        self._claim(new, target, where, record, expect)
-        try:
-            kept = int(run(f"SELECT count() FROM {staged}", doing="counting the stage")[0][0])
-            present = int(run(f"SELECT count() FROM {staged} WHERE {qident(PRESENT)}", doing="counting the stage")[0][0])
+        kept = int(run(f"SELECT count() FROM {staged}", doing="counting the stage")[0][0])
+        rows = int(run(f"SELECT count() FROM {staged}{live}", doing="counting the stage")[0][0])
+        deleted = 0
+        if full or gone_keys:
             deleted = int(run(f"SELECT count() FROM {target}" + ("" if full else f" WHERE {key} IN {gone_keys}"),
                               doing="reading the target")[0][0])
-            run(f"INSERT INTO {new} ({listed}) SELECT {listed} FROM {staged} WHERE {qident(PRESENT)}", doing="staging the new rows")
-            # the partitions touched: the new rows' (in the new table), and those of the staged keys' rows now (or every one)
-            touched = set(self._partitions(made))
-            if full:
-                touched |= set(self._partitions(conf.table))
+        run(f"INSERT INTO {new} ({listed}) SELECT {listed} FROM {staged}{live}", doing="staging the new rows")
+        # the partitions touched: the new rows' (in the new table), and those of the staged keys' rows now (or every one)
+        touched = set(self._partitions(made))
+        if full:
+            touched |= set(self._partitions(conf.table))
+        else:
+            probe = self._q(made + "_old")
+            run(f"DROP TABLE IF EXISTS {probe}", f"CREATE TABLE {probe} AS {target}",
+                f"INSERT INTO {probe} SELECT * FROM {target} WHERE {key} IN {staged_keys}", doing="finding the partitions")
+            try:
+                touched |= set(self._partitions(made + "_old"))
+            finally:
+                run(f"DROP TABLE IF EXISTS {probe}")
+        ordered = sorted(touched)
+        if not full and ordered:
+            within = "" if not pkey else f" AND ({pkey}) IN ({', '.join(ordered)})"
+            run(f"INSERT INTO {new} SELECT * FROM {target} WHERE {key} NOT IN {staged_keys}{within}", doing="rebuilding the partitions")
+        built = {p: int(n) for p, n in run(f"SELECT partition, toString(sum(rows)) FROM system.parts WHERE active AND "
+                                           f"database = {literal(conf.database)} AND table = {literal(made)} "
+                                           "GROUP BY partition", doing="counting the partitions")}
+        for part in ordered:
+            if part in built:
+                run(f"ALTER TABLE {target} REPLACE PARTITION {part} FROM {new}", doing=f"swapping in partition {part}")
             else:
-                probe = self._q(made + "_old")
-                run(f"DROP TABLE IF EXISTS {probe}", f"CREATE TABLE {probe} AS {target}",
-                    f"INSERT INTO {probe} SELECT * FROM {target} WHERE {key} IN {staged_keys}", doing="finding the partitions")
-                try:
-                    touched |= set(self._partitions(made + "_old"))
-                finally:
-                    run(f"DROP TABLE IF EXISTS {probe}")
-            ordered = sorted(touched)
-            if not full and ordered:
-                within = "" if not pkey else f" AND ({pkey}) IN ({', '.join(ordered)})"
-                run(f"INSERT INTO {new} SELECT * FROM {target} WHERE {key} NOT IN {staged_keys}{within}", doing="rebuilding the partitions")
-            built = {p: int(n) for p, n in run(f"SELECT partition, toString(sum(rows)) FROM system.parts WHERE active AND "
-                                               f"database = {literal(conf.database)} AND table = {literal(made)} "
-                                               "GROUP BY partition", doing="counting the partitions")}
-            for part in ordered:
-                if part in built:
-                    run(f"ALTER TABLE {target} REPLACE PARTITION {part} FROM {new}", doing=f"swapping in partition {part}")
-                else:
-                    run(f"ALTER TABLE {target} DROP PARTITION {part}", doing=f"emptying partition {part}")
-            self._check(where, target, key, staged_keys, gone_keys, built, [p for p in ordered if p not in built], present)
-            if record is not None:
-                self.record_sync(record)
-        finally:
-            with contextlib.suppress(Exception):
-                run(f"DROP TABLE IF EXISTS {new}")
-        return Applied(keys=kept, written=present, deleted=deleted, full=full,
-                       detail=f"{len(ordered)} partition(s) rewritten, {sum(built.values()):,} rows")
+                run(f"ALTER TABLE {target} DROP PARTITION {part}", doing=f"emptying partition {part}")
+        self._check(where, target, key, staged_keys[:-1] + live + ")", gone_keys, built, [p for p in ordered if p not in built], rows)
+        return Rebuilt(kept, rows, deleted, len(ordered), sum(built.values()))
 
     def _claim(self, new: str, target: str, where: str, record: SyncRecord | None, expect: int | None) -> None:
         """The apply's own table, made without IF NOT EXISTS: a second apply of the sync at once finds it and is refused by
@@ -176,14 +200,14 @@ class ChChangeApplier(ApplyPerTable):
                                               f"database = {literal(self.config.database)} AND table = {literal(table)}",
                                               doing="listing partitions")]
 
-    def _check(self, where: str, target: str, key: str, staged_keys: str, gone_keys: str, built: dict[str, int],
+    def _check(self, where: str, target: str, key: str, live: str, gone_keys: str | None, built: dict[str, int],
                emptied: list[str], present: int) -> None:
         """What the target holds now: each present staged key once, no gone key, each rebuilt partition its built rows."""
         run = self.config.run
-        live = staged_keys[:-1] + f" WHERE {qident(PRESENT)})"
         found, distinct = (int(v) for v in run(f"SELECT count(), uniqExact({key}) FROM {target} WHERE {key} IN {live}",
                                                doing="reading the target back")[0])
-        gone = int(run(f"SELECT count() FROM {target} WHERE {key} IN {gone_keys}", doing="reading the target back")[0][0])
+        gone = 0 if gone_keys is None else int(run(f"SELECT count() FROM {target} WHERE {key} IN {gone_keys}",
+                                                   doing="reading the target back")[0][0])
         held = {p: int(n) for p, n in run(f"SELECT partition, toString(sum(rows)) FROM system.parts WHERE active AND "
                                           f"database = {literal(self.config.database)} AND table = {literal(self.config.table)} "
                                           "GROUP BY partition", doing="reading the target back")}

@@ -31,12 +31,13 @@ from conveyor.core import (
 from conveyor.errors import ConfigError, ConveyorError, SchemaError, TransferError
 from conveyor.kit import guard
 from conveyor.kit.mapping import TargetColumn, map_columns
+from conveyor.kit.merge import MergeOptions
 from conveyor.kit.staged import check_mode, check_taken, staged_path
 from conveyor.log import say, warn
 
 
 @dataclass
-class ClickHouseSinkConfig(ClickHouseConnConfig):
+class ClickHouseSinkConfig(MergeOptions, ClickHouseConnConfig):
     #: the target table (a template with {table} / {schema} for a job over several tables)
     table: str = ""
     #: create / replace: the sorting key (ORDER BY); null: the source's primary key, else none (tuple())
@@ -54,6 +55,7 @@ class ClickHouseSinkConfig(ClickHouseConnConfig):
             raise ValueError("table: name the target table")
         if "MergeTree" not in self.engine:
             raise ValueError(f"engine: {self.engine!r} is not a MergeTree engine (partitions are moved in with ATTACH PARTITION)")
+        self.check_merge_options()
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,16 @@ class ChPlan:
     #: (target column, its ClickHouse type) in the order of the source's columns
     columns: tuple[tuple[str, str], ...]
     once: commits.Once
+    #: merge: the columns that identify a row, and whether the target's rows the source lacks are deleted
+    merge_keys: tuple[str, ...] = ()
+    merge_delete: bool = False
 
 
 class ClickHouseSink(ChChangeApplier, SinkBase):
     """Appends whole partitions (ATTACH PARTITION from a table each); truncate/create/replace swap in at the end."""
 
     config_class = ClickHouseSinkConfig
-    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace"), read_back=True)
+    capabilities = SinkCapabilities(load_modes=("truncate", "append", "create", "replace", "merge"), read_back=True)
 
     def __init__(self, config: ClickHouseSinkConfig, options: JobOptions) -> None:
         self.config = config
@@ -96,6 +101,8 @@ class ClickHouseSink(ChChangeApplier, SinkBase):
         mode = self.options.load_mode
         how = "Native blocks over HTTP into a table per partition"
         path = (f"{how}, each moved into the target whole (ATTACH PARTITION) once counted" if mode == "append" else
+                f"{how} into a staging table, then the target's partitions its keys touch rebuilt and swapped in one by one "
+                "(REPLACE PARTITION)" if mode == "merge" else
                 staged_path(mode, how).replace("made the target's in one transaction", "swapped in (RENAME TABLE)"))
         return TargetInfo(label=self._where(), checks_before_commit=mode == "append", path=path)
 
@@ -129,6 +136,7 @@ class ClickHouseSink(ChChangeApplier, SinkBase):
             columns = tuple((t, types[t]) for _, t in pairs)
             self._check_casts(pairs, schema, types)
             create = f"CREATE TABLE {{table}} AS {self._q()}"
+        keys = self._merge_keys([t for _, t in pairs]) if mode == "merge" else ()
         once = commits.Once(f"{self.config.database}.{self.config.table}", self.options.load, self.options.run_id)
         said = columns_only(request.info, key_as="its ORDER BY" if self.config.order_by is None else "") if mode in ("create", "replace") else ""
         if said:
@@ -136,7 +144,22 @@ class ClickHouseSink(ChChangeApplier, SinkBase):
         return SinkPlan(definition=said, rows_before=None if mode == "append" else 0, target=f"{self.config.where()}.{self.config.table}",
                         write_target=self.config.table if mode == "append" else f"{commits.STAGE_PREFIX}{self.options.run_id}",
                         load_mode=mode, columns=tuple(t for _, t in pairs), source_columns=tuple(s for s, _ in pairs), schema=schema,
-                        own=ChPlan(create, columns, once), checks_before_commit=mode == "append")
+                        own=ChPlan(create, columns, once, keys, self.config.merge_delete == "hard"), checks_before_commit=mode == "append")
+
+    def _merge_keys(self, mapped: list[str]) -> tuple[str, ...]:
+        """merge: the keys (sink.merge_keys, else the target's sorting key), checked; what ClickHouse's merge does not do
+        refused by name."""
+        from conveyor.kit.merge import plan as merge_plan
+
+        conf, where = self.config, self._where()
+        if conf.merge_update is not None or conf.merge_delete == "soft":
+            raise ConfigError(f"load_mode=merge into {where}: a matched row takes every column of the source here (a partition is "
+                              "rebuilt with the source's rows); merge_update and merge_delete=soft are not offered",
+                              key="sink.merge_update", hint="leave sink.merge_update unset (and merge_delete none or hard)")
+        sorting = self.config.run(f"SELECT sorting_key FROM system.tables WHERE database = {literal(conf.database)} "
+                                  f"AND name = {literal(conf.table)}", doing="reading the target")[0][0]
+        primary = [k.strip() for k in sorting.split(",") if k.strip()] if sorting and "(" not in sorting else []
+        return merge_plan(conf, primary, mapped, [n for n, _, _ in self._columns()], where).keys
 
     def _definition(self, schema: Any, request: PrepareRequest) -> tuple[str, tuple[tuple[str, str], ...]]:
         conf = self.config
@@ -293,7 +316,9 @@ class ClickHouseSink(ChChangeApplier, SinkBase):
 
     def finalize(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
         try:
-            if plan.load_mode != "append":
+            if plan.load_mode == "merge":
+                self._merge_in(plan, results)
+            elif plan.load_mode != "append":
                 self._swap_in(plan, results)
         finally:
             guard.release(self.options.run_id)
@@ -318,6 +343,35 @@ class ClickHouseSink(ChChangeApplier, SinkBase):
             with contextlib.suppress(Exception):
                 conf.run(f"DROP TABLE IF EXISTS {self._q(stage)}")
             raise
+        self._drop_parts(plan, parts.values())
+
+    def _merge_in(self, plan: SinkPlan, results: Sequence[WriteStats]) -> None:
+        """merge: the staged partitions into one table; a key staged twice refused by name; then the target's partitions
+        those keys touch rebuilt with the staged rows in place of the target's (every partition with merge_delete=hard)
+        and swapped in one by one (``chsync.rebuild``: what readers see is each partition before or after)."""
+        conf, own = self.config, plan.own
+        stage, made = plan.write_target, f"{plan.write_target}_merged"
+        parts = self._staged_tables(plan)
+        conf.run(f"DROP TABLE IF EXISTS {self._q(stage)}", own.create.format(table=self._q(stage)),
+                 f"DROP TABLE IF EXISTS {self._q(made)}", own.create.format(table=self._q(made)), doing="load_mode=merge")
+        try:
+            for table in parts.values():
+                self._attach(table, stage)
+            held = int(conf.run(f"SELECT count() FROM {self._q(stage)}", doing="counting")[0][0])
+            check_taken(self._q(), held, sum(r.rows for r in results))
+            key = f"({', '.join(qident(k) for k in own.merge_keys)})"
+            twice = conf.run(f"SELECT toString({key}), count() AS n FROM {self._q(stage)} GROUP BY {key} HAVING n > 1 LIMIT 5",
+                             doing="load_mode=merge")
+            if twice:
+                raise SchemaError(f"load_mode=merge into {self._where()}: the source has key(s) {', '.join(k for k, _ in twice)} more "
+                                  f"than once (by {', '.join(own.merge_keys)})", hint="merge from rows with one row per key; the "
+                                                                                      "target was not changed")
+            done = self.rebuild(stage, made, own.merge_keys, None, own.merge_delete, self._where())
+            say(f"{self._where()}: merged {done.present:,} rows ({done.describe()}"
+                + ("; every partition rebuilt from the source's rows: the rows it lacks are gone)" if own.merge_delete else ")"))
+        finally:
+            with contextlib.suppress(Exception):
+                conf.run(f"DROP TABLE IF EXISTS {self._q(stage)}", f"DROP TABLE IF EXISTS {self._q(made)}")
         self._drop_parts(plan, parts.values())
 
     def _drop_parts(self, plan: SinkPlan, tables: Iterable[str]) -> None:
