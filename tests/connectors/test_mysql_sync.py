@@ -316,3 +316,47 @@ def test_a_mysql_sync_into_clickhouse(binlog_server, clickhouse_server, tmp_path
     done = _sync(tmp_path, args, "third")
     same()
     assert "partition(s) rewritten" in done["sync"]["runs"][0]["tables"][f"{my.database}.mc_t"]["detail"]
+
+
+def test_keys_are_read_from_the_row_events_bytes_exactly_beside_every_column_type(binlog_server) -> None:
+    """A five-column key of each key type (unsigned beyond the signed range, a negative decimal, fractional seconds, text,
+    a date) beside columns of every other type, NULL or not, long or short: the keys read from the binlog's bytes are
+    the keys the server holds, as its own text of them (written, updated before and after, deleted)."""
+    from conveyor.connectors.mysql import binlog
+    from conveyor.connectors.mysql.common import MySqlConnConfig
+
+    my = binlog_server
+    my.execute("DROP TABLE IF EXISTS mk_t", """CREATE TABLE mk_t (
+        ti TINYINT, u BIGINT UNSIGNED NOT NULL, sm SMALLINT UNSIGNED, d DECIMAL(20,4) NOT NULL, md MEDIUMINT, f FLOAT, db DOUBLE,
+        vc VARCHAR(300), dt DATETIME(3) NOT NULL, tx MEDIUMTEXT, bl BLOB, js JSON, en ENUM('a','b'), st SET('x','y'), bt BIT(10),
+        tm TIME(2), ts TIMESTAMP(6) NULL, yr YEAR, c CHAR(4) NOT NULL, wide DECIMAL(65,30), dd DATE NOT NULL, iu INT UNSIGNED,
+        PRIMARY KEY (u, d, dt, c, dd))""")
+    cols = "ti, u, sm, d, md, f, db, vc, dt, tx, bl, js, en, st, bt, tm, ts, yr, c, wide, dd, iu"
+    my.execute(f"INSERT INTO mk_t ({cols}) VALUES "
+               "(-1, 18446744073709551615, 65535, -123.4500, -8388608, 1.5, -2.5e300, REPEAT('é', 300), '2024-02-29 23:59:59.123', "
+               "REPEAT('t', 65000), X'00ff', '{\"a\": 1}', 'b', 'x,y', b'1010101010', '-838:59:59.99', '2038-01-19 03:14:07.999999', "
+               "2155, 'äbc', -12345678901234567890.123456789012345678901234567890, '1000-01-01', 4294967295),"
+               "(NULL, 0, NULL, 0.0001, NULL, NULL, NULL, NULL, '1970-01-01 00:00:00.000', NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+               "NULL, NULL, '', NULL, '9999-12-31', NULL),"
+               "(5, 9223372036854775808, 1, 99999999999999.9999, 1, 0, 0, 'x', '2000-01-01 12:00:00.5', '', '', 'null', 'a', '', "
+               "b'0', '00:00:00', NULL, 1901, 'z', 0, '2000-02-29', 0)")
+    config = MySqlConnConfig(host="127.0.0.1", port=my.port, user=my.user, database=my.database)
+    con = config.connect()
+    try:
+        mariadb, base = binlog.check_server(con)
+    finally:
+        con.close()
+    table = binlog.describe(config, "mk_t")
+    texts = "SELECT CAST(u AS CHAR), CAST(d AS CHAR), CAST(dt AS CHAR), c, CAST(dd AS CHAR) FROM mk_t"
+
+    def held() -> set[tuple]:
+        return {(int(u), d, dt, c, dd) for u, d, dt, c, dd in my.execute(texts)}
+
+    before = held()
+    since = binlog.consistent(config, mariadb)
+    my.execute("UPDATE mk_t SET tx = 'changed', js = '[1]' WHERE c = 'äbc'", "UPDATE mk_t SET u = 42, dt = '2001-01-01 00:00:00.001' WHERE c = ''",
+               "DELETE FROM mk_t WHERE c = 'z'", f"INSERT INTO mk_t ({cols}) SELECT ti, 7, sm, -d, md, f, db, vc, dt, tx, bl, js, en, "
+               "st, bt, tm, ts, yr, 'new', wide, dd, iu FROM mk_t WHERE c = 'äbc'")
+    after = held()
+    got = binlog.read(config, mariadb, base, table, since, binlog.consistent(config, mariadb))
+    assert got.changes == 4 and got.keys == before | after, (got.keys, before | after)

@@ -10,7 +10,8 @@ LOCK``), so any read that starts after sees every change logged before the posit
 
 The binlog client is ``mysql-replication`` (PyPI, pure Python, on PyMySQL, which the connector
 already uses): it speaks the replication protocol (``COM_BINLOG_DUMP``, non-blocking: it stops at
-the end of the log) and decodes row events into values, of which only the key columns are kept. The
+the end of the log) and reads each event's header and table map; the key columns of each row are
+read from the event's bytes by ``rowkeys.py``, the other columns stepped over undecoded. The
 server's ``mariadb-binlog`` would print rows as SQL text to be parsed again, and is not always
 installed where the job runs.
 """
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.connectors.mysql.common import MySqlConnConfig
+from conveyor.connectors.mysql.rowkeys import event_keys
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
 
 _LOW = 1 << 32
@@ -261,6 +263,7 @@ def read(config: MySqlConnConfig, mariadb: bool, base: str, table: BinlogTable, 
         return out
     file_number, offset = split(since)
     at = tuple(table.key_at)
+    unsigned = tuple("unsigned" in table.columns[i][1].lower() for i in at)
     stream = _stream(config, file_of(base, since), offset, [WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, QueryEvent, RotateEvent],
                      table)
     current_file = file_number
@@ -277,16 +280,10 @@ def read(config: MySqlConnConfig, mariadb: bool, base: str, table: BinlogTable, 
                 continue
             if event.schema != table.schema or event.table != table.name:
                 continue
-            if isinstance(event, UpdateRowsEvent):
-                for row in event.rows:
-                    before, after = list(row["before_values"].values()), list(row["after_values"].values())
-                    out.keys.add(tuple(before[i] for i in at))
-                    out.keys.add(tuple(after[i] for i in at))
-            else:
-                for row in event.rows:
-                    values = list(row["values"].values())
-                    out.keys.add(tuple(values[i] for i in at))
-            out.changes += len(event.rows)
+            images = 2 if isinstance(event, UpdateRowsEvent) else 1
+            found = event_keys(event, at, unsigned, images)
+            out.keys.update(found)
+            out.changes += len(found) // images
     finally:
         stream.close()
     return out
@@ -312,7 +309,7 @@ def probe(config: MySqlConnConfig) -> None:
 def _stream(config: MySqlConnConfig, file: str, offset: int, only: list[Any], table: BinlogTable | None = None) -> Any:
     from pymysqlreplication import BinLogStreamReader
 
-    settings = {"host": config.host, "port": int(config.port or 3306), "user": config.user, "passwd": config.password() or "",
+    settings = {"host": config.host, "port": int(config.port or 3306), "user": config.user, "password": config.password() or "",
                 "connect_timeout": config.connect_timeout, "charset": "utf8mb4"}
     # a replica id of its own per reader (two with one id would end each other's dump)
     server_id = 1_000_000_000 + zlib.crc32(f"{file}{offset}{os.getpid()}{time.monotonic_ns()}".encode()) % 1_000_000_000
