@@ -396,17 +396,25 @@ def plan_lines(spec: JobSpec) -> list[str]:
     slot = slot_of(spec)
     with spec.source.change_feed(slot, spec.incremental, exclusive=False) as feed:  # beside a running sync
         held, retained = feed.position(), feed.retained()
-        states = [s.sync_state(slot) for s in _targets(spec, feed)]
+        sinks = _targets(spec, feed)
+        states = [s.sync_state(slot) for s in sinks]
         at = ", ".join(feed.text(s.position) for s in states if s is not None) or "(none)"
-        if not getattr(feed, "held_on_source", True):
-            if any(s is None for s in states):
-                return [f"sync: job {slot}: the first run loads the table, then reads again what changed while it read"]
-            return [f"sync: job {slot}: the target is at {at}; the source's log goes from {feed.text(held or 0)}: a run applies the "
-                    "changes since the target's position"]
-        if held is None:
-            return [f"sync: no slot yet: the first run makes slot {slot} (and its publication) and loads the tables in its snapshot"]
-        return [f"sync: slot {slot} at {feed.text(held)} holds {retained:,} bytes of WAL on the source; the targets are at {at}: "
-                "a run applies the changes since"]
+        # what a run rewrites where a target says it (ClickHouse: the partitions a run's changes touch)
+        applies = [line for s in sinks if hasattr(s, "apply_plan") for line in s.apply_plan()]
+        return _holds(feed, slot, held, retained, states, at) + applies
+
+
+def _holds(feed: FeedSession, slot: str, held: int | None, retained: int, states: list[Any], at: str) -> list[str]:
+    """What ``conveyor plan`` says of the job's position on the source and the targets'."""
+    if not getattr(feed, "held_on_source", True):
+        if any(s is None for s in states):
+            return [f"sync: job {slot}: the first run loads the table, then reads again what changed while it read"]
+        return [f"sync: job {slot}: the target is at {at}; the source's log goes from {feed.text(held or 0)}: a run applies the "
+                "changes since the target's position"]
+    if held is None:
+        return [f"sync: no slot yet: the first run makes slot {slot} (and its publication) and loads the tables in its snapshot"]
+    return [f"sync: slot {slot} at {feed.text(held)} holds {retained:,} bytes of WAL on the source; the targets are at {at}: "
+            "a run applies the changes since"]
 
 
 def leftovers(spec: JobSpec, remove: bool) -> list[str]:

@@ -89,6 +89,11 @@ def test_readers_see_no_duplicate_no_deleted_row_and_each_partition_whole(ch_src
     more = ["sink.partition_by='intDiv(id, 5000)'"] if partitioned else []
     _sync(tmp_path, _args(ch_src, ch, *more), "first")
     _same(ch_src, ch)
+    plan = run_cli("plan", *_args(ch_src, ch, *more)[1:], f"hydra.run.dir={tmp_path}/plan")
+    assert plan.code == 0, plan.err
+    said = "the partitions of default.cs_t its changes touch (PARTITION BY intDiv(id, 5000): 5 partitions now, 20,000 rows, the " \
+           "largest 5,000)" if partitioned else "rewrites default.cs_t whole on the server (20,000 rows now; no PARTITION BY)"
+    assert said in plan.out, plan.out
     for r, (low, high) in enumerate([(100, 400), (3000, 9000), (12000, 19000)]):
         before = tuple(ch.execute("SELECT count(), uniqExact(id), toString(sum(n)) FROM cs_t")[0])
         _changes(ch_src, low, high)

@@ -176,6 +176,23 @@ class ChChangeApplier(ApplyPerTable):
         self._check(where, target, key, staged_keys[:-1] + live + ")", gone_keys, built, [p for p in ordered if p not in built], rows)
         return Rebuilt(kept, rows, deleted, len(ordered), sum(built.values()))
 
+    def apply_plan(self) -> list[str]:
+        """What a run rewrites (``conveyor plan``): the partitions its changes touch, of those the table has now."""
+        conf = self.config
+        found = conf.run(f"SELECT partition_key FROM system.tables WHERE database = {literal(conf.database)} AND name = {literal(conf.table)}",
+                         doing="reading the target")
+        if not found:
+            return []
+        parts = conf.run(f"SELECT count(), toString(sum(r)), toString(max(r)) FROM (SELECT partition, sum(rows) AS r FROM system.parts "
+                         f"WHERE active AND database = {literal(conf.database)} AND table = {literal(conf.table)} GROUP BY partition)",
+                         doing="reading the target")[0]
+        if not found[0][0]:
+            return [f"sync: a run rewrites {self._sync_target} whole on the server ({int(parts[1] or 0):,} rows now; no PARTITION BY), "
+                    "swapped in with REPLACE PARTITION"]
+        return [f"sync: a run rewrites the partitions of {self._sync_target} its changes touch (PARTITION BY {found[0][0]}: "
+                f"{int(parts[0]):,} partitions now, {int(parts[1] or 0):,} rows, the largest {int(parts[2] or 0):,}), each swapped in "
+                "with REPLACE PARTITION"]
+
     def _claim(self, new: str, target: str, where: str, record: SyncRecord | None, expect: int | None) -> None:
         """The apply's own table, made without IF NOT EXISTS: a second apply of the sync at once finds it and is refused by
         name (a run of the job holds the job's lock on the source, and its stage drops a killed run's); then the state
