@@ -61,6 +61,8 @@ bench: $(VENV)/.installed-bench
 	bash scripts/ensure-clickhouse.sh
 	$(BIN)/python benchmarks/bench.py --sf $(BENCH_SF) $(BENCH_ARGS)
 	$(BIN)/python benchmarks/sync_bench.py --sf $(BENCH_SF)
+	$(BIN)/python benchmarks/mysql_sync_bench.py --sf $(BENCH_SF)
+	$(BIN)/python benchmarks/ch_sync_bench.py --sf $(BENCH_SF)
 	$(BIN)/python benchmarks/migrate_bench.py --sf $(BENCH_SF)
 
 clean:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench import CORES, client_cpu, conveyor, psql, server_cpu
+from bench import CORES, conveyor, psql, server_cpu
+from sync_bench import cli, measured
 
 from conveyor.testing.mysqlserver import BINLOG, MySqlServer
 from conveyor.testing.pgserver import PgServer
@@ -41,13 +42,6 @@ def my_cpu(server: MySqlServer) -> float:
     return sum(int(v) for v in x[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def cli(*args: str, report: Path) -> dict:
-    proc = subprocess.run([str(BIN / "conveyor"), "--report", str(report), *args], capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    return json.loads(report.read_text())
-
-
 def same(my: MySqlServer, pg: PgServer, table: str) -> bool:
     """Count, sums of the numeric columns and of the key, and the rows a change marked: equal on both servers."""
     from decimal import Decimal
@@ -60,11 +54,7 @@ def same(my: MySqlServer, pg: PgServer, table: str) -> bool:
 
 
 def timed(run, my: MySqlServer, pg: PgServer) -> tuple[float, dict[str, float]]:
-    c0, m0, p0 = client_cpu(), my_cpu(my), server_cpu(pg)
-    t0 = time.perf_counter()
-    run()
-    return time.perf_counter() - t0, {"client": round(client_cpu() - c0, 2), "source": round(my_cpu(my) - m0, 2),
-                                      "target": round(server_cpu(pg) - p0, 2)}
+    return measured(run, source=lambda: my_cpu(my), target=lambda: server_cpu(pg))
 
 
 def main() -> int:

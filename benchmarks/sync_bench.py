@@ -42,12 +42,19 @@ def cli(*args: str, report: Path) -> dict:
     return json.loads(report.read_text())
 
 
-def timed(run, src: PgServer, dst: PgServer) -> tuple[float, dict[str, float]]:
-    c0, s0, d0 = client_cpu(), server_cpu(src), server_cpu(dst)
+def measured(run, **meters) -> tuple[float, dict[str, float]]:
+    """``run``'s wall seconds, and the CPU-seconds each meter (a function: CPU-seconds so far) counted meanwhile, the
+    client's (this process and its children) too."""
+    meters = {"client": client_cpu, **meters}
+    before = {k: m() for k, m in meters.items()}
     t0 = time.perf_counter()
     run()
     took = time.perf_counter() - t0
-    return took, {"client": client_cpu() - c0, "source": server_cpu(src) - s0, "target": server_cpu(dst) - d0}
+    return took, {k: round(m() - before[k], 2) for k, m in meters.items()}
+
+
+def timed(run, src: PgServer, dst: PgServer) -> tuple[float, dict[str, float]]:
+    return measured(run, source=lambda: server_cpu(src), target=lambda: server_cpu(dst))
 
 
 class subscription:

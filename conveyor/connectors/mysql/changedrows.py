@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from conveyor.connectors.mysql.binlog import BinlogTable, key_json
 from conveyor.connectors.mysql.common import MYSQL_DIALECT, qident
 from conveyor.connectors.mysql.source import MySqlSource
 from conveyor.core import JobOptions, NativePartition, Partition, WholeSource
+from conveyor.kit.changedrows import ChunkedRows
 
 PRESENT = "_conveyor_present"
 
@@ -34,8 +35,10 @@ def whole_query(table: BinlogTable) -> str:
             f"FROM {qident(table.schema)}.{qident(table.name)}")
 
 
-class MySqlChangedRows(MySqlSource):
+class MySqlChangedRows(ChunkedRows, MySqlSource):
     """The rows of a run's changed keys of one table (or, after a TRUNCATE, every row), each with ``_conveyor_present``."""
+
+    _base = MySqlSource
 
     def __init__(self, base: MySqlSource, table: BinlogTable, chunks: Sequence[Sequence[tuple[Any, ...]]] | None,
                  options: JobOptions) -> None:
@@ -48,16 +51,6 @@ class MySqlChangedRows(MySqlSource):
         self._parts = [NativePartition(index=i, count=n, token=b"" if chunks is None else key_json(c).encode(),
                                        label="every row (a TRUNCATE)" if chunks is None else f"changed keys, chunk {i + 1} of {n}")
                        for i, c in enumerate(chunks or [()])]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_parts"] = []
-        return state
-
-    def __copy__(self) -> MySqlChangedRows:
-        twin = object.__new__(type(self))
-        twin.__dict__.update(self.__dict__)
-        return twin
 
     def describe(self) -> Any:
         import pyarrow as pa
@@ -73,9 +66,6 @@ class MySqlChangedRows(MySqlSource):
         return dataclasses.replace(info, schema=self._schema, estimated_rows=self.changed_keys, estimated_bytes=estimate,
                                    primary_key=self.sync_table.keys, definition=None)
 
-    def native_partitions(self) -> list[NativePartition]:
-        return list(self._parts)
-
     def _chunk(self, part: Partition) -> tuple[MySqlSource, Partition]:
         """A plain query source of ``part``'s rows (this source's description), and its partition."""
         if self._schema is None:  # described here (a task's copy): the flag's type is this source's
@@ -86,24 +76,6 @@ class MySqlChangedRows(MySqlSource):
         plain.__class__ = MySqlSource
         plain.config = dataclasses.replace(self.config, query=lookup_query(self.sync_table, part.token.decode()))
         return plain, WholeSource(index=part.index, count=part.count)
-
-    def read(self, part: Partition) -> Iterator[Any]:
-        source, whole = self._chunk(part)
-        return MySqlSource.read(source, whole)
-
-    def export_native(self, part: Partition, columns: tuple[str, ...]) -> Any:
-        source, whole = self._chunk(part)
-        return MySqlSource.export_native(source, whole, columns)
-
-    def count_rows(self, parts: list[Partition]) -> list[int] | None:
-        counts = []
-        for part in parts:
-            source, whole = self._chunk(part)
-            got = MySqlSource.count_rows(source, [whole])
-            if got is None:
-                return None
-            counts.append(got[0])
-        return counts
 
 
 __all__ = ["MySqlChangedRows"]

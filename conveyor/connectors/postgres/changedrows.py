@@ -8,17 +8,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from conveyor.connectors.postgres import replication
 from conveyor.connectors.postgres.replication import SyncTable
 from conveyor.connectors.postgres.source import PostgresSource
 from conveyor.core import JobOptions, NativePartition, Partition, WholeSource
+from conveyor.kit.changedrows import ChunkedRows
 
 
-class ChangedRowsSource(PostgresSource):
+class ChangedRowsSource(ChunkedRows, PostgresSource):
     """The rows of a run's changed keys of one table (or, after a TRUNCATE, every row), each with ``_conveyor_present``."""
+
+    _base = PostgresSource
 
     def __init__(self, base: PostgresSource, table: SyncTable, chunks: Sequence[tuple[str, ...]] | None, snapshot: str,
                  options: JobOptions) -> None:
@@ -36,16 +39,6 @@ class ChangedRowsSource(PostgresSource):
                                        label="every row (a TRUNCATE)" if chunks is None else f"changed keys, chunk {i + 1} of {n}")
                        for i, c in enumerate(chunks or [()])]
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_parts"] = []
-        return state
-
-    def __copy__(self) -> ChangedRowsSource:  # the session's copy (copy.copy would go through __getstate__)
-        twin = object.__new__(type(self))
-        twin.__dict__.update(self.__dict__)
-        return twin
-
     def describe(self) -> Any:
         info = super().describe()
         from conveyor.connectors.postgres.common import connect
@@ -59,9 +52,6 @@ class ChangedRowsSource(PostgresSource):
         estimate = int(size) if self.changed_keys is None else int(self.changed_keys * per_row)
         return dataclasses.replace(info, estimated_rows=self.changed_keys, estimated_bytes=estimate)
 
-    def native_partitions(self) -> list[NativePartition]:
-        return list(self._parts)
-
     def _chunk(self, part: Partition) -> tuple[PostgresSource, Partition]:
         """A plain query source of ``part``'s rows (this source's description and snapshot), and its partition."""
         if not isinstance(part, NativePartition) or not part.token:
@@ -70,24 +60,6 @@ class ChangedRowsSource(PostgresSource):
         plain.__class__ = PostgresSource
         plain.config = dataclasses.replace(self.config, query=replication.lookup_query(self.sync_table, json.loads(part.token)))
         return plain, WholeSource(index=part.index, count=part.count)
-
-    def read(self, part: Partition) -> Iterator[Any]:
-        source, whole = self._chunk(part)
-        return PostgresSource.read(source, whole)
-
-    def export_native(self, part: Partition, columns: tuple[str, ...]) -> Any:
-        source, whole = self._chunk(part)
-        return PostgresSource.export_native(source, whole, columns)
-
-    def count_rows(self, parts: list[Partition]) -> list[int] | None:
-        counts = []
-        for part in parts:
-            source, whole = self._chunk(part)
-            got = PostgresSource.count_rows(source, [whole])
-            if got is None:
-                return None
-            counts.append(got[0])
-        return counts
 
 
 __all__ = ["ChangedRowsSource"]
