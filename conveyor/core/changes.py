@@ -135,11 +135,12 @@ class FeedSession(Protocol):
 
     slot: str
     tables: Sequence[FeedTable]
-    #: (optional, default true) the source keeps the job's position (a PostgreSQL slot); false: it keeps none (a MySQL
-    #: binlog), the targets' states are the position, and :meth:`position` is the oldest one the source can still read from
+    #: the source keeps the job's position (a PostgreSQL slot); false: it keeps none (a MySQL binlog), the targets'
+    #: states are the position, and :meth:`position` is the oldest one the source can still read from
     held_on_source: bool
-    #: (optional, default false) the first load reads live rows, not a snapshot of the first position: a run follows it
-    #: at once (it reads again the keys changed while the load read)
+    #: the first load reads live rows, not a snapshot of the first position (a source that shares no snapshot between
+    #: connections): a run follows it at once (it reads again the keys changed while the load read), and a whole table
+    #: read live is not counted again at the source after
     live: bool
 
     def position(self) -> int | None:
@@ -227,5 +228,14 @@ class ChangeApplier(Protocol):
         ...
 
 
-__all__ = ["Applied", "Change", "ChangeApplier", "ChangeFeed", "FeedRun", "FeedSession", "FeedTable", "SyncRecord", "SyncState",
-           "TableChanges"]
+@runtime_checkable
+class DescribesApply(Protocol):
+    """A sync target that can say, before a run, what a run rewrites beyond the changed rows (``conveyor plan``)."""
+
+    def apply_plan(self) -> list[str]:
+        """Lines for ``conveyor plan`` (ClickHouse: the partitions a run's changes touch are rewritten whole)."""
+        ...
+
+
+__all__ = ["Applied", "Change", "ChangeApplier", "ChangeFeed", "DescribesApply", "FeedRun", "FeedSession", "FeedTable", "SyncRecord",
+           "SyncState", "TableChanges"]

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from conveyor.config import JobSpec
 from conveyor.core import cancel_requested, wait_for_cancel
-from conveyor.core.changes import Applied, Change, ChangeApplier, ChangeFeed, FeedSession, SyncRecord
+from conveyor.core.changes import Applied, Change, ChangeApplier, ChangeFeed, DescribesApply, FeedSession, SyncRecord
 from conveyor.errors import Cancelled, ConfigError, ConveyorError
 from conveyor.log import note, say
 
@@ -176,12 +176,12 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[Any], N
     with spec.source.change_feed(slot, spec.incremental) as feed, _Held(spec.runtime) as runtime:
         sinks = _targets(spec, feed)
         sync = SyncReport(slot=slot, target=", ".join(s.sync_target for s in sinks), text=feed.text,
-                          held=getattr(feed, "held_on_source", True))
+                          held=feed.held_on_source)
         states = [s.sync_state(slot) for s in sinks]
         held = feed.position()
         report = None
         if held is None or any(s is None for s in states):
-            if held is not None and getattr(feed, "held_on_source", True):
+            if held is not None and feed.held_on_source:
                 note(f"sync: slot {slot} exists but the target has no record of the load that began with it (a first run that "
                      "stopped): loading again")
             elif any(s is not None for s in states):
@@ -192,7 +192,7 @@ def run(spec: JobSpec, load: Callable[[JobSpec], Any], on_run: Callable[[Any], N
             report, sync.position = _first(spec, feed, sinks, load, before_load)
             sync.first_load = (report.rows, report.seconds)
             report.sync = sync
-            if getattr(feed, "live", False):
+            if feed.live:
                 # the load read live rows (no snapshot to share): a run reads again what changed while it read
                 done, _ = _apply(spec, feed, sinks, runtime)
                 sync.add(done)
@@ -256,7 +256,7 @@ def _live(spec: JobSpec, feed: FeedSession, full: bool = True) -> Any:
     """A whole table read live (a feed without a shared snapshot: its rows move while the partitions read them) is not
     counted again at the source after (a count then is of other rows): each partition's commit checks the rows the
     target stored against the rows read, and the run that follows reads again what changed."""
-    if not (full and getattr(feed, "live", False)) or spec.options.verify == "none":
+    if not (full and feed.live) or spec.options.verify == "none":
         return spec.options
     note(f"sync: verify={spec.options.verify} is not run on a whole table read live (the source moves while it is read); each "
          "partition's commit checks what the target stored, and conveyor verify compares the two once the source is quiet")
@@ -400,13 +400,13 @@ def plan_lines(spec: JobSpec) -> list[str]:
         states = [s.sync_state(slot) for s in sinks]
         at = ", ".join(feed.text(s.position) for s in states if s is not None) or "(none)"
         # what a run rewrites where a target says it (ClickHouse: the partitions a run's changes touch)
-        applies = [line for s in sinks if hasattr(s, "apply_plan") for line in s.apply_plan()]
+        applies = [line for s in sinks if isinstance(s, DescribesApply) for line in s.apply_plan()]
         return _holds(feed, slot, held, retained, states, at) + applies
 
 
 def _holds(feed: FeedSession, slot: str, held: int | None, retained: int, states: list[Any], at: str) -> list[str]:
     """What ``conveyor plan`` says of the job's position on the source and the targets'."""
-    if not getattr(feed, "held_on_source", True):
+    if not feed.held_on_source:
         if any(s is None for s in states):
             return [f"sync: job {slot}: the first run loads the table, then reads again what changed while it read"]
         return [f"sync: job {slot}: the target is at {at}; the source's log goes from {feed.text(held or 0)}: a run applies the "
@@ -426,7 +426,7 @@ def leftovers(spec: JobSpec, remove: bool) -> list[str]:
         sinks = _targets(spec, feed)
         if not remove:
             out = ([f"replication slot {slot}: holds {feed.retained():,} bytes of WAL on the source"]
-                   if getattr(feed, "held_on_source", True) and feed.position() is not None else [])
+                   if feed.held_on_source and feed.position() is not None else [])
             return out + [f"sync state of {s.sync_target} ({slot})" for s in sinks if s.sync_state(slot) is not None]
         out = [f"dropped {what}" for what in feed.drop()]
     return out + [f"dropped {what}" for s in sinks for what in s.forget_sync(slot)]

@@ -283,7 +283,7 @@ def test_positions_and_statements_read_from_the_binlog() -> None:
 
 def test_a_mysql_sync_into_clickhouse(binlog_server, clickhouse_server, tmp_path: Path) -> None:
     """MariaDB's binlog into ClickHouse (partitions rebuilt and swapped in): written during the first load, then
-    updates, a moved key, deletes and inserts; the target equal to the source after each run."""
+    updates, a moved key, deletes and inserts, then a TRUNCATE; the target equal to the source after each run."""
     my, ch = binlog_server, clickhouse_server
     my.execute("DROP TABLE IF EXISTS mc_t", "CREATE TABLE mc_t (id BIGINT PRIMARY KEY, a VARCHAR(40) NOT NULL, n DECIMAL(18,2) NOT NULL)",
                "INSERT INTO mc_t SELECT seq, CONCAT('a', seq), seq / 4 FROM seq_1_to_20000")
@@ -320,6 +320,10 @@ def test_a_mysql_sync_into_clickhouse(binlog_server, clickhouse_server, tmp_path
     done = _sync(tmp_path, args, "third")
     same()
     assert "partition(s) rewritten" in done["sync"]["runs"][0]["tables"][f"{my.database}.mc_t"]["detail"]
+    my.execute("TRUNCATE TABLE mc_t", "INSERT INTO mc_t VALUES (3, 'after', 3.5), (7777, 'after', -1)")
+    truncated = _sync(tmp_path, args, "truncated")
+    assert truncated["sync"]["runs"][0]["tables"][f"{my.database}.mc_t"]["full"] is True
+    same()
 
 
 def test_keys_are_read_from_the_row_events_bytes_exactly_beside_every_column_type(binlog_server) -> None:
