@@ -31,6 +31,9 @@ class PlanRequest:
     target: TargetLayout | None = None
     #: the rows a partition should hold at least for the target, and why (a columnar target's stripe)
     min_partition_rows: tuple[int, str] = (0, "")
+    #: how many tables the job's tasks share one pool with (a job over several tables): the tables
+    #: themselves spread over the workers, so a small one needs no split of its own
+    tables: int = 1
 
 
 @dataclass(frozen=True)

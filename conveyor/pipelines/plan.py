@@ -31,6 +31,7 @@ from conveyor.core import (
     sink_capabilities,
 )
 from conveyor.errors import ConfigError, PlanningError
+from conveyor.kit import reuse
 from conveyor.log import note
 from conveyor.pipelines.agree import agree
 from conveyor.pipelines.verify import check_checksums, check_mode
@@ -106,22 +107,23 @@ def opened(spec: JobSpec, described: Callable[[SourceInfo], None] | None = None)
     that is known: :func:`runtime_started`'s, so that the runtime gets ready while the job plans.
     """
     check(spec)
-    if spec.source.many():
-        with spec.source.session() as session:  # one snapshot: every table's partitions read it
-            plan = plan_tables(spec, session)
-            if described is not None:  # the tables' size is known once each is described
-                described(plan.info)
-            yield plan, session
-        return
-    info = spec.source.describe()
-    if described is not None:
-        described(info)
-        _warm_up(spec, info)
-    with spec.source.session() as source:
-        window = _window(spec, source)
-        if window is not None:
-            source = source.windowed(window)
-        yield plan_one(spec, info, source, window), source
+    with reuse.reusing():  # the driver's connections, reused from step to step and table to table (kit/reuse.py)
+        if spec.source.many():
+            with spec.source.session() as session:  # one snapshot: every table's partitions read it
+                plan = plan_tables(spec, session)
+                if described is not None:  # the tables' size is known once each is described
+                    described(plan.info)
+                yield plan, session
+            return
+        info = spec.source.describe()
+        if described is not None:
+            described(info)
+            _warm_up(spec, info)
+        with spec.source.session() as source:
+            window = _window(spec, source)
+            if window is not None:
+                source = source.windowed(window)
+            yield plan_one(spec, info, source, window), source
 
 
 def _warm_up(spec: JobSpec, info: SourceInfo) -> None:
@@ -172,7 +174,7 @@ def check(spec: JobSpec) -> None:
     check_mode(spec.options.verify)
 
 
-def plan_one(spec: JobSpec, info: SourceInfo, source: Any, window: CursorWindow | None = None) -> JobPlan:
+def plan_one(spec: JobSpec, info: SourceInfo, source: Any, window: CursorWindow | None = None, tables: int = 1) -> JobPlan:
     """One table's plan: the target described (once, read-only), the source split along what it wants
     (its range partitions, its smallest partition), and what the two ends agree on for those partitions."""
     degree = resolve_degree(spec.runtime, spec.options.degree)
@@ -181,7 +183,7 @@ def plan_one(spec: JobSpec, info: SourceInfo, source: Any, window: CursorWindow 
     if spec.sink is not None:
         check_checksums(spec.options.verify, info, target, spec)
     planned = spec.strategy.plan(PlanRequest(source=source, info=info, degree=degree, target=target.layout,
-                                             min_partition_rows=(target.min_partition_rows, target.min_partition_why)))
+                                             min_partition_rows=(target.min_partition_rows, target.min_partition_why), tables=tables))
     partitions = list(planned.partitions)
     if not partitions:
         raise PlanningError(f"strategy {spec.names['strategy']!r} planned no partitions for {info.label}")
@@ -209,7 +211,7 @@ def plan_tables(spec: JobSpec, session: Any) -> JobPlan:
         sub = dataclasses.replace(spec, source=session.for_table(table, options), sink=spec.sink.for_target(table.schema, table.name, options),
                                   options=options)
         check(sub)
-        plan = plan_one(sub, sub.source.describe(), sub.source)
+        plan = plan_one(sub, sub.source.describe(), sub.source, tables=len(tables))
         _one_target_each(targets, plan.target.label, table.qualified)
         parts = [dataclasses.replace(p, table=table.qualified) for p in plan.partitions]
         subs.append(dataclasses.replace(plan, partitions=parts))

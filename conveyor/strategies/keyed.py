@@ -69,7 +69,8 @@ class DataDrivenStrategyConfig(KeyedStrategyConfig):
 MIN_PARTITION_BYTES = 4 << 20
 MIN_PARTITION_ROWS = 20_000
 MAX_PARTITIONS = 10_000
-#: the size bound never goes below this many partitions (small tables still spread over workers)
+#: the size bound never goes below this many partitions (a small table alone still spreads over the workers;
+#: in a job over several tables the tables do)
 MIN_BOUND = 16
 #: datadriven keeps one partition per value up to this many values
 DATADRIVEN_ONE_EACH = 64
@@ -98,7 +99,7 @@ def partition_count(configured: int, request: PlanRequest, factor: int, method: 
         limits.append(max(1, info.estimated_bytes // MIN_PARTITION_BYTES))
     elif info.estimated_rows:
         limits.append(max(1, info.estimated_rows // MIN_PARTITION_ROWS))
-    bound = max(MIN_BOUND, min(limits))
+    bound = max(MIN_BOUND if request.tables <= 1 else 1, min(limits))
     if wanted > bound:
         if request.degree * factor > 4 * (os.cpu_count() or 1):  # worth a line only when the degree is far off
             size = f"{info.estimated_bytes / 1e6:,.0f} MB" if info.estimated_bytes else f"{info.estimated_rows or 0:,} rows"

@@ -190,3 +190,29 @@ def test_ctrl_c_in_a_many_table_append_then_resume_is_exact(mt, pg_target, tmp_p
     assert res.code == 0, res.err
     for t in TABLES:
         assert checksum(pg_target, f"mt_stop.{t}") == checksum(mt, f"mt.{t}"), t
+
+
+def test_a_schema_of_many_small_tables_needs_few_connections_and_one_partition_each(pg_source, pg_target, monkeypatch) -> None:
+    """120 small tables into a target whose role may hold 6 connections at once. On the main this
+    started from, each table's run held a guard connection (and a thread pinging it) until the job's
+    finalize, so such a job failed with "too many connections" (a server's max_connections is 100 by
+    default: 200 tables could not be copied at all), and every small table was split into `degree`
+    partitions. Now the runs of one process share one guard connection per server, the driver reuses
+    its connections from step to step, and a small table is one partition (the tables spread over the workers)."""
+    n = 120
+    pg_exec(pg_source, "DROP SCHEMA IF EXISTS small CASCADE", "CREATE SCHEMA small",
+            *[f"CREATE TABLE small.t{i:03d} AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, {10 * (i + 1)}) g" for i in range(n)])
+    pg_exec(pg_target, "DROP SCHEMA IF EXISTS small CASCADE", "DROP ROLE IF EXISTS few",
+            "CREATE ROLE few LOGIN PASSWORD 'few-secret' CONNECTION LIMIT 6", "CREATE SCHEMA small AUTHORIZATION few")
+    monkeypatch.setenv("FEW_PASSWORD", "few-secret")
+    spec = _spec({"type": "postgres", "port": pg_source.port, "tables": ["small.*"]},
+                 {"type": "postgres", "port": pg_target.port, "schema": "small", "user": "few", "password_env": "FEW_PASSWORD"},
+                 load_mode="create", degree=2)
+    report = run_job(spec)
+    assert len(report.tables) == n and len(report.plan.partitions) == len(report.results) == n, len(report.plan.partitions)
+    assert report.verification.ok and report.rows == sum(10 * (i + 1) for i in range(n))
+    for i in (0, 57, n - 1):
+        assert checksum(pg_target, f"small.t{i:03d}") == checksum(pg_source, f"small.t{i:03d}")
+    assert pg_exec(pg_target, "SELECT count(*) FROM pg_stat_activity WHERE usename = 'few'")[0][0] == 0  # none left open
+    pg_exec(pg_source, "DROP SCHEMA small CASCADE")
+    pg_exec(pg_target, "DROP SCHEMA small CASCADE", "DROP ROLE few")

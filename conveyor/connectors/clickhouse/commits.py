@@ -95,37 +95,42 @@ def forget(conf: ClickHouseConnConfig, load_id: str, target: str) -> None:
 
 
 class ChGuard(guard.RunGuard):
-    """The driver's beat in ``_conveyor_runs``; see the module's docstring."""
+    """The driver's beat in ``_conveyor_runs``, one row per run in one INSERT; see the module's docstring."""
 
     class _Conn:
         def close(self) -> None:
             pass
 
     def __init__(self, conf: ClickHouseConnConfig, run_id: str, load_id: str) -> None:
-        self.conf, self.load_id = conf, load_id
+        self.conf = conf
         self.seq = itertools.count(int(time.time() * 1000))
-        super().__init__(run_id)
+        super().__init__(run_id, load_id)
 
-    def _beat(self, state: str) -> None:
-        self.conf.run(f"INSERT INTO {qident(RUNS)} (run_id, load_id, state, seq) VALUES ({literal(self.run_id)}, "
-                      f"{literal(self.load_id)}, {literal(state)}, {next(self.seq)})", doing="recording the run's state")
+    def _beat(self, states: dict[str, str]) -> None:
+        rows = ", ".join(f"({literal(run_id)}, {literal(self.about.get(run_id) or '')}, {literal(state)}, {next(self.seq)})"
+                         for run_id, state in states.items())
+        self.conf.run(f"INSERT INTO {qident(RUNS)} (run_id, load_id, state, seq) VALUES {rows}", doing="recording the run's state")
 
-    def _lock(self) -> Any:
-        self._beat("stopping" if self.stopping else "running")
+    def _connect(self) -> Any:
         return self._Conn()
 
-    def _mark_stopping(self) -> None:
-        self._beat("stopping")
+    def _take(self, con: Any, run_id: str) -> None:
+        self._beat({run_id: "stopping" if self.stopping else "running"})
 
-    def _ping(self) -> None:
-        self._beat("stopping" if self.stopping else "running")
+    def _mark_stopping(self, con: Any, run_id: str) -> None:
+        self._beat({run_id: "stopping"})
 
-    def _released(self) -> None:
-        self._beat("done")
+    def _ping(self, con: Any, run_ids: list[str]) -> None:
+        if run_ids:
+            self._beat({run_id: "stopping" if self.stopping else "running" for run_id in run_ids})
+
+    def _give_up(self, con: Any, run_id: str) -> None:
+        self._beat({run_id: "done"})
 
 
 def hold_guard(conf: ClickHouseConnConfig, run_id: str, load_id: str) -> None:
-    guard.hold(run_id, lambda: ChGuard(conf, run_id, load_id))
+    """The run's beat; the runs of one process at one server share one beat (a job over many tables)."""
+    guard.hold(run_id, lambda: ChGuard(conf, run_id, load_id), share=("clickhouse", conf.where(), conf.user), about=load_id)
 
 
 def check_running(conf: ClickHouseConnConfig, run_id: str, key: str) -> None:

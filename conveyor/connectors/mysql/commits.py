@@ -59,7 +59,7 @@ def ensure_tables(conf: MySqlConnConfig) -> None:
 
 
 class MyGuard(guard.RunGuard):
-    """The run's named lock, and (with markers) its ``running`` row; see the module's docstring."""
+    """The runs' named locks, and (with markers) their ``running`` rows; see the module's docstring."""
 
     def __init__(self, conf: MySqlConnConfig, run_id: str, table: bool) -> None:
         self.conf, self.table = conf, table
@@ -70,30 +70,32 @@ class MyGuard(guard.RunGuard):
             cur.execute(sql)
             return cur.fetchone()
 
-    def _lock(self) -> Any:
-        con = self.conf.connect(autocommit=True)
-        if not self._execute(con, f"SELECT GET_LOCK({_lit(guard_name(self.run_id))}, 10)")[0]:
-            con.close()
-            raise TransferError(f"{self.conf.where()}: the run's lock {guard_name(self.run_id)} is held by another session")
+    def _connect(self) -> Any:
+        return self.conf.connect(autocommit=True)
+
+    def _take(self, con: Any, run_id: str) -> None:
+        if not self._execute(con, f"SELECT GET_LOCK({_lit(guard_name(run_id))}, 10)")[0]:
+            raise TransferError(f"{self.conf.where()}: the run's lock {guard_name(run_id)} is held by another session")
         if self.table:
-            self._execute(con, f"INSERT INTO {qident(RUNS)} (run_id, state) VALUES ({_lit(self.run_id)}, 'running') "
+            self._execute(con, f"INSERT INTO {qident(RUNS)} (run_id, state) VALUES ({_lit(run_id)}, 'running') "
                                "ON DUPLICATE KEY UPDATE run_id = run_id")
         if self.stopping:
-            self._mark_stopping(con)
-        return con
+            self._mark_stopping(con, run_id)
 
-    def _mark_stopping(self, con: Any = None) -> None:
-        con = con or self.con
-        self._execute(con, f"SELECT GET_LOCK({_lit(stop_name(self.run_id))}, 10)")
+    def _mark_stopping(self, con: Any, run_id: str) -> None:
+        self._execute(con, f"SELECT GET_LOCK({_lit(stop_name(run_id))}, 10)")
         if self.table:  # waits for the partitions that sealed (their shared lock on the row) to commit
-            self._execute(con, f"UPDATE {qident(RUNS)} SET state = 'stopping' WHERE run_id = {_lit(self.run_id)}")
+            self._execute(con, f"UPDATE {qident(RUNS)} SET state = 'stopping' WHERE run_id = {_lit(run_id)}")
 
-    def _ping(self) -> None:
-        self._execute(self.con, "SELECT 1")
+    def _ping(self, con: Any, run_ids: list[str]) -> None:
+        self._execute(con, "SELECT 1")
 
-    def _released(self) -> None:
+    def _give_up(self, con: Any, run_id: str) -> None:
         if self.table:
-            self._execute(self.con, f"DELETE FROM {qident(RUNS)} WHERE run_id = {_lit(self.run_id)}")
+            self._execute(con, f"DELETE FROM {qident(RUNS)} WHERE run_id = {_lit(run_id)}")
+        self._execute(con, f"SELECT RELEASE_LOCK({_lit(guard_name(run_id))})")
+        if self.stopping:
+            self._execute(con, f"SELECT RELEASE_LOCK({_lit(stop_name(run_id))})")
 
 
 def label_stage(conf: MySqlConnConfig, table: str, run_id: str, target: str) -> None:
@@ -126,7 +128,8 @@ def drop_stale(conf: MySqlConnConfig, target: str | None = None) -> list[Stage]:
 
 
 def hold_guard(conf: MySqlConnConfig, run_id: str, table: bool) -> None:
-    guard.hold(run_id, lambda: MyGuard(conf, run_id, table))
+    """The run's guard; the runs of one process at one database share its connection (a job over many tables)."""
+    guard.hold(run_id, lambda: MyGuard(conf, run_id, table), share=("mysql", conf.where(), conf.user, table))
 
 
 def committed(conf: MySqlConnConfig, load_id: str, target: str) -> dict[str, int]:

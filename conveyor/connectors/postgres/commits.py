@@ -44,27 +44,35 @@ def stop_key_sql(run_id_sql: str) -> str:
 
 
 class _Guard(guard.RunGuard):
-    """The run's session advisory lock; on Ctrl-C the stop lock, which the tasks' last check before
+    """The runs' session advisory locks; on Ctrl-C their stop locks, which the tasks' last check before
     COMMIT takes shared: a commit is either before the stop (and waited for) or refused."""
 
     def __init__(self, conf: PgConnConfig, run_id: str) -> None:
         self.conf = conf
         super().__init__(run_id)
 
-    def _lock(self) -> Any:
-        con = connect(self.conf, autocommit=True)
-        con.execute(f"SELECT pg_advisory_lock({guard_key_sql('%s')})", [self.run_id])
-        if self.stopping:
-            self._mark_stopping(con)
-        return con
+    def _connect(self) -> Any:
+        return connect(self.conf, autocommit=True)
 
-    def _mark_stopping(self, con: Any = None) -> None:
-        (con or self.con).execute(f"SELECT pg_advisory_lock({stop_key_sql('%s')})", [self.run_id])
+    def _take(self, con: Any, run_id: str) -> None:
+        con.execute(f"SELECT pg_advisory_lock({guard_key_sql('%s')})", [run_id])
+        if self.stopping:
+            self._mark_stopping(con, run_id)
+
+    def _mark_stopping(self, con: Any, run_id: str) -> None:
+        con.execute(f"SELECT pg_advisory_lock({stop_key_sql('%s')})", [run_id])
+
+    def _give_up(self, con: Any, run_id: str) -> None:
+        con.execute(f"SELECT pg_advisory_unlock({guard_key_sql('%s')})", [run_id])
+        if self.stopping:
+            con.execute(f"SELECT pg_advisory_unlock({stop_key_sql('%s')})", [run_id])
 
 
 def hold_guard(conf: PgConnConfig, run_id: str) -> None:
-    """Take the run's advisory lock on a connection kept (and kept locked) until :func:`release_guard`."""
-    guard.hold(run_id, lambda: _Guard(conf, run_id))
+    """Take the run's advisory lock on a connection kept (and kept locked) until :func:`release_guard`;
+    the runs of one process at one server share it (a job over many tables holds a run id per table)."""
+    guard.hold(run_id, lambda: _Guard(conf, run_id), share=("postgres", conf.host, conf.port, conf.dbname, conf.user,
+                                                                  tuple(sorted((conf.options or {}).items()))))
 
 
 release_guard = guard.release
@@ -181,26 +189,19 @@ def label_stage(con: Any, schema: str, run_id: str, target: str) -> None:
 
 
 def stages(con: Any, schema: str | None = None) -> list[Stage]:
-    """Conveyor's staging tables (in one schema, or all), each with whether its run still holds its guard."""
+    """Conveyor's staging tables (in one schema, or all), each with whether its run still holds its guard:
+    a shared try-lock on each run's guard key, which fails against the driver's exclusive one and, where it
+    succeeds, ends with the statement's transaction (one query, however many stages: a job over 200
+    tables lists the schema's stages once per table)."""
     rows = con.execute(
-        "SELECT n.nspname, c.relname, obj_description(c.oid, 'pg_class'), pg_total_relation_size(c.oid) "
+        "SELECT n.nspname, c.relname, obj_description(c.oid, 'pg_class'), pg_total_relation_size(c.oid), "
+        f"NOT pg_try_advisory_xact_lock_shared({guard_key_sql(f'substr(c.relname, {len(STAGE_PREFIX) + 1})')}) "
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.relkind IN ('r', 'p') AND c.relname LIKE %s AND (%s::text IS NULL OR n.nspname = %s) ORDER BY 1, 2",
         [STAGE_PREFIX.replace("_", "\\_") + "%", schema, schema],
     ).fetchall()
-    out = []
-    for nsp, name, comment, size in rows:
-        run_id = name[len(STAGE_PREFIX):]
-        out.append(Stage.read(nsp, name, run_id, comment, int(size or 0), _active(con, run_id)))
-    return out
-
-
-def _active(con: Any, run_id: str) -> bool:
-    """Whether a run still holds its guard (a try-lock that succeeds is released at once)."""
-    got = con.execute(f"SELECT pg_try_advisory_lock({guard_key_sql('%s')})", [run_id]).fetchone()[0]
-    if got:
-        con.execute(f"SELECT pg_advisory_unlock({guard_key_sql('%s')})", [run_id])
-    return not got
+    return [Stage.read(nsp, name, name[len(STAGE_PREFIX):], comment, int(size or 0), bool(active))
+            for nsp, name, comment, size, active in rows]
 
 
 def stream_slot_sql(target: str, slot: int) -> str:

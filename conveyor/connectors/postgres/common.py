@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote
 
 from conveyor.errors import ConfigError, ConnectError, ConveyorError, SchemaError, TransferError, scrub_value
+from conveyor.kit import reuse
 from conveyor.kit.credentials import fill_from_env, read_password
 from conveyor.kit.sql import Dialect
 
@@ -187,9 +188,65 @@ def connect(conf: PgConnConfig, autocommit: bool = False, partition: str | None 
     import psycopg
 
     try:
+        if reuse.active():  # the process of a running job's driver: a connection of an earlier step, made clean
+            key = ("postgres", tuple(sorted((k, str(v)) for k, v in conf.conninfo().items())))
+            con = reuse.take(key)
+            if con is not None and not con.closed:
+                con.idle = False
+                con.autocommit = autocommit
+                return con
+            con = _reusable().connect(autocommit=autocommit, prepare_threshold=None, **conf.conninfo())  # nothing prepared outlives a step
+            con.reuse_key = key
+            return con
         return psycopg.connect(autocommit=autocommit, **conf.conninfo())
     except psycopg.Error as exc:
         raise translate(exc, conf, "cannot connect", partition) from None
+
+
+_REUSABLE: Any = None
+
+
+def _reusable() -> Any:
+    """psycopg's connection, whose close() hands it back for reuse while a job runs (kit/reuse.py)."""
+    global _REUSABLE
+    if _REUSABLE is None:
+        import psycopg
+
+        class Reusable(psycopg.Connection):  # type: ignore[type-arg]
+            reuse_key: Any = None
+            #: handed back (a second close() of it is a no-op, as for a closed connection)
+            idle = False
+
+            def close(self) -> None:
+                if self.idle:
+                    return
+                self.idle = True  # before another thread can take it from the idle list
+                if self.reuse_key is None or not reuse.give_back(self.reuse_key, self, _clean):
+                    self.idle = False
+                    super().close()
+
+            def really_close(self) -> None:
+                super().close()
+
+        _REUSABLE = Reusable
+    return _REUSABLE
+
+
+def _clean(con: Any) -> bool:
+    """A connection whose transaction is rolled back (as closing it would), reset to a new session's state
+    (settings, advisory locks, temporary tables, prepared statements: ``DISCARD ALL``); anything else is
+    not reused."""
+    from psycopg.pq import TransactionStatus
+
+    if con.closed or con.broken:
+        return False
+    if con.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        con.rollback()  # what closing it would have done
+    if con.info.transaction_status != TransactionStatus.IDLE:
+        return False
+    con.autocommit = True
+    con.execute("DISCARD ALL")
+    return True
 
 
 # ADBC's PostgreSQL driver reads the server's whole type catalogue whenever a database object is

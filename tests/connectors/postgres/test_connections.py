@@ -89,10 +89,10 @@ def test_the_run_guard_is_closed_after_its_ping_in_flight_never_under_it(pg_targ
     pinging = threading.Event()
 
     class SlowPing(commits._Guard):
-        def _ping(self) -> None:
+        def _ping(self, con, run_ids) -> None:
             events.append(("ping", time.monotonic()))
             pinging.set()
-            self.con.execute("SELECT pg_sleep(0.5)")
+            con.execute("SELECT pg_sleep(0.5)")
             events.append(("pinged", time.monotonic()))
 
     guard = SlowPing(PgConnConfig(port=pg_target.port), "guard-close-race")
@@ -104,3 +104,72 @@ def test_the_run_guard_is_closed_after_its_ping_in_flight_never_under_it(pg_targ
     assert [e for e, _ in events] == ["ping", "pinged"], events
     assert events[1][1] <= closed  # close() returned after the ping's statement had ended
     assert guard.con.closed
+
+
+def test_the_runs_of_one_process_share_one_guard_connection(pg_target, monkeypatch) -> None:
+    """A job over many tables holds a run id per table; their guards share one connection (on the main
+    this started from, a connection and a pinging thread each: 200 tables passed max_connections). Each
+    run's lock is held while it runs and free once it is released, whatever the others do."""
+    from conveyor.connectors.postgres import commits
+    from conveyor.connectors.postgres.common import connect
+    from tests.helpers import PG_PASSWORD
+
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+    conf = PgConnConfig(port=pg_target.port)
+    runs = [f"shared-guard-{i}" for i in range(150)]
+    for run in runs:
+        commits.hold_guard(conf, run)
+    con = connect(conf, autocommit=True)
+    try:
+        def held(run: str) -> bool:
+            return not con.execute(f"SELECT pg_try_advisory_xact_lock_shared({commits.guard_key_sql('%s')})", [run]).fetchone()[0]
+
+        holders = con.execute(f"SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND pid <> pg_backend_pid()").fetchone()[0]
+        assert holders == 1
+        assert all(held(r) for r in runs)
+        for run in runs[::2]:
+            commits.release_guard(run)
+        assert not any(held(r) for r in runs[::2]) and all(held(r) for r in runs[1::2])
+        for run in runs[1::2]:
+            commits.release_guard(run)
+        assert not any(held(r) for r in runs)
+        assert con.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0] == 0
+    finally:
+        con.close()
+
+
+def test_a_running_jobs_connections_are_reused_clean(pg_target, monkeypatch) -> None:
+    """While a job runs (kit.reuse.reusing), a closed connection is handed to the next connect() to the same
+    server, reset as a new session: its transaction rolled back, settings, advisory locks and temporary
+    tables gone; after the job, and outside one, close() closes."""
+    from conveyor.connectors.postgres.common import connect
+    from conveyor.kit import reuse
+    from tests.helpers import PG_PASSWORD
+
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+    conf = PgConnConfig(port=pg_target.port)
+    other = connect(conf, autocommit=True)
+    with reuse.reusing():
+        first = connect(conf)
+        pid = first.info.backend_pid
+        first.execute("SET work_mem = '7MB'")
+        first.execute("SELECT pg_advisory_lock(4242)")
+        first.execute("CREATE TEMP TABLE scratch (x int)")
+        first.execute("CREATE TABLE reuse_rolled_back (x int)")  # in the transaction close() rolls back
+        first.close()
+        first.close()  # twice: still one idle connection, never handed to two callers
+        again = connect(conf, autocommit=True)
+        assert again.info.backend_pid == pid and again.autocommit
+        assert again.execute("SHOW work_mem").fetchone()[0] != "7MB"
+        assert again.execute("SELECT to_regclass('reuse_rolled_back'), to_regclass('pg_temp.scratch')").fetchone() == (None, None)
+        assert other.execute("SELECT pg_try_advisory_lock(4242)").fetchone()[0]
+        other.execute("SELECT pg_advisory_unlock(4242)")
+        third = connect(conf)
+        assert third.info.backend_pid != pid  # the first is in use
+        again.close()
+        third.close()
+    assert again.closed and third.closed  # the job over: the idle ones closed
+    outside = connect(conf)
+    outside.close()
+    assert outside.closed
+    other.close()
