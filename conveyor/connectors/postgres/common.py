@@ -262,7 +262,7 @@ _MAX_TEMPLATES = 4
 def adbc_connect(conf: PgConnConfig, partition: str | None = None, scope: str | None = None) -> Any:
     """An ADBC connection (autocommit off: one transaction until commit or rollback).
 
-    With ``scope`` (a job's run id), connections share one ADBC database object per server.
+    With ``scope`` (a job's load id: every table of a job over several), connections share one ADBC database object per server.
     """
     import adbc_driver_manager
     import adbc_driver_postgresql.dbapi as pgdbapi

@@ -43,7 +43,7 @@ def choose_writer(writer: str, schema: Any, pairs: list[tuple[str, str]], casts:
     return "adbc", why, None
 
 
-def _cast_plan(config: PgConnConfig, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str, where: str,
+def _cast_plan(config: PgConnConfig, scope: str, schema: Any, pairs: list[tuple[str, str]], table: str, where: str,
                tcols: list[PgColumn], forced: Sequence[str] = ()) -> tuple[Any, ...]:
     """Per column, the Arrow type to cast to, or None where PostgreSQL must cast (via a temp
     table): where Arrow cannot, and for the columns of ``sink.allow_cast`` (PostgreSQL's rules).
@@ -58,7 +58,7 @@ def _cast_plan(config: PgConnConfig, run_id: str, schema: Any, pairs: list[tuple
     casts = arrow_casts(schema, pairs, known, forced) if all(f is not None for f in known) else None
     if casts is not None and all(c is not None for c in casts):
         return casts
-    conn = adbc_connect(config, scope=run_id)
+    conn = adbc_connect(config, scope=scope)
     cur = conn.cursor()
     try:
         if casts is None:  # a column only the driver can type

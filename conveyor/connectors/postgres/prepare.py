@@ -111,7 +111,7 @@ class Preparer:
         load = PgLoad(once, target_types=tuple(c.type_sql for c in tcols))
         details = []
         if d.native is None:
-            casts, writer, why, pgpq_types = writers.plan_arrow(self.config, self.config.writer, self.options.run_id, request.schema,
+            casts, writer, why, pgpq_types = writers.plan_arrow(self.config, self.config.writer, self.options.load, request.schema,
                                                                 pairs, self._qualified(write_table), self.where, tcols, list(d.forced))
             if d.tree is not None and (writer != "pgpq" or None in casts):  # decide() chose routing for pgpq's batches only
                 raise SchemaError(f"{self.where}: the target changed between the plan and the load (its rows were to be routed "

@@ -91,7 +91,7 @@ def read_adbc(src: Readable, part: Partition, sent: SentBatches) -> Iterator[Any
     arrays = _array_columns(src)
     sql = refusing_sql(src, part, [], arrays)
     relid = src.relid if scan_counts(src, part) else None
-    conn = adbc_connect(src.config, part.key, src.options.run_id)
+    conn = adbc_connect(src.config, part.key, src.options.load)
     cur = conn.cursor()
     try:
         try:

@@ -254,7 +254,7 @@ class PostgresSink(PgChangeApplier, PgSchemaImport, SinkBase):
             batches = fraction_checked(batches, plan.own.fractions, part.key, "PostgreSQL")
         if plan.own.writer == "pgpq":
             return writers.write_pgpq(self.config, plan, part, batches)
-        return writers.write_adbc(self.config, self.options.run_id, plan, part, batches)
+        return writers.write_adbc(self.config, self.options.load, plan, part, batches)
 
     def write_native(self, plan: SinkPlan, part: Partition, stream: NativeStream) -> WriteStats:
         """The pass-through: the source's binary COPY stream, relayed into the target in one transaction.

@@ -228,7 +228,7 @@ class PostgresSource(PgPlanning, PgChangeFeed, PgSchemaExport):
         """The Arrow schema of the batches ``read`` yields, as ADBC's driver reads the columns (numerics as decimals)."""
         import pyarrow as pa
 
-        conn = adbc_connect(self.config, scope=self.options.run_id)
+        conn = adbc_connect(self.config, scope=self.options.load)
         try:
             cur = conn.cursor()
             try:

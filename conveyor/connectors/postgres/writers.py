@@ -66,10 +66,10 @@ class PgLoad:
     fractions: tuple[tuple[str, str, int, str], ...] = ()
 
 
-def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pairs: list[tuple[str, str]], table: str,
+def plan_arrow(config: PgConnConfig, writer: str, scope: str, schema: Any, pairs: list[tuple[str, str]], table: str,
                where: str, tcols: list[PgColumn], forced: Sequence[str]) -> tuple[tuple[Any, ...], str, str, tuple[Any, ...] | None]:
     """(casts, writer, why not pgpq, pgpq types) for loading ``schema`` into ``table`` (qualified)."""
-    casts = _cast_plan(config, run_id, schema, pairs, table, where, tcols, forced)
+    casts = _cast_plan(config, scope, schema, pairs, table, where, tcols, forced)
     chosen, why, types = choose_writer(writer, schema, pairs, casts, tcols, where)
     return casts, chosen, why, types
 
@@ -77,7 +77,7 @@ def plan_arrow(config: PgConnConfig, writer: str, run_id: str, schema: Any, pair
 # --- the writers: one partition, one transaction ----------------------------------------------------
 
 
-def write_adbc(config: PgConnConfig, run_id: str, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
+def write_adbc(config: PgConnConfig, scope: str, plan: SinkPlan, part: Partition, batches: Iterable[Any]) -> WriteStats:
     """ADBC's COPY writer (adbc_ingest), through a temp table where PostgreSQL casts a column."""
     import pyarrow as pa
 
@@ -88,7 +88,7 @@ def write_adbc(config: PgConnConfig, run_id: str, plan: SinkPlan, part: Partitio
     # errors raised while reading or casting are kept: the driver would only wrap them
     counted = CountingBatches(_no_infinity(_cast_batches(iter(batches), pairs, load.casts, out_schema, part.key), part.key))
     reader = pa.RecordBatchReader.from_batches(out_schema, counted)
-    conn = adbc_connect(config, part.key, run_id)
+    conn = adbc_connect(config, part.key, scope)
     cur = conn.cursor()
 
     def fetch(sql: str) -> Any:
