@@ -64,6 +64,7 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/mysql_sync_bench.py --sf $(BENCH_SF)
 	$(BIN)/python benchmarks/ch_sync_bench.py --sf $(BENCH_SF)
 	$(BIN)/python benchmarks/migrate_bench.py --sf $(BENCH_SF)
+	$(BIN)/python benchmarks/many_tables_bench.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) outputs multirun .pytest_cache build .site *.egg-info
