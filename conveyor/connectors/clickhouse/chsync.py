@@ -64,8 +64,7 @@ class ChChangeApplier(ApplyPerTable):
         return state
 
     def sync_state(self, slot: str) -> SyncState | None:
-        if not self.config.run(f"SELECT count() FROM system.tables WHERE database = {literal(self.config.database)} AND name = '{STATE}'",
-                               doing="reading the sync state")[0][0] != "0":
+        if not self._exists(STATE, "reading the sync state"):
             return None
         rows = self.config.run(f"SELECT position, signature, source FROM {self._q(STATE)} WHERE slot = {literal(slot)} "
                                f"AND target = {literal(self._sync_target)} ORDER BY at DESC LIMIT 1", doing="reading the sync state")
@@ -165,9 +164,7 @@ class ChChangeApplier(ApplyPerTable):
         if not full and ordered:
             within = "" if not pkey else f" AND ({pkey}) IN ({', '.join(ordered)})"
             run(f"INSERT INTO {new} SELECT * FROM {target} WHERE {key} NOT IN {staged_keys}{within}", doing="rebuilding the partitions")
-        built = {p: int(n) for p, n in run(f"SELECT partition, toString(sum(rows)) FROM system.parts WHERE active AND "
-                                           f"database = {literal(conf.database)} AND table = {literal(made)} "
-                                           "GROUP BY partition", doing="counting the partitions")}
+        built = self._partition_rows(made, "counting the partitions")
         for part in ordered:
             if part in built:
                 run(f"ALTER TABLE {target} REPLACE PARTITION {part} FROM {new}", doing=f"swapping in partition {part}")
@@ -183,14 +180,13 @@ class ChChangeApplier(ApplyPerTable):
                          doing="reading the target")
         if not found:
             return []
-        parts = conf.run(f"SELECT count(), toString(sum(r)), toString(max(r)) FROM (SELECT partition, sum(rows) AS r FROM system.parts "
-                         f"WHERE active AND database = {literal(conf.database)} AND table = {literal(conf.table)} GROUP BY partition)",
-                         doing="reading the target")[0]
+        parts = self._partition_rows(conf.table, "reading the target")
+        rows = sum(parts.values())
         if not found[0][0]:
-            return [f"sync: a run rewrites {self._sync_target} whole on the server ({int(parts[1] or 0):,} rows now; no PARTITION BY), "
+            return [f"sync: a run rewrites {self._sync_target} whole on the server ({rows:,} rows now; no PARTITION BY), "
                     "swapped in with REPLACE PARTITION"]
         return [f"sync: a run rewrites the partitions of {self._sync_target} its changes touch (PARTITION BY {found[0][0]}: "
-                f"{int(parts[0]):,} partitions now, {int(parts[1] or 0):,} rows, the largest {int(parts[2] or 0):,}), each swapped in "
+                f"{len(parts):,} partitions now, {rows:,} rows, the largest {max(parts.values(), default=0):,}), each swapped in "
                 "with REPLACE PARTITION"]
 
     def _claim(self, new: str, target: str, where: str, record: SyncRecord | None, expect: int | None) -> None:
@@ -211,11 +207,14 @@ class ChChangeApplier(ApplyPerTable):
                     self.config.run(f"DROP TABLE IF EXISTS {new}")
                 raise stale(self._sync_target, None if held is None else held.position, expect, "this run applied nothing to it")
 
+    def _partition_rows(self, table: str, doing: str) -> dict[str, int]:
+        """A table's partitions (each as the expression ``PARTITION`` takes) and the rows of each, as its active parts hold them."""
+        return {p: int(n) for p, n in self.config.run(f"SELECT partition, toString(sum(rows)) FROM system.parts WHERE active AND "
+                                                      f"database = {literal(self.config.database)} AND table = {literal(table)} "
+                                                      "GROUP BY partition", doing=doing)}
+
     def _partitions(self, table: str) -> list[str]:
-        """A table's partitions, each as the expression ``PARTITION`` takes."""
-        return [r[0] for r in self.config.run(f"SELECT DISTINCT partition FROM system.parts WHERE active AND "
-                                              f"database = {literal(self.config.database)} AND table = {literal(table)}",
-                                              doing="listing partitions")]
+        return list(self._partition_rows(table, "listing partitions"))
 
     def _check(self, where: str, target: str, key: str, live: str, gone_keys: str | None, built: dict[str, int],
                emptied: list[str], present: int) -> None:
@@ -225,9 +224,7 @@ class ChChangeApplier(ApplyPerTable):
                                                doing="reading the target back")[0])
         gone = 0 if gone_keys is None else int(run(f"SELECT count() FROM {target} WHERE {key} IN {gone_keys}",
                                                    doing="reading the target back")[0][0])
-        held = {p: int(n) for p, n in run(f"SELECT partition, toString(sum(rows)) FROM system.parts WHERE active AND "
-                                          f"database = {literal(self.config.database)} AND table = {literal(self.config.table)} "
-                                          "GROUP BY partition", doing="reading the target back")}
+        held = self._partition_rows(self.config.table, "reading the target back")
         wrong = [p for p, n in built.items() if held.get(p) != n] + [p for p in emptied if p in held]
         if found != present or distinct != present or gone or wrong:
             raise VerificationError(f"verification failed for {where}: after the sync's apply it holds {found:,} rows of the "

@@ -288,9 +288,9 @@ class ClickHouseSink(ChChangeApplier, SinkBase):
             self.config.run(f"DROP TABLE IF EXISTS {self._q(table)}")
         return WriteStats(key, rows, 0, time.perf_counter() - start)
 
-    def _exists(self, table: str) -> bool:
+    def _exists(self, table: str, doing: str = "reading the target") -> bool:
         return bool(self.config.run(f"SELECT count() FROM system.tables WHERE database = {literal(self.config.database)} "
-                                    f"AND name = {literal(table)}", doing="reading the target")[0][0] != "0")
+                                    f"AND name = {literal(table)}", doing=doing)[0][0] != "0")
 
     def _attach(self, source: str, target: str, key: str | None = None, skip: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         """Each partition of ``source`` into ``target`` (the statements logged: see commits.attach_outcomes)."""

@@ -124,7 +124,7 @@ def test_the_runs_of_one_process_share_one_guard_connection(pg_target, monkeypat
         def held(run: str) -> bool:
             return not con.execute(f"SELECT pg_try_advisory_xact_lock_shared({commits.guard_key_sql('%s')})", [run]).fetchone()[0]
 
-        holders = con.execute(f"SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND pid <> pg_backend_pid()").fetchone()[0]
+        holders = con.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND pid <> pg_backend_pid()").fetchone()[0]
         assert holders == 1
         assert all(held(r) for r in runs)
         for run in runs[::2]:
