@@ -108,6 +108,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--follow-seconds", type=float, default=30)
     ap.add_argument("--writes-per-second", type=float, default=50)
+    ap.add_argument("--writers", type=int, default=1, help="connections the write load is spread over (3,000/s needs 2 here)")
     ap.add_argument("--out", default=f".bench/sync-{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
     out = Path(args.out)
@@ -165,29 +166,35 @@ def main() -> int:
         sub.drop()
         # the lag under a steady write load, while --follow runs
         stop = threading.Event()
-        written = [0]
+        written = [0] * args.writers
 
-        def writer() -> None:
+        def writer(w: int) -> None:
+            """Single-row updates, paced to the rate's share of this writer (not slept after each: a steady rate)."""
             import psycopg
 
             with psycopg.connect(src.dsn(), autocommit=True) as con:
-                i = 0
-                deadline = time.monotonic() + args.follow_seconds + 30
+                i, start = 0, time.monotonic()
+                deadline = start + args.follow_seconds + 30
                 while not stop.is_set() and time.monotonic() < deadline:
-                    con.execute(f"UPDATE lineitem SET l_comment = 'w{i}' WHERE l_orderkey = {1 + (i * 7919) % (rows // 4)} "
+                    n = i * args.writers + w
+                    con.execute(f"UPDATE lineitem SET l_comment = 'w{n}' WHERE l_orderkey = {1 + (n * 7919) % (rows // 4)} "
                                 "AND l_linenumber = 1")
                     i += 1
-                    written[0] = i
-                    time.sleep(1 / args.writes_per_second)
+                    written[w] = i
+                    ahead = start + i * args.writers / args.writes_per_second - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)
 
         report = work / "follow.json"
         follow = subprocess.Popen([str(BIN / "conveyor"), "--report", str(report), *sync, "incremental.follow=1",
                                    f"hydra.run.dir={work}/follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        thread = threading.Thread(target=writer, daemon=True)
-        thread.start()
+        threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(args.writers)]
+        for thread in threads:
+            thread.start()
         time.sleep(args.follow_seconds)
         stop.set()
-        thread.join(timeout=60)
+        for thread in threads:
+            thread.join(timeout=60)
         time.sleep(3)
         follow.send_signal(2)
         follow.communicate(timeout=120)
@@ -196,9 +203,12 @@ def main() -> int:
         lag_bytes = sorted(r["lag_bytes"] for r in runs)
         cells.append({"name": f"--follow 1 s under {args.writes_per_second:.0f} single-row updates/s", "runs": len(runs),
                       "lag_seconds_median": lags[len(lags) // 2], "lag_seconds_max": lags[-1], "lag_bytes_median": lag_bytes[len(lag_bytes) // 2],
-                      "lag_bytes_max": lag_bytes[-1], "writes": written[0], "verified": checksum(dst, "lineitem") == checksum(src, "lineitem")})
+                      "lag_bytes_max": lag_bytes[-1], "writes": sum(written),
+                      "writes_per_second": round(sum(written) / args.follow_seconds),
+                      "verified": checksum(dst, "lineitem") == checksum(src, "lineitem")})
         print(f"follow: {len(runs)} runs, lag median {lags[len(lags) // 2]:.2f} s max {lags[-1]:.2f} s, bytes median "
-              f"{lag_bytes[len(lag_bytes) // 2]:,} max {lag_bytes[-1]:,}; {written[0]} writes", flush=True)
+              f"{lag_bytes[len(lag_bytes) // 2]:,} max {lag_bytes[-1]:,}; {sum(written)} writes "
+              f"({sum(written) / args.follow_seconds:,.0f}/s)", flush=True)
     (out / "sync.json").write_text(json.dumps({"sf": args.sf, "rows": rows, "cores": CORES, "cells": cells}, indent=2))
     print(f"results: {out / 'sync.json'}")
     return 0
