@@ -37,6 +37,8 @@ class RunGuard:
         self.run_ids = [run_id]
         #: what the connector keeps of each run beside its id (ClickHouse: its load id)
         self.about: dict[str, Any] = {run_id: about}
+        #: the key runs share it by (hold's ``share``; None: this run's alone)
+        self.share: Hashable | None = None
         self.stopping = False
         self.con = self._lock()
         self.stop = threading.Event()
@@ -157,6 +159,7 @@ def hold(run_id: str, make: Callable[[], RunGuard], share: Hashable | None = Non
         made = make()
         _GUARDS[run_id] = made
         if share is not None:
+            made.share = share
             _SHARED[share] = made
 
 
@@ -165,8 +168,5 @@ def release(run_id: str) -> None:
         guard = _GUARDS.pop(run_id, None)
         if guard is None:
             return
-        last = guard.remove(run_id)
-        if last:
-            for key, held in list(_SHARED.items()):
-                if held is guard:
-                    del _SHARED[key]
+        if guard.remove(run_id) and guard.share is not None:
+            _SHARED.pop(guard.share, None)

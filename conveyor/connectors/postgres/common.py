@@ -188,17 +188,18 @@ def connect(conf: PgConnConfig, autocommit: bool = False, partition: str | None 
     import psycopg
 
     try:
+        info = conf.conninfo()
         if reuse.active():  # the process of a running job's driver: a connection of an earlier step, made clean
-            key = ("postgres", tuple(sorted((k, str(v)) for k, v in conf.conninfo().items())))
+            key = ("postgres", tuple(sorted((k, str(v)) for k, v in info.items())))
             con = reuse.take(key)
             if con is not None and not con.closed:
                 con.idle = False
                 con.autocommit = autocommit
                 return con
-            con = _reusable().connect(autocommit=autocommit, prepare_threshold=None, **conf.conninfo())  # nothing prepared outlives a step
+            con = _reusable().connect(autocommit=autocommit, prepare_threshold=None, **info)  # nothing prepared outlives a step
             con.reuse_key = key
             return con
-        return psycopg.connect(autocommit=autocommit, **conf.conninfo())
+        return psycopg.connect(autocommit=autocommit, **info)
     except psycopg.Error as exc:
         raise translate(exc, conf, "cannot connect", partition) from None
 
