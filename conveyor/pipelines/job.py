@@ -27,6 +27,7 @@ from conveyor.core import (
 )
 from conveyor.errors import Cancelled, ConveyorError
 from conveyor.log import note
+from conveyor.pipelines import threads
 from conveyor.pipelines.load import Load
 from conveyor.pipelines.plan import RESUME_HINT, JobPlan, opened
 from conveyor.pipelines.verify import Verification
@@ -153,10 +154,10 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
     many = bool(plan.tables)
     if many:
         report.tables = [load.report for load in loads]
-    finalized = 0
+    finalized: list[Load] = []
+    workers = threads.workers(plan.degree, len(loads))
     try:
-        for load in loads:  # every target checked (and staged) before a row moves
-            load.prepare()
+        threads.each(loads, Load.prepare, workers)  # every target checked (and staged) before a row moves
         if many:
             report.target = _targets(report)
         clock.lap("prepare")
@@ -171,21 +172,20 @@ def _execute(plan: JobPlan, source: Any, progress: Progress, start: float) -> Jo
             report.results = [r for load in loads for r in load.report.results]
         clock.lap("tasks")
         stopped(report)
-        for load in loads:  # every table checked before any is made visible
-            load.verify()
+        threads.each(loads, Load.verify, workers)  # every table checked before any is made visible
         if many:
             report.verification = combined([load.report for load in loads])
         clock.lap("verify")
-        for load in loads:
-            load.finalize()
-            finalized += 1
+        threads.each(loads, Load.finalize, workers, done=finalized)
         _foreign_keys(loads)
         clock.lap("finalize")
     except BaseException as exc:
-        for load in loads[finalized:]:
-            load.abort()
+        for load in loads:
+            if load not in finalized:
+                load.abort()
         if many and finalized and isinstance(exc, Exception):
-            note(f"tables made visible before the failure: {', '.join(load.report.target for load in loads[:finalized])}")
+            made = [load.report.target for load in loads if load in finalized]
+            note(f"tables made visible before the failure: {', '.join(made)}")
         if many:
             report.verification = report.verification or combined([load.report for load in loads if load.report.verification])
         stop_clock(report, start)

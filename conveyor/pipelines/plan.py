@@ -33,6 +33,7 @@ from conveyor.core import (
 from conveyor.errors import ConfigError, PlanningError
 from conveyor.kit import reuse
 from conveyor.log import note
+from conveyor.pipelines import threads
 from conveyor.pipelines.agree import agree
 from conveyor.pipelines.verify import check_checksums, check_mode
 
@@ -204,17 +205,21 @@ def plan_tables(spec: JobSpec, session: Any) -> JobPlan:
         raise ConfigError(f"source.tables: sink {spec.names['sink']} cannot give each table a target of its own", key="source.tables",
                           hint="PostgreSQL, MySQL, DuckDB, Parquet and CSV sinks can")
     tables = session.tables()
-    subs: list[JobPlan] = []
-    targets: dict[str, str] = {}
-    for i, table in enumerate(tables):
+
+    def plan_table(numbered: tuple[int, Any]) -> JobPlan:
+        i, table = numbered
         options = dataclasses.replace(spec.options, run_id=f"{spec.options.run_id}t{i}", load_id=spec.options.load)
         sub = dataclasses.replace(spec, source=session.for_table(table, options), sink=spec.sink.for_target(table.schema, table.name, options),
                                   options=options)
         check(sub)
         plan = plan_one(sub, sub.source.describe(), sub.source, tables=len(tables))
+        return dataclasses.replace(plan, partitions=[dataclasses.replace(p, table=table.qualified) for p in plan.partitions])
+
+    degree = resolve_degree(spec.runtime, spec.options.degree)
+    subs = threads.each(list(enumerate(tables)), plan_table, threads.workers(degree, len(tables)))  # latency, not CPU: overlapped
+    targets: dict[str, str] = {}
+    for table, plan in zip(tables, subs):
         _one_target_each(targets, plan.target.label, table.qualified)
-        parts = [dataclasses.replace(p, table=table.qualified) for p in plan.partitions]
-        subs.append(dataclasses.replace(plan, partitions=parts))
     import pyarrow as pa
 
     rows = [p.info.estimated_rows for p in subs if p.info.estimated_rows is not None]
@@ -224,7 +229,7 @@ def plan_tables(spec: JobSpec, session: Any) -> JobPlan:
                       estimated_bytes=sum(sizes) if sizes else None)
     note(f"plan: {len(subs)} tables in one snapshot, largest first: {', '.join(p.partitions[0].table for p in subs)}")
     return JobPlan(spec=spec, info=info, partitions=[p for sub in subs for p in sub.partitions],
-                   degree=resolve_degree(spec.runtime, spec.options.degree), note=f"{len(subs)} tables", tables=tuple(subs))
+                   degree=degree, note=f"{len(subs)} tables", tables=tuple(subs))
 
 
 def _one_target_each(seen: dict[str, str], target: str, table: str) -> None:
