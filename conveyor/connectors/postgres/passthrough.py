@@ -42,8 +42,9 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
+from conveyor.connectors.postgres import psqlsession
 from conveyor.connectors.postgres.common import PgConnConfig, ident
 from conveyor.connectors.postgres.types import PgColumn, text_length_limit
 from conveyor.core import NativeExport, NativeStream, cancel_requested
@@ -252,11 +253,54 @@ class _CopyOut:
         return b""
 
 
+class _KeptOut:
+    """The stream of a kept psql (:mod:`~conveyor.connectors.postgres.psqlsession`), checked at its end as :class:`_CopyOut`
+    checks a psql of its own: the script's lines up to its marker (psql still running), the binary COPY trailer."""
+
+    def __init__(self, stream: Any, config: PgConnConfig, key: str) -> None:
+        self.stream, self.config, self.key = stream, config, key
+        self.tail = b""
+        self.rows: int | None = None
+
+    def read(self, size: int) -> bytes:
+        try:
+            chunk = self.stream.read(size)
+            if chunk:
+                self.tail = (self.tail + chunk[-2:])[-2:]
+                return chunk
+            out = self.stream.lines()
+        except BrokenPipeError:
+            self._failed()
+        if self.tail != b"\xff\xff":
+            self._failed()
+        said = _COPY_TAG.findall(out)
+        self.rows = int(said[-1]) if len(said) == 1 else None
+        return b""
+
+    def _failed(self) -> NoReturn:
+        session = self.stream.session
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            session.proc.wait(timeout=5)  # ON_ERROR_STOP: psql leaves after its error; its message is then all written
+        err = _last_bytes(session.messages).decode(errors="replace")
+        last = err.strip().splitlines()[-1] if err.strip() else f"psql exited {session.proc.returncode}"
+        msg = self.config.scrub(_SCRIPT_LINE.sub("", last))
+        raise TransferError(f"postgres source {self.config.where()}: reading {self.key}: {msg}",
+                            partition=self.key, retriable="connection" in msg or "terminat" in msg)
+
+
 @contextlib.contextmanager
 def export(config: PgConnConfig, select_sql: str, begin_sql: Sequence[str], key: str) -> Iterator[NativeStream]:
-    """A partition as PostgreSQL's binary COPY stream, read by psql in the job's snapshot."""
+    """A partition as PostgreSQL's binary COPY stream, read by psql in the job's snapshot: a kept psql's where
+    connections are reused (:mod:`~conveyor.connectors.postgres.psqlsession`), else a psql of its own."""
     copy = f"COPY ({select_sql}) TO STDOUT (FORMAT binary)"
     program, program_env = psql_program() or ("psql", {})  # none found (offer said so): Popen's error says it
+    begin = "".join(f"{stmt};\n" for stmt in begin_sql)
+    if (psqlsession.usable(program_env) and _PSQL_VARIABLE.search(begin + copy) is None and psql_program() is not None
+            and _psql_major() >= 12):
+        with psqlsession.opened(program, {**config.subprocess_env(), **program_env},
+                                lambda fifo: f"{begin}{copy} \\g {fifo}\nCOMMIT;\n") as stream:
+            yield _KeptOut(stream, config, key)
+        return
     read_fd, write_fd = os.pipe()
     try:
         _widen(read_fd)

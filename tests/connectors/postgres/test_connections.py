@@ -173,3 +173,60 @@ def test_a_running_jobs_connections_are_reused_clean(pg_target, monkeypatch) -> 
     outside.close()
     assert outside.closed
     other.close()
+
+
+def _one_int(stream) -> tuple[int, bytes]:
+    """A one-row, one-int4-column binary COPY stream's value (after its 19-byte header, 2-byte field count and
+    4-byte length), and the stream's last bytes."""
+    import struct
+
+    data = b""
+    while chunk := stream.read(1 << 20):
+        data += chunk
+    return struct.unpack(">i", data[25:29])[0], data[-2:]
+
+
+def test_the_pass_throughs_psql_is_kept_between_partitions_clean_and_never_after_an_error(pg_target, monkeypatch) -> None:
+    """While a job's connections are reused, a partition's psql (its process, connection and SCRAM exchange) carries the
+    next partition to the same server: each partition's stream whole, with its COPY count; nothing of one partition's
+    session reaches the next; a psql whose partition failed, or whose stream was left unread, is not kept; none is left
+    running after the job."""
+    from conveyor.connectors.postgres import passthrough
+    from conveyor.errors import TransferError
+    from conveyor.kit import reuse
+    from tests.helpers import PG_PASSWORD
+
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+    conf = PgConnConfig(port=pg_target.port)
+    begin = ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
+    before = _idle_conveyor_connections(pg_target)
+
+    def one(sql: str, key: str) -> tuple[int, int | None]:
+        with passthrough.export(conf, sql, begin, key) as stream:
+            value, tail = _one_int(stream)
+            assert tail == b"\xff\xff"
+            return value, stream.rows
+
+    with reuse.reusing():
+        pid, rows = one("SELECT pg_backend_pid() FROM (SELECT set_config('work_mem', '7MB', false)) s", "p1")
+        assert rows == 1
+        assert one("SELECT pg_backend_pid()", "p2") == (pid, 1)  # the same psql, the same server process
+        assert one("SELECT (current_setting('work_mem') = '7MB')::int", "p3") == (0, 1)  # its session reset between partitions
+        with pytest.raises(TransferError, match="p4: .*division by zero"):
+            one("SELECT 1 / (pg_backend_pid() - pg_backend_pid())", "p4")
+        after_error, _ = one("SELECT pg_backend_pid()", "p5")
+        assert after_error != pid  # the failed partition's psql was not kept
+        with passthrough.export(conf, "SELECT pg_backend_pid() FROM generate_series(1, 3000000)", begin, "p6") as stream:
+            assert stream.read(1 << 16)  # a stream left unread (the target failed): its psql is not kept
+        assert one("SELECT pg_backend_pid()", "p7")[0] not in (pid, after_error)
+        assert _idle_conveyor_connections(pg_target) == before + 1  # one psql kept, idle
+    for _ in range(50):  # the job over: the kept psql ends (bounded: 5 s)
+        if _idle_conveyor_connections(pg_target) == before:
+            break
+        import time
+
+        time.sleep(0.1)
+    assert _idle_conveyor_connections(pg_target) == before
+    # outside a job: a psql per partition, as before
+    first, second = one("SELECT pg_backend_pid()", "q1"), one("SELECT pg_backend_pid()", "q2")
+    assert first[0] != second[0]
