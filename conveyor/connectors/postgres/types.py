@@ -245,12 +245,19 @@ def arrow_to_pg(field: Any) -> str:
 def column_ddl(field: Any, source_col: PgColumn | None) -> str:
     """One column of a CREATE TABLE: the source's own type (and collation) when it is built in (a base type, a range or a
     multirange: their values travel as PostgreSQL reads and writes them), else mapped."""
-    collate = f" COLLATE {source_col.collation}" if source_col is not None and source_col.collation else ""
-    if source_col is not None and source_col.type_oid < USER_OID_START and source_col.typtype in ("b", "r", "m"):
+    return source_column_ddl(source_col) or arrow_to_pg(field)
+
+
+def source_column_ddl(source_col: PgColumn | None) -> str | None:
+    """:func:`column_ddl` of a column whose type is the source's own; None where the Arrow field's type decides."""
+    if source_col is None:
+        return None
+    collate = f" COLLATE {source_col.collation}" if source_col.collation else ""
+    if source_col.type_oid < USER_OID_START and source_col.typtype in ("b", "r", "m"):
         return source_col.type_sql + collate
-    if source_col is not None and source_col.typtype == "d" and source_col.base_sql:
+    if source_col.typtype == "d" and source_col.base_sql:
         return source_col.base_sql + collate
-    return arrow_to_pg(field)
+    return None
 
 
 def text_length_limit(source: PgColumn | None, target: PgColumn) -> int | None:
