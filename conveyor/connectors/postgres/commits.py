@@ -20,6 +20,7 @@ run into the same target drops it and says so, and ``conveyor clean`` lists or d
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -188,20 +189,23 @@ def label_stage(con: Any, schema: str, run_id: str, target: str) -> None:
     con.execute(f"COMMENT ON TABLE {ident(schema, stage_name(run_id))} IS {literal(stage_label(run_id, target))}")
 
 
-def stages(con: Any, schema: str | None = None) -> list[Stage]:
-    """Conveyor's staging tables (in one schema, or all), each with whether its run still holds its guard:
-    a shared try-lock on each run's guard key, which fails against the driver's exclusive one and, where it
-    succeeds, ends with the statement's transaction (one query, however many stages: a job over 200
-    tables lists the schema's stages once per table)."""
+def stages(con: Any, schema: str | None = None, target: str | None = None) -> list[Stage]:
+    """Conveyor's staging tables (in one schema, or all; of one target, or of any), each with whether its run
+    still holds its guard: a shared try-lock on each run's guard key, which fails against the driver's exclusive
+    one and, where it succeeds, ends with the statement's transaction (one query, however many stages). ``target``:
+    only stages whose label names it (a job over 200 tables prepares each beside the others' 199 stages)."""
+    needle = None if target is None else '"target": ' + json.dumps(target)  # as stage_label writes it
     rows = con.execute(
         "SELECT n.nspname, c.relname, obj_description(c.oid, 'pg_class'), pg_total_relation_size(c.oid), "
         f"NOT pg_try_advisory_xact_lock_shared({guard_key_sql(f'substr(c.relname, {len(STAGE_PREFIX) + 1})')}) "
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE c.relkind IN ('r', 'p') AND c.relname LIKE %s AND (%s::text IS NULL OR n.nspname = %s) ORDER BY 1, 2",
-        [STAGE_PREFIX.replace("_", "\\_") + "%", schema, schema],
+        "WHERE c.relkind IN ('r', 'p') AND c.relname LIKE %s AND (%s::text IS NULL OR n.nspname = %s) "
+        "AND (%s::text IS NULL OR strpos(obj_description(c.oid, 'pg_class'), %s) > 0) ORDER BY 1, 2",
+        [STAGE_PREFIX.replace("_", "\\_") + "%", schema, schema, needle, needle],
     ).fetchall()
-    return [Stage.read(nsp, name, name[len(STAGE_PREFIX):], comment, int(size or 0), bool(active))
-            for nsp, name, comment, size, active in rows]
+    found = [Stage.read(nsp, name, name[len(STAGE_PREFIX):], comment, int(size or 0), bool(active))
+             for nsp, name, comment, size, active in rows]
+    return found if target is None else [stage for stage in found if stage.target == target]
 
 
 def stream_slot_sql(target: str, slot: int) -> str:
@@ -212,8 +216,8 @@ def stream_slot_sql(target: str, slot: int) -> str:
 def drop_stale(con: Any, schema: str, target: str | None = None) -> list[Stage]:
     """Drop the stale staging tables (of one target, or all in the schema); returns what was dropped."""
     dropped = []
-    for stage in stages(con, schema):
-        if stage.active or (target is not None and stage.target != target):
+    for stage in stages(con, schema, target):
+        if stage.active:
             continue
         con.execute(f"DROP TABLE IF EXISTS {ident(stage.schema, stage.name)}")
         dropped.append(stage)
