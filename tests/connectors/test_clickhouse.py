@@ -214,6 +214,42 @@ def _fresh(ch, table: str) -> None:
     ch.execute(f"DROP TABLE IF EXISTS {table}", f"CREATE TABLE {table} (id Int64, grp Int32, h String) ENGINE = MergeTree ORDER BY id")
 
 
+class _Stopped(BaseException):
+    """What a worker told to stop raises in a task's thread (as Ray's cancel or a stop signal does)."""
+
+
+def test_an_attempt_stopped_as_it_recorded_its_move_leaves_its_table_for_the_next_to_finish(ch, pg_source, monkeypatch) -> None:
+    """A partition's attempt stopped while its "attaching" record was being written, which the server had taken: the
+    partition's table must stay (an "attaching" record whose table is gone cannot be told from a finished move), and the
+    next attempt moves its rows in exactly once. (Seen on a killed Ray driver: its resume refused the partition.)"""
+    from conveyor.connectors.clickhouse import commits
+
+    _fresh(ch, "ch_attach_stop")
+    spec = _spec(ch, pg_source, "ch_attach_stop")
+    info = spec.source.describe()
+    plan = spec.sink.prepare(PrepareRequest(schema=info.schema, info=info))
+    part = WholeSource(index=0, count=1)
+    real = commits.mark
+
+    def recorded_then_stopped(conf, once, key, state, rows):  # the record reaches the server; its answer never returns
+        real(conf, once, key, state, rows)
+        if state == "attaching":
+            raise _Stopped()
+
+    try:
+        monkeypatch.setattr(commits, "mark", recorded_then_stopped)
+        with pytest.raises(_Stopped):
+            spec.sink.write(plan, part, spec.source.read(part))
+        monkeypatch.setattr(commits, "mark", real)
+        assert _content(ch, "ch_attach_stop") == ["0", "0", "0", "0"]  # nothing moved in yet
+        again = spec.sink.write(plan, part, spec.source.read(part))
+        assert again.rows == ROWS
+        assert spec.sink.committed(plan) == {part.key: ROWS}
+    finally:
+        spec.sink.finalize(plan, [])
+    assert _content(ch, "ch_attach_stop") == EXACT
+
+
 def test_a_retried_partition_that_had_committed_is_not_written_again(ch, pg_source) -> None:
     _fresh(ch, "ch_twice")
     spec = _spec(ch, pg_source, "ch_twice")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.connectors.clickhouse.common import ClickHouseConnConfig, literal, qident
-from conveyor.errors import Cancelled, TransferError
+from conveyor.errors import Cancelled, ConveyorError, TransferError
 from conveyor.kit import guard
 from conveyor.kit.staged import Stage
 
@@ -206,8 +206,7 @@ def attach_outcomes(conf: ClickHouseConnConfig, source: str, seconds: float = 60
     settle = time.monotonic() + LOG_SETTLE
     while True:
         conf.run("SYSTEM FLUSH LOGS", doing="flushing the server's query log")
-        rows = conf.run(f"SELECT query, max(type) FROM system.query_log WHERE position(query, {literal('FROM ' + source)}) > 0 "
-                        "AND position(query, 'ATTACH PARTITION ID') > 0 GROUP BY query", doing="reading the server's query log")
+        rows = _attaches_logged(conf, source)
         if rows or time.monotonic() > settle:
             break
         time.sleep(0.5)
@@ -216,3 +215,19 @@ def attach_outcomes(conf: ClickHouseConnConfig, source: str, seconds: float = 60
         part_id = query.split("ATTACH PARTITION ID ", 1)[1].split(" FROM ", 1)[0].strip().strip("'")
         out[part_id] = {"2": "done", "3": "failed", "4": "failed"}.get(kind, "unknown")
     return out
+
+
+def _attaches_logged(conf: ClickHouseConnConfig, source: str) -> list[list[str]]:
+    """The ATTACH statements from ``source`` in the server's query log, with their last event. A server whose log has no
+    table yet has logged no query since it began: a logged query, flushed, makes it (an ATTACH was logged only if the
+    log is configured at all); where the table still does not appear, the log is not kept and the error says so."""
+    query = (f"SELECT query, max(type) FROM system.query_log WHERE position(query, {literal('FROM ' + source)}) > 0 "
+             "AND position(query, 'ATTACH PARTITION ID') > 0 GROUP BY query")
+    try:
+        return conf.run(query, doing="reading the server's query log")
+    except ConveyorError as exc:
+        if "Code: 60" not in str(exc):  # UNKNOWN_TABLE: system.query_log not made yet
+            raise
+    conf.run("SELECT 1", doing="logging a query", settings={"log_queries": 1})
+    conf.run("SYSTEM FLUSH LOGS", doing="flushing the server's query log")
+    return conf.run(query, doing="reading the server's query log")

@@ -252,11 +252,14 @@ class ClickHouseSink(ChChangeApplier, SinkBase):
             if plan.load_mode != "append":
                 commits.mark(conf, once, key, "staged", stored)
                 return WriteStats(key, stored, sent.bytes, time.perf_counter() - start)
-            commits.mark(conf, once, key, "attaching", stored)
         except BaseException:
             with contextlib.suppress(Exception):
                 conf.run(f"DROP TABLE IF EXISTS {self._q(table)}")
             raise
+        # recorded outside the clean-up above: an attempt stopped while this record was being written (its worker told to
+        # stop) may have written it, and then the partition's table must stay, for the next attempt to finish the move
+        # (an "attaching" record whose table is gone cannot be told from one whose rows were moved in)
+        commits.mark(conf, once, key, "attaching", stored)
         self._attach(table, self.config.table, key)
         commits.mark(conf, once, key, "committed", stored)
         with contextlib.suppress(ConveyorError):
