@@ -55,7 +55,7 @@ class JobReport:
     runtime_note: str = ""
     #: a job over several tables: each table's report (its target, partitions, verification)
     tables: list[JobReport] = field(default_factory=list)
-    #: a sync job (``incremental.method=replication``): its slot, position and runs (``conveyor.pipelines.sync.SyncReport``);
+    #: a sync job (``incremental.method=replication``): its slot, position and runs (``conveyor.pipelines.syncreport.SyncReport``);
     #: the partitions above are its first load's, or its last run's stage loads' (``tables``)
     sync: Any = None
 
