@@ -115,6 +115,71 @@ def test_every_corpus_table_on_every_path_is_exact_or_refused_by_name(corpus, pg
     assert counts.get("exact", 0) >= len(matrix) * 3 // 4  # most cells are exact copies; the rest refusals by name
 
 
+#: out of PostgreSQL into each other kind of target Conveyor writes, and back into a table of the source's definition
+OTHER_PATHS = ["pg->csv->pg", "pg->mysql->pg", "pg->clickhouse->pg", "pg->delta->pg", "pg->iceberg->pg"]
+
+
+def _middle(path: str, name: str, folder: Path, mysql, clickhouse) -> dict:
+    """The target (and, read back, the source) of ``path``'s middle step."""
+    kind = path.split("->")[1]
+    if kind == "csv":
+        return {"type": "csv", "path": str(folder / name)}
+    if kind == "mysql":
+        return {"type": "mysql", "port": mysql.port, "user": mysql.user, "database": mysql.database, "table": name}
+    if kind == "clickhouse":
+        return {"type": "clickhouse", "port": clickhouse.http_port, "table": name}
+    if kind == "delta":
+        return {"type": "delta", "path": str(folder / "delta" / name)}
+    return {"type": "iceberg", "table": f"lake.{name}",
+            "catalog": {"type": "sql", "uri": f"sqlite:///{folder}/catalog.db", "warehouse": f"file://{folder}/warehouse"}}
+
+
+#: cells known to change a value, each with why: the test fails if one of them stops changing (take it out then) or
+#: another cell starts. A CSV column of decimal text is read as one decimal type, whose scale is the column's, not each
+#: value's; written into PostgreSQL's ``numeric`` without a scale it is stored at its shortest form: the source's ``0.0``
+#: (-0.0 as numeric) comes back as ``0`` (equal as numbers, not as text). Open: issue 67.
+KNOWN = {("num_tbl", "pg->csv->pg"): "a CSV decimal into numeric without a scale: 0.0 back as 0"}
+
+
+@pytest.mark.pg_versions("15")  # the subject is the other targets: one PostgreSQL version
+@pytest.mark.parametrize("path", OTHER_PATHS)
+def test_every_corpus_table_through_every_other_target_and_back_is_exact_or_refused_by_name(
+        corpus, pg_source, mysql_server, clickhouse_server, tmp_path, path) -> None:
+    """Each table into CSV, MySQL/MariaDB, ClickHouse, Delta and Iceberg (``load_mode=create``, as a user would) and back
+    into a table of the source's own definition: PostgreSQL compares the two. A target that cannot hold a value must refuse
+    it by name on the way out, or the way back must (the typed column refuses text it would have to parse)."""
+    src = lambda table: _pg(pg_source, table, dbname=corpus)  # noqa: E731
+    present = {r[0] for r in pg_exec(pg_source, "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace", dbname=corpus)}
+    matrix: dict[str, str] = {}
+    for table in [t for t in TABLES if t in present]:
+        want = _digest_db(pg_source, _rows_sql(table))
+        copy, name = f"o_{table}_{OTHER_PATHS.index(path)}", f"{table}_{OTHER_PATHS.index(path)}"
+        pg_exec(pg_source, f"DROP TABLE IF EXISTS {copy}", f"CREATE TABLE {copy} (LIKE {table})", dbname=corpus)
+        middle = _middle(path, name, tmp_path, mysql_server, clickhouse_server)
+
+        def run(table=table, copy=copy, middle=middle):
+            conveyor.run(source=src(table), sink=middle, strategy={"type": "auto"}, runtime={"type": "local"}, load_mode="create", degree=2)
+            conveyor.run(source=dict(middle), sink=_pg(pg_source, copy, dbname=corpus), strategy={"type": "auto"},
+                         runtime={"type": "local"}, load_mode="append", degree=2)
+
+        def back_in_source(copy=copy, want=want) -> str:
+            got = _digest_db(pg_source, f"SELECT _r::text AS r FROM {copy} _r")
+            return "" if got == want else f"back in PostgreSQL {got[0]} rows, source {want[0]} (or the rows print otherwise)"
+
+        matrix[table] = _cell(run, back_in_source, _columns_of(pg_source, table))
+        if (table, path) in KNOWN:
+            assert matrix[table].startswith("other: silent change"), f"{table} {path} is {matrix[table]} now: take it out of KNOWN"
+            matrix[table] = f"known: {KNOWN[(table, path)]}"
+    counts: dict[str, int] = {}
+    for outcome in matrix.values():
+        counts[outcome.split(":")[0]] = counts.get(outcome.split(":")[0], 0) + 1
+    lines = [f"{table:16} {path:20} {outcome}" for table, outcome in matrix.items()]
+    print("\n".join(lines) + f"\ncells: {counts}")
+    others = [line for line, outcome in zip(lines, matrix.values()) if outcome.startswith("other")]
+    assert not others, "\n".join(others)
+    assert counts.get("exact", 0) >= len(matrix) // 3  # the tables of plain types travel exactly; the rest are refusals by name
+
+
 def _columns_of(server, table: str) -> list[str]:
     return [r[0] for r in pg_exec(server, f"SELECT attname FROM pg_attribute WHERE attrelid = '{table}'::regclass AND attnum > 0 "
                                           "AND NOT attisdropped ORDER BY attnum", dbname="corpus")]

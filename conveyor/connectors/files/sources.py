@@ -114,6 +114,7 @@ class CsvSource(FileSource):
     format_name = "csv"
 
     def _reader(self, fs: Any, path: str, column_types: Any = None, tail: list[Any] | None = None) -> Any:
+        import pyarrow as pa
         import pyarrow.csv as pacsv
 
         cfg = self.config
@@ -125,6 +126,9 @@ class CsvSource(FileSource):
             raise fs_util.translate(exc, f"csv file {path}") from None
         if tail is not None:
             tail.append(stream)
+        if column_types is not None:  # pyarrow's CSV reader has no decimal256: those columns are read as text (see _widen)
+            column_types = {f.name: pa.string() if pa.types.is_decimal256(f.type) else f.type for f in column_types} \
+                if isinstance(column_types, pa.Schema) else {n: pa.string() if pa.types.is_decimal256(t) else t for n, t in column_types.items()}
         read = pacsv.ReadOptions(autogenerate_column_names=not cfg.header, block_size=8 << 20)
         parse = pacsv.ParseOptions(delimiter=cfg.delimiter, quote_char=cfg.quote_char)
         # NULL is the null marker standing unquoted, in every column (text too); nothing else is NULL
@@ -204,20 +208,48 @@ class CsvSource(FileSource):
     def _read_file(self, fs: Any, path: str, row_groups: list[int] | None = None) -> Iterator[Any]:
         if row_groups is not None:
             raise PlanningError("csv files have no row groups", hint="set strategy.row_groups_per_partition=0")
+        import pyarrow as pa
+
         if self._schema is None:
             self._schema = self._file_schema(fs, path)
         tail: list[_Tail] = []
         reader = self._reader(fs, path, column_types=self._schema, tail=tail)
-        self._check_schema(path, reader.schema)
+        wide = [i for i, f in enumerate(self._schema) if pa.types.is_decimal256(f.type)]
+        self._check_schema(path, self._widen(path, reader.schema, wide, rows=0))
         last, rows = None, 0
         try:
             for batch in reader:
+                batch = self._widen(path, batch, wide, rows)
                 if batch.num_rows:
                     last, rows = batch, rows + batch.num_rows
                 yield batch
+        except TransferError:
+            raise
         except Exception as exc:
             raise self._unfit(path, exc) from None
         self._check_closed(path, last, rows, tail[0].last)
+
+    def _widen(self, path: str, batch: Any, wide: list[int], rows: int) -> Any:
+        """``batch`` (or a schema) with its decimal256 columns, read as text, cast to their type by Arrow (exact: a value
+        with more digits or more decimals than the type holds is refused, naming the column)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not wide:
+            return batch
+        if isinstance(batch, pa.Schema):
+            return pa.schema([self._schema.field(i) if i in wide else f for i, f in enumerate(batch)])
+        columns = list(batch.columns)
+        for i in wide:
+            field = self._schema.field(i)
+            try:
+                columns[i] = pc.cast(columns[i], field.type)
+            except pa.ArrowException as exc:
+                raise TransferError(f"csv file {path}: column {field.name} ({field.type}): a value in rows {rows + 1:,}-"
+                                    f"{rows + batch.num_rows:,} does not fit it: {printable(first_line(exc))}",
+                                    hint=f"name the column's type in source.column_types ({{{field.name}: string}} keeps its "
+                                         "text)") from None
+        return pa.RecordBatch.from_arrays(columns, schema=self._schema)
 
     def _check_closed(self, path: str, last: Any, rows: int, end: bytes) -> None:
         """A quote the file never closes: the parser takes the rest of the file, newlines and rows included, as the value
