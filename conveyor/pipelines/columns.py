@@ -6,7 +6,8 @@ every sink, every strategy and every runtime sees the projected source, and any 
 from it as from any source.
 
 What the projection changes besides: the source's native stream (the PostgreSQL pass-through) is not offered
-(it carries the source's columns as they are: the rows take the Arrow path); a checksum both databases compute is
+(it carries the source's columns as they are: the rows take the Arrow path), but its column records are, renamed (a
+sink of the same database makes the columns with the source's own types); a checksum both databases compute is
 not offered either (``verify=checksum`` then compares a staged load row for row); the primary key is kept, renamed,
 when every one of its columns is selected; a table's definition and foreign keys are not carried (their names are
 the source's).
@@ -59,8 +60,21 @@ class Projected:
         chosen, out = self._names(schema.names)
         projected = pa.schema([schema.field(c).with_name(n) for c, n in zip(chosen, out)], metadata=schema.metadata)
         key = tuple(self.rename.get(c, c) for c in info.primary_key) if set(info.primary_key) <= set(chosen) else ()
-        return dataclasses.replace(info, schema=projected, native=None, checksums=False, primary_key=key, foreign_keys=(),
-                                   definition=None)
+        return dataclasses.replace(info, schema=projected, native=self._native(info.native, chosen, out), checksums=False,
+                                   primary_key=key, foreign_keys=(), definition=None)
+
+    @staticmethod
+    def _native(native: Any, chosen: list[str], out: list[str]) -> Any:
+        """The source's column records of the columns chosen, under their names in the target (a sink of the same database
+        makes and checks the columns with the source's own types: json stays json, inet inet), and no stream to pass
+        through (it carries the source's columns as they are)."""
+        if native is None:
+            return None
+        records = {getattr(c, "name", None): c for c in native.columns}
+        columns = tuple(dataclasses.replace(records[c], name=n) for c, n in zip(chosen, out)
+                        if c in records and dataclasses.is_dataclass(records[c]))
+        return dataclasses.replace(native, columns=columns if len(columns) == len(chosen) else (), format=None,
+                                   why_not="the job's columns / rename take the rows the Arrow path", counts=False)
 
     def _batches(self, batches: Any) -> Iterator[Any]:
         for batch in batches:

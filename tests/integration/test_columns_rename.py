@@ -71,3 +71,26 @@ def test_a_column_left_out_is_never_read(pg_source, tmp_path: Path) -> None:
     with pytest.raises(TransferError, match=r"column n2 \(numeric\(10,2\)\): a value does not fit"):
         conveyor.run(None, "source=postgres", "sink=parquet", "strategy=ctid", source=src, sink={"path": str(tmp_path / "n2")},
                      load_mode="create", columns=["id", "n2"])
+
+
+def test_a_subset_created_in_postgres_keeps_the_source_columns_own_types_and_values(pg_source, pg_target) -> None:
+    """A table made from a subset keeps each column's own type: on the main this started from, `columns` made the target
+    from the Arrow schema alone, so json became jsonb (keys reordered, a duplicate key dropped, 1e400 spelled out), inet,
+    cidr, macaddr and pg_lsn became text (``::ffff:1.2.3.4`` stored as ``::ffff:1.2.3.4/128``), oid bigint and a
+    ``COLLATE "C"`` column lost its collation, all with exit 0."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS cr_types",
+            "CREATE TABLE cr_types (id int, skipped text, j json, ip inet, net cidr, mac macaddr, lsn pg_lsn, o oid, c text COLLATE \"C\")",
+            "INSERT INTO cr_types VALUES (1, 'x', '{\"b\": 1, \"a\": 2, \"a\": 3}', '::ffff:1.2.3.4', '10.1.2.0/24', '08:00:2b:01:02:03', "
+            "'16/B374D848', 4294967295, 'B'), (2, 'y', '1e400', '192.168.1.226/24', '2001:4f8:3:ba::/64', 'ff:ff:ff:ff:ff:ff', '0/0', 0, 'a'), "
+            "(3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
+    chosen = ["id", "j", "ip", "net", "mac", "lsn", "o", "c"]
+    pg_exec(pg_target, "DROP TABLE IF EXISTS cr_types_copy")
+    conveyor.run(source={"type": "postgres", "port": pg_source.port, "table": "cr_types"},
+                 sink={"type": "postgres", "port": pg_target.port, "table": "cr_types_copy"}, runtime={"type": "local"},
+                 load_mode="create", columns=chosen, rename={"j": "doc"})
+    types = "SELECT format_type(atttypid, atttypmod), attcollation::regcollation::text FROM pg_attribute WHERE attrelid = '{}'::regclass " \
+            "AND attnum > 0 AND attname <> 'skipped' AND NOT attisdropped ORDER BY attnum"
+    assert pg_exec(pg_target, types.format("cr_types_copy")) == pg_exec(pg_source, types.format("cr_types"))
+    rows = "SELECT ({})::text FROM {} ORDER BY id"
+    assert pg_exec(pg_target, rows.format("id, doc, ip, net, mac, lsn, o, c", "cr_types_copy")) == \
+        pg_exec(pg_source, rows.format(", ".join(chosen), "cr_types"))

@@ -212,7 +212,7 @@ def arrow_to_pg(field: Any) -> str:
         if name == "arrow.uuid":
             return "uuid"
         if name == "arrow.json":
-            return "jsonb"
+            return "json"  # its text as it is (jsonb would reorder keys, drop duplicates, respell numbers)
         typ = typ.storage_type
     if t.is_dictionary(typ):
         typ = typ.value_type
