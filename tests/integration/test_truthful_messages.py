@@ -139,6 +139,21 @@ def test_infinity_into_the_adbc_writer_is_refused_by_column(pg_target, tmp_path:
     assert pg_exec(pg_target, "SELECT t::text FROM tm_inf") == [("-infinity",)]
 
 
+def test_infinity_in_an_array_is_refused_by_column(pg_target, tmp_path: Path) -> None:
+    """A DuckDB date[] holding infinity (the corpus's array table copied PostgreSQL -> DuckDB -> PostgreSQL): PostgreSQL
+    refused the COPY with "date out of range", naming no column."""
+    import duckdb
+
+    db = tmp_path / "inf_list.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute("CREATE TABLE inf AS SELECT * FROM (VALUES (1, ['2000-01-01', 'infinity']::date[]), (2, ['1999-12-31']::date[])) v(id, da)")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS tm_inf_list", "CREATE TABLE tm_inf_list (id int, da date[])")
+    with pytest.raises(TransferError, match=r"column da \(list<.*date32.*\) holds infinity in an array"):
+        job({"type": "duckdb", "database": str(db), "table": "inf"}, {"type": "postgres", "port": pg_target.port, "table": "tm_inf_list"},
+            load_mode="append")
+    assert pg_exec(pg_target, "SELECT count(*) FROM tm_inf_list") == [(0,)]
+
+
 def test_allow_cast_to_a_smaller_scale_loads_on_the_default_writer(pg_source, pg_target) -> None:
     """Following the hint of a refused numeric(15,2) -> numeric(15,1) load, sink.allow_cast failed on pgpq:
     'invalid byte sequence for encoding "UTF8": 0x00' (the numeric's binary form into a text column)."""

@@ -187,15 +187,27 @@ def _no_infinity(batches: Iterator[Any], key: str) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    def items(arr: Any) -> tuple[Any, bool]:
+        """The dates or timestamps of a column, or of the lists it holds (at any depth), and whether they were in lists."""
+        listed = False
+        while pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+            arr, listed = pc.list_flatten(arr), True
+        return arr, listed
+
     for batch in batches:
-        for field, arr in zip(batch.schema, batch.columns):
-            if not (pa.types.is_date32(field.type) or pa.types.is_timestamp(field.type)) or arr.null_count == len(arr):
+        for field, column in zip(batch.schema, batch.columns):
+            arr, listed = items(column)
+            if not (pa.types.is_date32(arr.type) or pa.types.is_timestamp(arr.type)) or arr.null_count == len(arr):
                 continue
-            ints = arr.view(pa.int32() if pa.types.is_date32(field.type) else pa.int64())
-            top = INFINITY_DAYS if pa.types.is_date32(field.type) else INFINITY_TICKS
+            ints = arr.view(pa.int32() if pa.types.is_date32(arr.type) else pa.int64())
+            top = INFINITY_DAYS if pa.types.is_date32(arr.type) else INFINITY_TICKS
             low, high = pc.min_max(ints).values()
             if high.as_py() == top or low.as_py() == -top:
                 what = "infinity" if high.as_py() == top else "-infinity"
+                if listed:  # (PostgreSQL's date out of range, naming no column; no writer here takes it in an array)
+                    raise TransferError(f"column {field.name} ({field.type}) holds {what} in an array, which Conveyor's COPY "
+                                        "writers cannot write", partition=key,
+                                        hint="filter those rows in the source, or load the column as text (a source query's ::text)")
                 raise TransferError(f"column {field.name} ({field.type}) holds {what}, which ADBC's COPY writer cannot write",
                                     partition=key, hint="use sink.writer=auto or pgpq (it writes PostgreSQL's infinity), or filter the "
                                                         "rows in the source")
