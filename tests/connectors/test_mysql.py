@@ -462,6 +462,21 @@ def test_a_zero_date_in_the_pass_through_is_refused_by_its_column_or_read_as_nul
     assert pg_exec(pg_target, "SELECT id, d FROM my_zero ORDER BY id") == [(1, __import__("datetime").date(2024, 1, 1)), (2, None)]
 
 
+def test_the_pass_through_takes_text_columns_of_other_character_sets(mysql_server, pg_target) -> None:
+    """An ascii column (the MySQL sink's own uuid is CHAR(36) ascii) beside utf8mb4 ones: the server's COPY line refused to
+    CONCAT them ("Illegal mix of collations for operation 'concat'", naming no column; the corpus's misc table)."""
+    m = mysql_server
+    m.execute("DROP TABLE IF EXISTS charsets_pg", "CREATE TABLE charsets_pg (id INT, u CHAR(36) CHARACTER SET ascii, "
+              "l VARCHAR(10) CHARACTER SET latin1, t VARCHAR(30) CHARACTER SET utf8mb4)",
+              "INSERT INTO charsets_pg VALUES (1, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 'caf\u00e9', '\u20ac \\\\ tab\\there'), "
+              "(2, NULL, NULL, NULL)")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS my_charsets", "CREATE TABLE my_charsets (id int, u text, l text, t text)")
+    report = job(_my(m, table="charsets_pg"), {"type": "postgres", "port": pg_target.port, "table": "my_charsets"}, load_mode="append")
+    assert report.sink_plan.native == "pgcopy-text"
+    assert pg_exec(pg_target, "SELECT id, u, l, t FROM my_charsets ORDER BY id") == [
+        (1, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "caf\u00e9", "\u20ac \\ tab\there"), (2, None, None, None)]
+
+
 @pytest.mark.parametrize("bulk", ["load_data", "insert"])
 def test_negative_zero_is_refused_by_name_unless_stored_as_zero_by_policy(mysql_server, pg_source, bulk: str) -> None:
     """MariaDB stores a DOUBLE -0.0 as 0 (its sign lost, checked below): refused naming the column, the target as it was;

@@ -18,6 +18,7 @@ SET (as text). Values DuckDB cannot hold are refused by name, never changed (``_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,9 @@ class MyColumn:
     flags: int
     length: int
     scale: int
+    #: a text column's character set where it is not utf8mb4 / utf8 (e.g. ascii): the COPY text stream converts it
+    #: (CONCAT with the utf8mb4 rest of the line is refused: "Illegal mix of collations")
+    other_charset: str = ""
 
     @property
     def typ(self) -> str:
@@ -141,6 +145,7 @@ class MySqlSource(MySqlChangeFeed, SqlSource):
             with con.cursor() as cur:
                 cur.execute(f"SELECT * FROM {self._from()} LIMIT 0")
                 self._cols = tuple(MyColumn(f.name, f.type_code, f.charsetnr, f.flags, f.length, f.scale) for f in cur._result.fields)
+                self._cols = self._charsets(cur, self._cols)
         except Exception as exc:
             raise conf.translate(exc, "describing the source") from None
         finally:
@@ -159,6 +164,18 @@ class MySqlSource(MySqlChangeFeed, SqlSource):
         return SourceInfo(schema=self._schema, label=label, estimated_rows=estimate, estimated_bytes=size,
                           reader="Arrow batches decoded by DuckDB's mysql extension", native=textcopy.offer(self._cols),
                           primary_key=key, definition=made)
+
+    def _charsets(self, cur: Any, cols: tuple[MyColumn, ...]) -> tuple[MyColumn, ...]:
+        """``cols`` with the character set each text column is stored in where it is not utf8mb4 / utf8 (the result's
+        metadata gives the connection's). CHARSET() names an expression's, rows or not: one query over no row."""
+        text = [c for c in cols if c.text]
+        if not text:
+            return cols
+        cur.execute(f"SELECT {', '.join(f'CHARSET(t.{qident(c.name)})' for c in text)} FROM (SELECT 1) AS one "
+                    f"LEFT JOIN (SELECT * FROM {self._from()} LIMIT 0) AS t ON TRUE")
+        found = dict(zip((c.name for c in text), cur.fetchone() or ()))
+        return tuple(dataclasses.replace(c, other_charset=str(found[c.name])) if str(found.get(c.name) or "utf8mb4")
+                     not in ("utf8mb4", "utf8mb3", "utf8", "binary") else c for c in cols)
 
     def _definition(self) -> tuple[tuple[str, ...], TableDefinition]:
         """The table's primary key (its columns in the key's order) and its definition, from information_schema: NOT NULL

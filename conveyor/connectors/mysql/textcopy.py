@@ -64,7 +64,7 @@ def _value(col: Any, zero_dates: str) -> str:
             return f"IF(MONTH({q}) = 0 OR DAYOFMONTH({q}) = 0, NULL, {shown})"
         return shown  # a zero date: PostgreSQL refuses '0000-00-00', naming the column (the COPY's context)
     if col.text:
-        text = q
+        text = f"CONVERT({q} USING utf8mb4)" if col.other_charset else q
         for char, escaped in ((92, _BS), (9, "'t'"), (10, "'n'"), (13, "'r'")):
             text = f"REPLACE({text}, CHAR({char} USING utf8mb4), CONCAT({_BS}, {escaped}))"
         return text
