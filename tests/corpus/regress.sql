@@ -121,3 +121,18 @@ INSERT INTO part_hash SELECT g, md5(g::text) FROM generate_series(1, 300) g;
 CREATE TABLE tenk (id int, unique1 int, two int, four int, ten int, hundred int, stringu1 name, string4 name, even bool, f float8);
 INSERT INTO tenk SELECT g, (g * 7919) % 10000, g % 2, g % 4, g % 10, g % 100, md5(g::text)::name, (ARRAY['AAAA','HHHH','OOOO','VVVV'])[g % 4 + 1],
   g % 2 = 0, g / 7.0 FROM generate_series(1, 10000) g;
+
+-- the system and geometric types, and arrays of the other families
+CREATE TABLE sys_types_tbl (id int, ln line, ls lseg, pa path, pg polygon, ci circle, i2v int2vector, oidv oidvector, x xid, x8 xid8,
+  c cid, ti tid, rc regclass, rt regtype, rp regproc, jp jsonpath, snap pg_snapshot, acl aclitem);
+INSERT INTO sys_types_tbl VALUES (1, '{1,-1,0}', '[(0,0),(1,1)]', '((0,0),(1,1),(2,0))', '((0,0),(1,1),(2,0))', '<(0,0),1.5>', '1 2 3',
+  '1 2 3', '12345', '123456789012', '7', '(3,4)', 'pg_class', 'integer', 'now', '$.a[*] ? (@ > 1)', '10:20:10,14,15',
+  'postgres=arwdDxt/postgres'), (2, NULL, NULL, '[(0,0),(1e300,-1e-300)]', NULL, NULL, '', '', NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+  NULL, NULL, NULL);
+
+CREATE TABLE more_arrays_tbl (id int, ua uuid[], jba jsonb[], iva interval[], tza timestamptz[], cxa corpus_complex[], nna numeric[],
+  fa float8[], tna text[], bya bytea[], ca char(2)[], va varchar(3)[]);
+INSERT INTO more_arrays_tbl VALUES (1, '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,NULL}', ARRAY['{"a": 1}', 'null']::jsonb[], '{1 day,-00:00:01}',
+  '{"2000-01-01 00:00:00+00","1999-12-31 23:59:59.999999+00"}', ARRAY[ROW(1, 2)::corpus_complex, NULL], '{NaN,1.50,-0.0,NULL}',
+  '{NaN,Infinity,-Infinity,-0,1e-320}', '{"NULL",NULL,""}', '{"\\x00ff",NULL}', '{a,bc}', '{x,yz,NULL}'),
+  (2, '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}'), (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);

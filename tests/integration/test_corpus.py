@@ -27,7 +27,7 @@ CORPUS = Path(__file__).parent.parent / "corpus" / "regress.sql"
 TABLES = ["int_tbl", "float_tbl", "num_tbl", "num_wide", "money_tbl", "char_tbl", "bit_tbl", "bytea_tbl", "date_tbl", "misc_tbl", "xml_tbl",
           "json_tbl",
           "array_tbl", "range_tbl", "user_types_tbl", "geo_tbl", "collate_tbl", "defaults_tbl", "person", "emp", "student", "stud_emp",
-          "part_range", "part_range_2021", "part_hash", "tenk"]
+          "part_range", "part_range_2021", "part_hash", "tenk", "sys_types_tbl", "more_arrays_tbl"]
 
 PATHS = ["pg->pg pass-through", "pg->pg arrow", "pg->parquet->pg", "pg->duckdb->pg"]
 

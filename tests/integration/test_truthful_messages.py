@@ -154,6 +154,22 @@ def test_infinity_in_an_array_is_refused_by_column(pg_target, tmp_path: Path) ->
     assert pg_exec(pg_target, "SELECT count(*) FROM tm_inf_list") == [(0,)]
 
 
+def test_a_column_postgresql_cannot_take_from_arrow_is_named_and_aclitem_takes_no_binary_stream(pg_source, pg_target) -> None:
+    """The corpus's system types: an int2vector read as an Arrow list was refused as "PostgreSQL cannot cast it: cannot cast
+    type smallint[] to int2vector" naming no column; an aclitem column failed the pass-through's binary COPY ("no binary
+    input function available for type aclitem"), naming none either."""
+    pg_exec(pg_source, "DROP TABLE IF EXISTS tm_sys", "CREATE TABLE tm_sys (id int, v int2vector, acl aclitem)",
+            "INSERT INTO tm_sys VALUES (1, '1 2 3', 'postgres=arwdDxt/postgres')")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS tm_sys", "CREATE TABLE tm_sys (id int, v int2vector, acl aclitem)")
+    source = {"type": "postgres", "port": pg_source.port, "table": "tm_sys"}
+    with pytest.raises(SchemaError, match=r"column v \(list<.*int16.*> -> int2vector\): PostgreSQL cannot cast it"):
+        job(source, {"type": "postgres", "port": pg_target.port, "table": "tm_sys", "copy_path": "arrow"}, load_mode="append")
+    report = job({"type": "postgres", "port": pg_source.port, "query": "SELECT id, acl FROM tm_sys"}, {"type": "postgres", "port": pg_target.port, "table": "tm_sys"},
+                 load_mode="append")
+    assert report.sink_plan.native is None and "aclitem" in report.sink_plan.path_reason
+    assert pg_exec(pg_target, "SELECT id, acl::text FROM tm_sys") == [(1, "postgres=arwdDxt/postgres")]
+
+
 def test_allow_cast_to_a_smaller_scale_loads_on_the_default_writer(pg_source, pg_target) -> None:
     """Following the hint of a refused numeric(15,2) -> numeric(15,1) load, sink.allow_cast failed on pgpq:
     'invalid byte sequence for encoding "UTF8": 0x00' (the numeric's binary form into a text column)."""

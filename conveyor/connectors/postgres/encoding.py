@@ -113,6 +113,9 @@ def _probe(cur: Any, schema: Any, pairs: list[tuple[str, str]], casts: tuple[Any
         if cast is None and fails(f"SELECT {ident(t)}::{ty} FROM pg_temp._conveyor_probe") is not None:
             which = f"column {s} ({_plain(schema.field(s).type)} -> {ty}): "
             break
+    for (s, t), ty in zip(pairs, types):  # else the column the insert alone refuses (an int2vector from smallint[], ...)
+        if not which and fails(insert_from_temp([t], [ty], table, "_conveyor_probe")) is not None:
+            which = f"column {s} ({_plain(schema.field(s).type)} -> {ty}): "
     raise SchemaError(f"{where}: {which}PostgreSQL cannot cast it: {reason}",
                       hint="cast the column in source.query, or change the target column's type")
 

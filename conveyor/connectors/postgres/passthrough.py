@@ -153,7 +153,14 @@ def offer(columns: Sequence[PgColumn]) -> NativeExport:
     if os.name != "posix" or not os.path.isdir("/dev/fd"):
         return NativeExport("postgres", tuple(columns), None,
                             "the pass-through needs a POSIX system with /dev/fd (psql writes into an inherited pipe)")
+    for col in columns:
+        if col.typname in _NO_BINARY or col.elem in _NO_BINARY:
+            return NativeExport("postgres", tuple(columns), None, f"column {col.name} ({col.type_sql}) has no binary COPY form")
     return NativeExport("postgres", tuple(columns), FORMAT, counts=True)
+
+
+#: the built-in types without binary input and output (pg_type.typsend / typreceive = 0): a binary COPY refuses them
+_NO_BINARY = ("aclitem", "gtsvector")
 
 
 def source_columns(native: NativeExport | None) -> dict[str, PgColumn]:
