@@ -109,13 +109,15 @@ def _probe(cur: Any, schema: Any, pairs: list[tuple[str, str]], casts: tuple[Any
     if reason is None:
         return
     which = ""
-    for (s, t), cast, ty in zip(pairs, casts, types):  # name the column PostgreSQL cannot cast
-        if cast is None and fails(f"SELECT {ident(t)}::{ty} FROM pg_temp._conveyor_probe") is not None:
-            which = f"column {s} ({_plain(schema.field(s).type)} -> {ty}): "
+    for (s, t), cast, ty in zip(pairs, casts, types):  # name the column PostgreSQL cannot cast, with its own reason
+        own = fails(f"SELECT {ident(t)}::{ty} FROM pg_temp._conveyor_probe") if cast is None else None
+        if own is not None:
+            which, reason = f"column {s} ({_plain(schema.field(s).type)} -> {ty}): ", own
             break
     for (s, t), ty in zip(pairs, types):  # else the column the insert alone refuses (an int2vector from smallint[], ...)
-        if not which and fails(insert_from_temp([t], [ty], table, "_conveyor_probe")) is not None:
-            which = f"column {s} ({_plain(schema.field(s).type)} -> {ty}): "
+        own = None if which else fails(insert_from_temp([t], [ty], table, "_conveyor_probe"))
+        if own is not None:
+            which, reason = f"column {s} ({_plain(schema.field(s).type)} -> {ty}): ", own
     raise SchemaError(f"{where}: {which}PostgreSQL cannot cast it: {reason}",
                       hint="cast the column in source.query, or change the target column's type")
 
