@@ -276,3 +276,33 @@ def test_create_makes_uuid_time_and_json_columns_and_appends_into_them(pg_source
     job(src, {"type": "duckdb", "database": str(db), "table": "to_duck"}, load_mode="create")
     job(src, {"type": "duckdb", "database": str(db), "table": "to_duck"}, load_mode="append")
     assert _rows(db, "SELECT typeof(u), typeof(t), count(*), count(DISTINCT u) FROM to_duck GROUP BY ALL") == [("UUID", "TIME", 2, 1)]
+
+
+def test_the_state_tables_are_made_once_when_several_tables_prepare_at_once(tmp_path: Path) -> None:
+    """A job over several tables prepares them in threads: two CREATE TABLE IF NOT EXISTS of the commit markers at once
+    failed with DuckDB's "Catalog write-write conflict on create" (test_many_tables' DuckDB job, now and then)."""
+    import threading
+
+    from conveyor.connectors.duckdb import state
+    from conveyor.connectors.duckdb.common import connect
+
+    for round_ in range(5):
+        path = str(tmp_path / f"r{round_}.duckdb")
+        duckdb.connect(path).close()
+        errors: list[BaseException] = []
+
+        def prepare(path: str = path, errors: list = errors) -> None:
+            con = connect(path)
+            try:
+                state.ensure(con, "main", True, True)
+            except BaseException as exc:  # what the thread met is the outcome
+                errors.append(exc)
+            finally:
+                con.close()
+
+        threads = [threading.Thread(target=prepare) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors[0]

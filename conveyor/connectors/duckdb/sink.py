@@ -161,7 +161,8 @@ class DuckDBSink(DuckChangeApplier, StagedSink):
         made = new_file(self.config.database)
         con = connect(self.config.database)
         try:
-            con.execute(f"CREATE SCHEMA IF NOT EXISTS {qident(self.config.schema)}")
+            with state.MAKING:  # (several tables' prepares at once: see state.MAKING)
+                con.execute(f"CREATE SCHEMA IF NOT EXISTS {qident(self.config.schema)}")
             target_cols = self._columns(con)
             empty = pa.Table.from_batches([], schema=schema)
             con.register("__conveyor_empty", empty)

@@ -10,6 +10,7 @@ sink writes from the driver's process only, so no task can outlive its driver: n
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from conveyor.core import CursorState, CursorWindow, decode_cursor, encode_cursor
@@ -22,8 +23,18 @@ def _q(schema: str, table: str) -> str:
     return '"' + schema.replace('"', '""') + '"."' + table.replace('"', '""') + '"'
 
 
+#: one thread at a time makes the state tables: the tables of a job over several tables are prepared in threads, and two
+#: CREATE TABLE IF NOT EXISTS of one table at once conflict in DuckDB ("Catalog write-write conflict on create")
+MAKING = threading.Lock()
+
+
 def ensure(con: Any, schema: str, markers: bool, cursors: bool) -> None:
     """The tables a load keeps its state in (only those it uses)."""
+    with MAKING:
+        _ensure(con, schema, markers, cursors)
+
+
+def _ensure(con: Any, schema: str, markers: bool, cursors: bool) -> None:
     if markers:
         con.execute(f"CREATE TABLE IF NOT EXISTS {_q(schema, MARKERS)} (load_id VARCHAR NOT NULL, target VARCHAR NOT NULL, "
                     "part VARCHAR NOT NULL, committed_rows BIGINT NOT NULL, committed_at TIMESTAMPTZ NOT NULL DEFAULT now(), "
