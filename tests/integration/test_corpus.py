@@ -116,6 +116,9 @@ def test_every_corpus_table_on_every_path_is_exact_or_refused_by_name(corpus, pg
     assert counts.get("exact", 0) >= len(matrix) * 3 // 4  # most cells are exact copies; the rest refusals by name
 
 
+#: ``make corpus`` (not ``make test``: the suite's time): the other targets table by table and every path column by column
+DEEP = os.environ.get("CONVEYOR_CORPUS_DEEP") == "1"
+
 #: out of PostgreSQL into each other kind of target Conveyor writes, and back into a table of the source's definition
 OTHER_PATHS = ["pg->csv->pg", "pg->mysql->pg", "pg->clickhouse->pg", "pg->delta->pg", "pg->iceberg->pg"]
 
@@ -142,6 +145,7 @@ def _middle(path: str, name: str, folder: Path, mysql, clickhouse) -> dict:
 KNOWN = {("num_tbl", "pg->csv->pg"): "a CSV decimal into numeric without a scale: 0.0 back as 0"}
 
 
+@pytest.mark.skipif(not DEEP, reason="make corpus (CONVEYOR_CORPUS_DEEP=1): the other targets, ~2 minutes")
 @pytest.mark.pg_versions("15")  # the subject is the other targets: one PostgreSQL version
 @pytest.mark.parametrize("path", OTHER_PATHS)
 def test_every_corpus_table_through_every_other_target_and_back_is_exact_or_refused_by_name(
@@ -191,12 +195,11 @@ def _digest_db(server, sql: str) -> tuple[int, str]:
 
 
 #: every path, column by column (``make corpus``): a table refused by name is copied again without the column named, until
-#: the rest copies or nothing is left, so a column behind another's refusal is tried too (~5 minutes: not in ``make test``)
-DEEP = os.environ.get("CONVEYOR_CORPUS_DEEP") == "1"
+#: the rest copies or nothing is left, so a column behind another's refusal is tried too (not in ``make test``)
 ALL_PATHS = ["pg->pg arrow", "pg->parquet->pg", "pg->duckdb->pg", *OTHER_PATHS]
 
 
-@pytest.mark.skipif(not DEEP, reason="make corpus (CONVEYOR_CORPUS_DEEP=1): every column on every path, ~5 minutes")
+@pytest.mark.skipif(not DEEP, reason="make corpus (CONVEYOR_CORPUS_DEEP=1): every column on every path, ~4 minutes")
 @pytest.mark.pg_versions("15")
 @pytest.mark.parametrize("path", ALL_PATHS)
 def test_every_corpus_column_on_every_path_is_exact_or_refused_by_name(corpus, pg_source, pg_target, mysql_server, clickhouse_server,
