@@ -44,7 +44,7 @@ test: $(VENV)/.installed-test
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-mariadb.sh
 	bash scripts/ensure-clickhouse.sh
-	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # the tests that need no server, no Ray and no subprocess of the CLI (unit tests, files, DuckDB, SQLite): under two minutes
 quick: $(VENV)/.installed-test

@@ -203,11 +203,34 @@ _SLOW_FIXTURES = {"ray_instance", "s3", "installed_plugin", "tpch_orders"}
 _SERVER_FIXTURES = {"pg_servers", "mysql_server", "clickhouse_server", "s3", "ray_instance"}
 
 
+#: the modules that take longest (``--durations``, this machine), heaviest first: ``make test`` hands whole modules to its
+#: workers in collection order (``--dist loadfile --no-loadscope-reorder``), so these start first and the suite does not end
+#: on one worker running a long module alone (xdist's default order, most tests first, put them last). A module not named
+#: here runs after them, in its own order.
+HEAVY_FIRST = ["connectors/test_lake.py", "integration/test_readme.py", "connectors/test_mysql_sync.py", "runtime/test_ray_cluster.py",
+               "connectors/postgres/test_sync.py", "integration/test_exactly_once.py", "integration/test_corpus.py",
+               "connectors/test_clickhouse.py", "connectors/test_mysql_exactly_once.py", "integration/test_cli.py", "runtime/test_ray.py",
+               "connectors/postgres/test_migrate.py", "connectors/test_clickhouse_sync.py", "integration/test_many_tables.py",
+               "connectors/test_suites.py", "runtime/test_ray_data.py", "integration/test_pipelines.py"]
+
+
+def _weight_order(items: list[pytest.Item]) -> None:
+    """``items`` with the modules of HEAVY_FIRST first, in its order (a stable sort: the order within a module stays)."""
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        path = item.path.as_posix()
+        return next((r for name, r in rank.items() if path.endswith("tests/" + name)), len(rank))
+
+    items.sort(key=key)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The declared markers, applied by what a test uses: ``postgres`` where it needs the
     throwaway servers, ``servers`` where it needs any server or Ray (``make quick`` leaves those out),
     ``slow`` where it starts Ray, moto, pip, tpchgen or a subprocess CLI, so ``pytest -m "not slow"``
-    is the quicker subset."""
+    is the quicker subset. The heaviest modules first (HEAVY_FIRST)."""
+    _weight_order(items)
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if "pg_servers" in used:
