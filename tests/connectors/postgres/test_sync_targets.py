@@ -269,7 +269,7 @@ def test_a_source_transaction_holding_the_snapshot_back_is_said_and_times_out(sr
         assert r.error_lines[0].endswith("stayed open past incremental.wait_timeout=3 s; a replication slot's snapshot begins once every "
                                          "transaction running when it is made has ended"), r.err
         assert pg_exec(src, "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'conveyor%'") == [(0,)]
-        threading.Timer(3, held.commit).start()
+        threading.Timer(12, held.commit).start()  # past the CLI's start-up (over 3 s on a slow machine) and its first wait line
         first = run_cli("--report", str(tmp_path / "waited.json"), *args, f"hydra.run.dir={tmp_path}/waited", timeout=120)
     assert first.code == 0 and f"(pid {pid}, open " in first.err, first.err
     assert checksum(pg_target, "hx_t") == checksum(src, "hx_t")
