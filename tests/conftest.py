@@ -218,7 +218,11 @@ def _weight_order(items: list[pytest.Item]) -> None:
     """``items`` with the modules of HEAVY_FIRST first, in its order (a stable sort: the order within a module stays)."""
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     here = Path(__file__).parent
-    items.sort(key=lambda item: rank.get(item.path.relative_to(here).as_posix(), len(rank)))
+
+    def weight(item: pytest.Item) -> int:  # a module outside tests/ (a test's own probe session) keeps its place
+        return rank.get(item.path.relative_to(here).as_posix(), len(rank)) if item.path.is_relative_to(here) else len(rank)
+
+    items.sort(key=weight)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -124,7 +124,10 @@ def test_the_runs_of_one_process_share_one_guard_connection(pg_target, monkeypat
         def held(run: str) -> bool:
             return not con.execute(f"SELECT pg_try_advisory_xact_lock_shared({commits.guard_key_sql('%s')})", [run]).fetchone()[0]
 
-        holders = con.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND pid <> pg_backend_pid()").fetchone()[0]
+        keys = [con.execute(f"SELECT {commits.guard_key_sql('%s')}", [r]).fetchone()[0] for r in runs]
+        ours = ("FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1"  # these runs' locks, not another test's on the server
+                " AND ((classid::bigint << 32) | objid::bigint) = ANY(%s)")
+        holders = con.execute(f"SELECT count(DISTINCT pid) {ours}", [keys]).fetchone()[0]
         assert holders == 1
         assert all(held(r) for r in runs)
         for run in runs[::2]:
@@ -133,7 +136,7 @@ def test_the_runs_of_one_process_share_one_guard_connection(pg_target, monkeypat
         for run in runs[1::2]:
             commits.release_guard(run)
         assert not any(held(r) for r in runs)
-        assert con.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0] == 0
+        assert con.execute(f"SELECT count(*) {ours}", [keys]).fetchone()[0] == 0
     finally:
         con.close()
 
