@@ -184,7 +184,11 @@ class _LazyDefaults(dict):  # type: ignore[type-arg]
             if node is None:
                 dict.__delitem__(self, key)
                 return False
-            dict.__setitem__(self, key, ConfigNode(name=key, node=OmegaConf.create(node), group=f"{DEFAULTS_GROUP}/{self.kind}",
+            made = OmegaConf.create(node)
+            for field, value in node.items():  # a map of the user's own keys (column_types, storage_options, ...) takes
+                if isinstance(value, dict):  # new keys as written (Hydra's struct mode refused them without a +)
+                    OmegaConf.set_struct(made[field], False)
+            dict.__setitem__(self, key, ConfigNode(name=key, node=made, group=f"{DEFAULTS_GROUP}/{self.kind}",
                                                    package=None, provider=None))
         return True
 

@@ -193,3 +193,15 @@ def test_a_schema_qualified_postgres_table_is_split_or_refused() -> None:
         build_job(_cfg(sink={**pg, "schema": "other", "table": "app.orders"}))
     with pytest.raises(ConfigError, match="holds a dot"):
         build_job(_cfg(sink={**pg, "table": "a.b.c"}))
+
+
+def test_a_map_of_the_users_own_keys_is_set_on_the_command_line_as_the_docs_write_it() -> None:
+    """``source.column_types={price: 'decimal(15,2)'}`` as docs/files.md writes it (Hydra's struct mode refused a new key in
+    an empty map without a +); a misspelled key of the plugin itself is still refused."""
+    from conveyor.submit import compose
+
+    cfg = compose(["source=csv", "source.path=x.csv", "sink=parquet", "sink.path=out", "source.column_types={price: 'decimal(15,2)'}",
+                   "sink.storage_options={anon: 'true'}"])
+    assert dict(cfg.source.column_types) == {"price": "decimal(15,2)"} and dict(cfg.sink.storage_options) == {"anon": "true"}
+    with pytest.raises(ConfigError, match="Could not override 'source.colum_types'"):
+        compose(["source=csv", "source.path=x.csv", "sink=parquet", "sink.path=out", "source.colum_types={price: int64}"])
