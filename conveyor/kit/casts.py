@@ -49,6 +49,8 @@ from conveyor.errors import SchemaError
 
 # a string column that holds PostgreSQL's text form of a type (set by the PostgreSQL source, kept by Parquet)
 TEXT_OF = b"conveyor.postgres_type"
+# a decimal column read from text whose values were written with different numbers of decimals (set by the CSV source)
+SCALES = b"conveyor.decimal_scales"
 
 _INT = {"int2", "int4", "int8", "oid"}
 _TEXT = {"text", "varchar", "bpchar", "name", "char"}
@@ -70,12 +72,15 @@ class ColumnType:
     sql: str = ""  # as the database prints it: "numeric(10,2)", "timestamp(3) without time zone"
     typmod: int = -1
     as_text: bool = False  # values arrive as the text form of ``db`` (PostgreSQL types Arrow has no type for)
+    #: a decimal read from text written with different numbers of decimals (``0.0``, ``1.25``): its one scale holds each
+    #: as a number, not as written
+    scales_varied: bool = False
 
     @classmethod
     def of_field(cls, field: Any) -> ColumnType:
         """A source column as its Arrow field says: its type, or the PostgreSQL type whose text it holds."""
         pg = text_of(field)
-        return cls(field.type, db=pg, sql=pg, as_text=bool(pg))
+        return cls(field.type, db=pg, sql=pg, as_text=bool(pg), scales_varied=(field.metadata or {}).get(SCALES) == b"varied")
 
     @property
     def shown(self) -> str:
@@ -191,6 +196,9 @@ def judge(src: ColumnType, tgt: ColumnType, fractions_checked: bool = False) -> 
             # the source's own digits (a PostgreSQL timestamp keeps 6); a finer Arrow unit than the
             # target's is checked value by value by the cast, a coarser target typmod would round
             s, t = src.digits, tgt.digits
+            if sk == "decimal" and t is None and src.scales_varied:  # a numeric without a scale stores the one it is given
+                return (f"the file writes its numbers with different numbers of decimals (0.0 beside 1.25): the target keeps "
+                        f"each value's own, and they would all arrive with {s}")
             if s is None and sk != "decimal":
                 s = 6
             if t is not None and (s is None or s > t) and fractions_checked and sk != "decimal":
@@ -268,10 +276,15 @@ def check_casts(pairs: Sequence[tuple[str, str]], sources: Sequence[ColumnType],
     if refused:
         more = f" (and {len(refused) - 1} more: {'; '.join(r for _, r in refused[1:])})" if len(refused) > 1 else ""
         names = ",".join(_override_item(s) for s, _ in refused)
-        raise SchemaError(
-            f"{where}: {refused[0][1]}{more}",
-            hint=f"cast it in source.query, change the target column's type, or let {engine} cast it by its own rules with "
-                 f"sink.allow_cast=[{names}]" + (f" ({note})" if note and any("zone" in r for _, r in refused) else ""))
+        first = next(st for (s, _), st in zip(pairs, sources) if s == refused[0][0])
+        if first.scales_varied and first.kind == "decimal":  # the decimal already holds one scale: a cast of it keeps that
+            hint = (f"read the column as text, which {engine} then reads value by value as written: source.column_types="
+                    f"{{{_override_item(refused[0][0])}: string}} sink.allow_cast=[{_override_item(refused[0][0])}]; or give the "
+                    "target column a scale of its own (numeric(p,s))")
+        else:
+            hint = (f"cast it in source.query, change the target column's type, or let {engine} cast it by its own rules with "
+                    f"sink.allow_cast=[{names}]" + (f" ({note})" if note and any("zone" in r for _, r in refused) else ""))
+        raise SchemaError(f"{where}: {refused[0][1]}{more}", hint=hint)
     return forced
 
 

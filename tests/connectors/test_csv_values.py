@@ -63,6 +63,38 @@ def test_numbers_with_a_decimal_point_are_read_as_decimals(tmp_path: Path) -> No
     assert table.column("name").to_pylist() == ["a", "", None]
 
 
+def test_numbers_written_with_different_numbers_of_decimals_are_said_on_the_column(tmp_path: Path) -> None:
+    from conveyor.connectors.files.sources import CsvSource, CsvSourceConfig
+    from conveyor.core import JobOptions
+    from conveyor.kit.casts import ColumnType
+
+    _write(tmp_path / "in" / "a.csv", "varied,fixed,whole\n0.0,1.50,3\n1.25,2.00,4\n3,,\n")
+    schema = CsvSource(CsvSourceConfig(path=str(tmp_path / "in")), JobOptions()).describe().schema
+    assert [ColumnType.of_field(f).scales_varied for f in schema] == [True, False, False]
+
+
+def test_a_csv_numeric_of_varied_decimals_into_numeric_without_a_scale_is_refused_and_read_as_text_exactly(
+        pg_target, tmp_path: Path, cli) -> None:
+    """One decimal column holds one scale: 0.0, 1.50 and 3 arrive in PostgreSQL's numeric (which keeps each value's own
+    scale) as 0.00, 1.50 and 3.00. That is refused by name; read as text, PostgreSQL reads each as written. A column
+    whose values share their scale, or a target with a scale of its own, loads as before."""
+    _write(tmp_path / "in" / "a.csv", "id,n,m\n1,0.0,1.50\n2,1.50,2.00\n3,3,-0.10\n")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS csv_scales", "CREATE TABLE csv_scales (id int, n numeric, m numeric)",
+            "INSERT INTO csv_scales VALUES (0, 0, 0)")
+    args = ["run", "source=csv", f"source.path={tmp_path / 'in'}", "sink=postgres", f"sink.port={pg_target.port}", "sink.table=csv_scales",
+            "load_mode=truncate"]
+    res = cli(*args)
+    assert res.code != 0 and "column n (decimal128(38, 2) -> numeric): the file writes its numbers with different numbers" in res.err
+    assert "source.column_types={n: string} sink.allow_cast=[n]" in res.err and "Traceback" not in res.err
+    assert pg_exec(pg_target, "SELECT * FROM csv_scales") == [(0, 0, 0)]  # the target as it was
+    res = cli(*args, "source.column_types={n: string}", "sink.allow_cast=[n]")  # the hint, as written
+    assert res.code == 0, res.err
+    assert pg_exec(pg_target, "SELECT n::text, m::text FROM csv_scales ORDER BY id") == [("0.0", "1.50"), ("1.50", "2.00"), ("3", "-0.10")]
+    pg_exec(pg_target, "ALTER TABLE csv_scales ALTER n TYPE numeric(10,3)")
+    assert cli(*args).code == 0  # the target's own scale decides
+    assert pg_exec(pg_target, "SELECT n::text FROM csv_scales ORDER BY id") == [("0.000",), ("1.500",), ("3.000",)]
+
+
 def test_numbers_wider_than_38_digits_are_read_as_exact_wide_decimals_and_wider_still_refused_by_name(tmp_path: Path) -> None:
     """pyarrow's CSV reader has no decimal256: the CSV source's own inference of a 40-digit number stopped every read with
     "CSV conversion to decimal256(76, 1) is not supported", naming no column (the corpus's numeric column through CSV)."""

@@ -18,6 +18,7 @@ from conveyor.core import (
 )
 from conveyor.errors import ConfigError, PlanningError, SchemaError, TransferError, first_line
 from conveyor.kit import fs as fs_util
+from conveyor.kit.casts import SCALES
 
 
 @dataclass
@@ -183,18 +184,23 @@ class CsvSource(FileSource):
                               "change", hint=f"convert the file to UTF-8, or read the column as bytes: source.column_types="
                                              f"{{{binary[0]}: binary}}")
         doubles = [f.name for f in inferred if pa.types.is_floating(f.type) and f.name not in given]
+        varied: set[str] = set()
         if doubles:
-            given.update(self._decimals(fs, path, doubles, given))
-        return pa.schema([f.with_type(given.get(f.name, f.type)) for f in inferred])
+            decimals, varied = self._decimals(fs, path, doubles, given)
+            given.update(decimals)
+        return pa.schema([f.with_type(given.get(f.name, f.type)).with_metadata({SCALES: b"varied"} if f.name in varied else f.metadata)
+                          for f in inferred])
 
-    def _decimals(self, fs: Any, path: str, names: list[str], given: dict[str, Any]) -> dict[str, Any]:
+    def _decimals(self, fs: Any, path: str, names: list[str], given: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
         """Of the columns pyarrow would read as doubles, those whose text in the first block is plain decimal
-        numbers: their decimal type (the largest scale seen, at 38 digits; 76 where they need more)."""
+        numbers: their decimal type (the largest scale seen, at 38 digits; 76 where they need more), and the names of
+        those whose values are written with different numbers of decimals (``0.0`` beside ``1.25``: one scale holds
+        them as numbers, not as written, which a target without a scale of its own would show)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         block = self._reader(fs, path, column_types={**given, **{n: pa.string() for n in names}}).read_next_batch()
-        out = {}
+        out, varied = {}, set()
         for name in names:
             text = block.column(name).drop_null()
             if len(text) == 0 or not pc.all(pc.match_substring_regex(text, r"^[+-]?[0-9]*\.?[0-9]+$")).as_py():
@@ -203,7 +209,9 @@ class CsvSource(FileSource):
             whole = pc.utf8_length(pc.replace_substring_regex(text, r"^[+-]?0*([0-9]*)(\..*)?$", r"\1"))
             scale, digits = pc.max(fraction).as_py() or 0, (pc.max(whole).as_py() or 0) + (pc.max(fraction).as_py() or 0)
             out[name] = pa.decimal128(38, scale) if digits <= 38 and scale <= 38 else pa.decimal256(76, min(scale, 76))
-        return out
+            if (pc.min(fraction).as_py() or 0) != scale:
+                varied.add(name)
+        return out, varied
 
     def _read_file(self, fs: Any, path: str, row_groups: list[int] | None = None) -> Iterator[Any]:
         if row_groups is not None:
