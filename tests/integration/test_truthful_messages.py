@@ -154,6 +154,21 @@ def test_infinity_in_an_array_is_refused_by_column(pg_target, tmp_path: Path) ->
     assert pg_exec(pg_target, "SELECT count(*) FROM tm_inf_list") == [(0,)]
 
 
+def test_a_value_the_targets_copy_refuses_on_the_arrow_path_names_its_column(pg_target, tmp_path: Path) -> None:
+    """Text into an enum that lacks one label (Parquet -> PostgreSQL, ADBC's COPY): the message was libpq's wrapping
+    ("[libpq] Failed to execute COPY statement: PGRES_FATAL_ERROR ERROR: invalid input value for enum ...") and named no
+    column; the server's context says which."""
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int32()), "m": ["sad", "happy"]}), tmp_path / "moods.parquet")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS tm_moods", "DROP TYPE IF EXISTS tm_mood", "CREATE TYPE tm_mood AS ENUM ('sad', 'ok')",
+            "CREATE TABLE tm_moods (id int, m tm_mood)")
+    with pytest.raises(TransferError) as raised:
+        job({"type": "parquet", "path": str(tmp_path / "moods.parquet")}, {"type": "postgres", "port": pg_target.port, "table": "tm_moods"},
+            load_mode="append")
+    assert 'invalid input value for enum tm_mood: "happy" (column m)' in str(raised.value)
+    assert "libpq" not in str(raised.value) and "PGRES" not in str(raised.value)
+    assert pg_exec(pg_target, "SELECT count(*) FROM tm_moods") == [(0,)]
+
+
 def test_a_column_postgresql_cannot_take_from_arrow_is_named_and_aclitem_takes_no_binary_stream(pg_source, pg_target) -> None:
     """The corpus's system types: an int2vector read as an Arrow list was refused as "PostgreSQL cannot cast it: cannot cast
     type smallint[] to int2vector" naming no column; an aclitem column failed the pass-through's binary COPY ("no binary

@@ -152,8 +152,12 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
     if isinstance(exc, ConveyorError):
         return exc
     state = sqlstate(exc) or ""
-    msg = conf.scrub(first_line(exc))
+    primary, context = _diagnostics(exc)
+    msg = conf.scrub(primary or first_line(exc))
     msg = msg.removeprefix("IO: ").removeprefix("INVALID_ARGUMENT: ").removeprefix("INVALID_DATA: ")
+    column = re.search(r"^COPY [^,]+, line \d+, column (.+?)(?:: |$)", context)
+    if column and "column" not in msg:  # a value a COPY could not take: the column it was in (not the value again)
+        msg += f" (column {column.group(1)})"
     where = f"postgres {conf.host}:{conf.port}/{conf.dbname}"
     text = f"{where}: {doing}: {msg}"
     if state.startswith("28") or "password authentication failed" in msg or "no password supplied" in msg:
@@ -179,6 +183,18 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
         return TransferError(text, partition=partition, retriable=True)
     retriable = state.startswith(_RETRIABLE_CLASSES) or state in _RETRIABLE_CODES or any(m in msg.lower() for m in _RETRIABLE_MESSAGES)
     return TransferError(text, partition=partition, retriable=retriable)
+
+
+def _diagnostics(exc: BaseException) -> tuple[str, str]:
+    """The server's own message and the first line of its context (``COPY t, line 2, column m: ...``) of a psycopg or
+    ADBC error, '' where it has none: ADBC's text wraps the message in libpq's ("Failed to execute COPY statement:
+    PGRES_FATAL_ERROR ERROR: ...") and leaves the context on a line of its own."""
+    diag = getattr(exc, "diag", None)
+    if diag is not None:  # psycopg
+        return diag.message_primary or "", (diag.context or "").split("\n", 1)[0]
+    details = dict(getattr(exc, "details", None) or ())  # ADBC: [(b'PG_DIAG_...', b'...')]
+    text = lambda key: (details.get(key) or b"").decode(errors="replace").split("\n", 1)[0]  # noqa: E731
+    return text(b"PG_DIAG_MESSAGE_PRIMARY"), text(b"PG_DIAG_CONTEXT")
 
 
 def connect(conf: PgConnConfig, autocommit: bool = False, partition: str | None = None) -> Any:
