@@ -126,13 +126,15 @@ def first_line(exc: BaseException) -> str:
     """The message's first line; where it ends on a colon (ADBC's 'Error occurred writing COPY
     data:'), the lines after it, up to the first that says something, go with it; and for a COPY
     error, the column PostgreSQL names in its context ('column n', never the value)."""
+    primary, context = _diagnostics(exc)
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
     text = lines[0]
     for more in lines[1:]:
         if not text.endswith(":"):
             break
         text = f"{text} {more}"
-    context = getattr(getattr(exc, "diag", None), "context", None) or ""
+    if primary and getattr(exc, "diag", None) is None:  # ADBC: the server's message, not libpq's wrapping of it
+        text = primary
     found = re.search(r"COPY \S+, line (\d+), column ([^:\s]+)", context)
     if found and "column" not in text:
         text = f"{text} (column {found.group(2)}, line {found.group(1)} of the partition's COPY)"
@@ -152,12 +154,8 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
     if isinstance(exc, ConveyorError):
         return exc
     state = sqlstate(exc) or ""
-    primary, context = _diagnostics(exc)
-    msg = conf.scrub(primary or first_line(exc))
+    msg = conf.scrub(first_line(exc))
     msg = msg.removeprefix("IO: ").removeprefix("INVALID_ARGUMENT: ").removeprefix("INVALID_DATA: ")
-    column = re.search(r"^COPY [^,]+, line \d+, column (.+?)(?:: |$)", context)
-    if column and "column" not in msg:  # a value a COPY could not take: the column it was in (not the value again)
-        msg += f" (column {column.group(1)})"
     where = f"postgres {conf.host}:{conf.port}/{conf.dbname}"
     text = f"{where}: {doing}: {msg}"
     if state.startswith("28") or "password authentication failed" in msg or "no password supplied" in msg:
@@ -186,12 +184,12 @@ def translate(exc: BaseException, conf: PgConnConfig, doing: str, partition: str
 
 
 def _diagnostics(exc: BaseException) -> tuple[str, str]:
-    """The server's own message and the first line of its context (``COPY t, line 2, column m: ...``) of a psycopg or
+    """The server's own message and its context (``COPY t, line 2, column m: ...``) of a psycopg or
     ADBC error, '' where it has none: ADBC's text wraps the message in libpq's ("Failed to execute COPY statement:
     PGRES_FATAL_ERROR ERROR: ...") and leaves the context on a line of its own."""
     diag = getattr(exc, "diag", None)
     if diag is not None:  # psycopg
-        return diag.message_primary or "", (diag.context or "").split("\n", 1)[0]
+        return diag.message_primary or "", diag.context or ""
     details = dict(getattr(exc, "details", None) or ())  # ADBC: [(b'PG_DIAG_...', b'...')]
     text = lambda key: (details.get(key) or b"").decode(errors="replace").split("\n", 1)[0]  # noqa: E731
     return text(b"PG_DIAG_MESSAGE_PRIMARY"), text(b"PG_DIAG_CONTEXT")
