@@ -272,19 +272,19 @@ def check_casts(pairs: Sequence[tuple[str, str]], sources: Sequence[ColumnType],
         if allow_all or s in allowed or t in allowed:
             forced.append(t)
             continue
-        refused.append((s, f"column {s} ({st.shown} -> {tt.shown}): {why}"))
+        refused.append((s, st, f"column {s} ({st.shown} -> {tt.shown}): {why}"))
     if refused:
-        more = f" (and {len(refused) - 1} more: {'; '.join(r for _, r in refused[1:])})" if len(refused) > 1 else ""
-        names = ",".join(_override_item(s) for s, _ in refused)
-        first = next(st for (s, _), st in zip(pairs, sources) if s == refused[0][0])
+        more = f" (and {len(refused) - 1} more: {'; '.join(r for _, _, r in refused[1:])})" if len(refused) > 1 else ""
+        names = ",".join(_override_item(s) for s, _, _ in refused)
+        name, first, why = refused[0]
         if first.scales_varied and first.kind == "decimal":  # the decimal already holds one scale: a cast of it keeps that
             hint = (f"read the column as text, which {engine} then reads value by value as written: source.column_types="
-                    f"{{{_override_item(refused[0][0])}: string}} sink.allow_cast=[{_override_item(refused[0][0])}]; or give the "
+                    f"{{{_override_item(name)}: string}} sink.allow_cast=[{_override_item(name)}]; or give the "
                     "target column a scale of its own (numeric(p,s))")
         else:
             hint = (f"cast it in source.query, change the target column's type, or let {engine} cast it by its own rules with "
-                    f"sink.allow_cast=[{names}]" + (f" ({note})" if note and any("zone" in r for _, r in refused) else ""))
-        raise SchemaError(f"{where}: {refused[0][1]}{more}", hint=hint)
+                    f"sink.allow_cast=[{names}]" + (f" ({note})" if note and any("zone" in r for _, _, r in refused) else ""))
+        raise SchemaError(f"{where}: {why}{more}", hint=hint)
     return forced
 
 

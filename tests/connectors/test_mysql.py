@@ -43,23 +43,29 @@ def _text(m, table: str, like: str = "types") -> list[tuple]:
     return m.execute(f"SELECT {', '.join(exprs)} FROM `{table}` ORDER BY id")
 
 
-def _leftovers(m) -> list:
-    """Staging (or swapped-out) tables left in the database, and runs still registered (a run's row
-    goes when it ends); the marker, run and sync-state tables themselves stay."""
+def _stage_tables(m) -> list[str]:
+    """Staging (or swapped-out) tables in the database; the marker, run and sync-state tables themselves stay."""
     kept = ("_conveyor_commits", "_conveyor_runs", "_conveyor_sync")
-    tables = [r[0] for r in m.execute("SHOW TABLES LIKE '\\_conveyor%'") if r[0] not in kept]
-    runs = m.execute("SELECT run_id FROM _conveyor_runs") if m.execute("SHOW TABLES LIKE '\\_conveyor\\_runs'") else []
-    return tables + [f"run {r[0]}" for r in runs]
+    return [r[0] for r in m.execute("SHOW TABLES LIKE '\\_conveyor%'") if r[0] not in kept]
+
+
+def _runs_registered(m) -> bool:
+    return bool(m.execute("SHOW TABLES LIKE '\\_conveyor\\_runs'"))
+
+
+def _leftovers(m) -> list:
+    """Staging (or swapped-out) tables left in the database, and runs still registered (a run's row goes when it ends)."""
+    runs = m.execute("SELECT run_id FROM _conveyor_runs") if _runs_registered(m) else []
+    return _stage_tables(m) + [f"run {r[0]}" for r in runs]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_other_modules_runs(mysql_server):
     """The worker's MariaDB as this module's tests count on it: without the runs and staging tables an earlier module on
     the same server left on purpose (a killed driver's run stays registered until it is resumed: test_mysql_exactly_once)."""
-    if mysql_server.execute("SHOW TABLES LIKE '\\_conveyor\\_runs'"):
+    if _runs_registered(mysql_server):
         mysql_server.execute("DELETE FROM _conveyor_runs")
-    kept = ("_conveyor_commits", "_conveyor_runs", "_conveyor_sync")
-    stale = [r[0] for r in mysql_server.execute("SHOW TABLES LIKE '\\_conveyor%'") if r[0] not in kept]
+    stale = _stage_tables(mysql_server)
     if stale:
         mysql_server.execute(*(f"DROP TABLE IF EXISTS `{t}`" for t in stale))
 
