@@ -348,5 +348,5 @@ def _dispatch(ns: argparse.Namespace) -> int:
                                            run_dir=ns.run_dir))
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+if __name__ == "__main__":  # pragma: no cover - python -m conveyor.cli: the same exit as the conveyor command
+    entry()

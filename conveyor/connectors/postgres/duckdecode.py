@@ -189,14 +189,17 @@ def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Callable[[], Any]]:
 def warm(conf: PgConnConfig) -> threading.Thread:
     """Make this process's DuckDB for ``conf`` (the extension loaded, the server attached) in a thread
     of its own, now: the partitions' reads then find it made (or wait for it to be). What fails is
-    left for the first read, which makes it again and meets the error."""
+    left for the first read, which makes it again and meets the error. Not a daemon thread: a process
+    that ends while it runs (a job refused while it plans) waits for it at exit (the server's
+    ``connect_timeout`` bounds it), where a daemon thread left inside DuckDB's C++ as the interpreter
+    finalised aborted the process ("terminate called without an active exception", exit 134)."""
     key, make = _database(conf)
 
     def run() -> None:
         with contextlib.suppress(Exception):
             duckext.attached(key, make)  # DuckDB is imported by make: in this thread too
 
-    thread = threading.Thread(target=run, name="conveyor-duckdb-warm-up", daemon=True)
+    thread = threading.Thread(target=run, name="conveyor-duckdb-warm-up", daemon=False)
     thread.start()
     return thread
 

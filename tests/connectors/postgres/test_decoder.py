@@ -529,3 +529,24 @@ def test_an_oid_above_two_to_the_31_is_read_as_it_is(pg_source, decoder: str) ->
     got = _read(pg_source, "dec_oid", decoder)
     assert got.schema.field("o").type == pa.int64()
     assert got["o"].to_pylist() == [4294967295, 0, None] and got["oa"].to_pylist() == [[4294967295, 0, None], [], None]
+
+
+def test_a_process_that_ends_while_duckdb_warms_up_exits_with_its_own_code(pg_source, tmp_path) -> None:
+    """A job refused while it plans (strategy=ctid of a query) returns while DuckDB's warm-up thread is still loading the
+    extension; a caller's process that then exits (``sys.exit(main(...))``, a script around ``conveyor.run``) exited 134
+    ("terminate called without an active exception": a daemon thread left inside DuckDB's C++ as the interpreter
+    finalised). It exits with the job's code, every time."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "refused.py"
+    script.write_text(
+        "import sys\nfrom conveyor.cli import main\n"
+        f"sys.exit(main(['run', 'source=postgres', 'source.port={pg_source.port}', 'source.query=select 1 AS a', 'strategy=ctid', "
+        f"'sink=parquet', 'sink.path={tmp_path / 'out'}', 'runtime=local', 'hydra.run.dir={tmp_path / 'run'}']))\n")
+    env = {**os.environ, "PGPASSWORD": PG_PASSWORD}
+    for _ in range(3):  # it aborted every time on this machine before; a race, so tried more than once
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+        assert "strategy=ctid needs a table" in done.stderr
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "terminate called" not in done.stderr
