@@ -16,7 +16,7 @@ TEST_WORKERS ?= 2
 BENCH_SF ?= 1
 BENCH_ARGS ?= --tables orders --degrees 1,2,4 --repeat 3
 
-.PHONY: demo test quick corpus docs bench install clean
+.PHONY: demo test quick corpus docs bench bench-scale install clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
@@ -76,6 +76,12 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/ch_sync_bench.py --sf $(BENCH_SF)
 	$(BIN)/python benchmarks/migrate_bench.py --sf $(BENCH_SF)
 	$(BIN)/python benchmarks/many_tables_bench.py
+
+# how cost grows with size: lineitem at SF1 and SF$(BENCH_SCALE_SF) (SF10: 60 M rows, about 25 GB of disk and 25 minutes here)
+BENCH_SCALE_SF ?= 10
+bench-scale: $(VENV)/.installed-bench
+	bash scripts/ensure-postgres.sh
+	$(BIN)/python benchmarks/scale_bench.py --sfs 1,$(BENCH_SCALE_SF) $(BENCH_SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) outputs multirun .pytest_cache build .site *.egg-info
