@@ -191,10 +191,12 @@ def render(results: dict[str, Any]) -> str:
              "| SF | job | tool | best s | all s | CPU-s client / source / target | client peak MB | verified |",
              "|---|---|---|---:|---|---|---:|---|"]
     for (sf, job, tool), c in best.items():
-        runs = " ".join(f"{x['wall_s']:.2f}" for x in cells if (x["sf"], x["job"], x["tool"]) == (sf, job, tool))
+        mine = [x for x in cells if (x["sf"], x["job"], x["tool"]) == (sf, job, tool)]
+        runs = " ".join(f"{x['wall_s']:.2f}" for x in mine)
+        ok = all(x["verified"] for x in mine)
         cpu = c["cpu"]
         lines.append(f"| {sf:g} | {job} | {tool} | {c['wall_s']:.2f} | {runs} | {cpu['client']:.1f} / {cpu['source']:.1f} / {cpu['target']:.1f} | "
-                     f"{c['peak_rss_mb']} | {'ok' if all(x['verified'] for x in cells if (x['sf'], x['job'], x['tool']) == (sf, job, tool)) else '**no**'} |")
+                     f"{c['peak_rss_mb']} | {'ok' if ok else '**no**'} |")
     if len(sfs) >= 2:
         small, large = sfs[0], sfs[-1]
         factor = large / small
