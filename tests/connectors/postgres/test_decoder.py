@@ -531,6 +531,7 @@ def test_an_oid_above_two_to_the_31_is_read_as_it_is(pg_source, decoder: str) ->
     assert got["o"].to_pylist() == [4294967295, 0, None] and got["oa"].to_pylist() == [[4294967295, 0, None], [], None]
 
 
+@pytest.mark.pg_versions("15")  # the subject is the process's exit, not the server's version
 def test_a_process_that_ends_while_duckdb_warms_up_exits_with_its_own_code(pg_source, tmp_path) -> None:
     """A job refused while it plans (strategy=ctid of a query) returns while DuckDB's warm-up thread is still loading the
     extension; a caller's process that then exits (``sys.exit(main(...))``, a script around ``conveyor.run``) exited 134
