@@ -77,7 +77,7 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/migrate_bench.py --sf $(BENCH_SF)
 	$(BIN)/python benchmarks/many_tables_bench.py
 
-# how cost grows with size: lineitem at SF1 and SF$(BENCH_SCALE_SF) (SF10: 60 M rows, about 25 GB of disk and 25 minutes here)
+# how cost grows with size: lineitem at SF1 and SF$(BENCH_SCALE_SF) (SF10: 60 M rows, about 25 GB of disk and 25-40 minutes here)
 BENCH_SCALE_SF ?= 10
 bench-scale: $(VENV)/.installed-bench
 	bash scripts/ensure-postgres.sh

@@ -859,10 +859,10 @@ class DuckBaseline:
             self.con.execute(f"ATTACH 'host=127.0.0.1 port={s.port} user=postgres password={s.password} dbname=postgres' AS {alias} (TYPE postgres)")
 
     def parquet_to_pg(self, files: Path, target: str) -> None:
-        self.con.execute(self._parquet_to_pg_sql(files, target))
+        self.con.execute(self.parquet_to_pg_sql(files, target))
 
     @staticmethod
-    def _parquet_to_pg_sql(files: Path, target: str) -> str:
+    def parquet_to_pg_sql(files: Path, target: str) -> str:
         return f"INSERT INTO dst.public.{target} SELECT * FROM read_parquet('{files}/*.parquet')"
 
     def duckdb_to_pg(self, db: Path, table: str, target: str) -> None:
@@ -888,10 +888,10 @@ class DuckBaseline:
 
     def pg_to_parquet(self, table: str, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        self.con.execute(self._pg_to_parquet_sql(table, out))
+        self.con.execute(self.pg_to_parquet_sql(table, out))
 
     @staticmethod
-    def _pg_to_parquet_sql(table: str, out: Path) -> str:
+    def pg_to_parquet_sql(table: str, out: Path) -> str:
         return f"COPY (SELECT * FROM src.public.{table}) TO '{out}/all.parquet' (FORMAT parquet, COMPRESSION zstd)"
 
     # The same statements as a process of their own, run by DuckDB's CLI: timed whole (start, LOAD,
@@ -900,19 +900,23 @@ class DuckBaseline:
     # what the in-process conveyor runs of the other groups compare with.
     def cli_pg_to_parquet(self, table: str, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        self._cli("src", self._pg_to_parquet_sql(table, out))
+        self._cli("src", self.pg_to_parquet_sql(table, out))
 
     def cli_parquet_to_pg(self, files: Path, target: str) -> None:
-        self._cli("dst", self._parquet_to_pg_sql(files, target))
+        self._cli("dst", self.parquet_to_pg_sql(files, target))
 
-    def _cli(self, alias: str, sql: str) -> None:
-        """``sql`` with the server ``alias`` names attached as it; its password through libpq's PGPASSWORD, not the command line."""
+    def cli_args(self, alias: str, sql: str) -> list[str]:
+        """DuckDB's CLI running ``sql`` with the server ``alias`` names attached as it (the password: libpq's PGPASSWORD,
+        not the command line)."""
         if self.cli is None:
             raise RuntimeError("duckdb-cli is not installed (pip install 'conveyor[bench]')")
         server = self.servers[alias]
         script = "; ".join([f"SET extension_directory = '{self.extension_directory}'", "LOAD postgres",
                             f"ATTACH 'host=127.0.0.1 port={server.port} user=postgres dbname=postgres' AS {alias} (TYPE postgres)", sql])
-        done = subprocess.run([self.cli, "-batch", "-c", script], env={**os.environ, "PGPASSWORD": server.password},
+        return [self.cli, "-batch", "-c", script]
+
+    def _cli(self, alias: str, sql: str) -> None:
+        done = subprocess.run(self.cli_args(alias, sql), env={**os.environ, "PGPASSWORD": self.servers[alias].password},
                               capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"duckdb CLI failed ({done.returncode}): {done.stderr.strip()[:2000]}")

@@ -104,13 +104,6 @@ class Scale:
             print(f"SF{sf:g} {job:16} {tool:44} {cell['wall_s']:8.2f} s  CPU {cell['cpu']}  peak {cell['peak_rss_mb']} MB  "
                   f"{'ok' if ok else 'NOT VERIFIED'}", flush=True)
 
-    def duck_cli(self, alias: str, sql: str) -> list[str]:
-        assert self.duck.cli is not None, "duckdb-cli is not installed (pip install 'conveyor[bench]')"
-        server = self.duck.servers[alias]
-        script = "; ".join([f"SET extension_directory = '{self.duck.extension_directory}'", "LOAD postgres",
-                            f"ATTACH 'host=127.0.0.1 port={server.port} user=postgres dbname=postgres' AS {alias} (TYPE postgres)", sql])
-        return [self.duck.cli, "-batch", "-c", script]
-
     def run_sf(self, sf: float) -> None:
         files = self.work / f"sf{sf:g}"
         parts = max(1, round(4 * sf))
@@ -147,7 +140,7 @@ class Scale:
 
         # Parquet -> PostgreSQL
         self.cell(sf, "parquet->pg", "baseline duckdb CLI read_parquet -> postgres",
-                  self.duck_cli("dst", f"INSERT INTO dst.public.lineitem SELECT * FROM read_parquet('{files}/*.parquet')"), fresh, pg_ok, rows)
+                  self.duck.cli_args("dst", self.duck.parquet_to_pg_sql(files, "lineitem")), fresh, pg_ok, rows)
         self.cell(sf, "parquet->pg", "conveyor run pipeline=parquet_to_postgres",
                   [*conveyor, "pipeline=parquet_to_postgres", f"source.path={files}", f"sink.port={self.dst.port}", "sink.table=lineitem",
                    run_dir()], fresh, pg_ok, rows)
@@ -170,7 +163,7 @@ class Scale:
             out.mkdir(parents=True)
 
         self.cell(sf, "pg->parquet", "baseline duckdb CLI postgres -> COPY TO zstd",
-                  self.duck_cli("src", f"COPY (SELECT * FROM src.public.lineitem) TO '{out}/all.parquet' (FORMAT parquet, COMPRESSION zstd)"),
+                  self.duck.cli_args("src", self.duck.pg_to_parquet_sql("lineitem", out)),
                   duck_out, pq_ok, rows)
         self.cell(sf, "pg->parquet", "conveyor run pipeline=postgres_to_parquet",
                   [*conveyor, "pipeline=postgres_to_parquet", f"source.port={self.src.port}", "source.table=lineitem", f"sink.path={out}",
