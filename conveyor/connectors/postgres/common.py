@@ -87,7 +87,7 @@ class PgConnConfig:
         """Keyword arguments for psycopg.connect (the password included, never logged)."""
         kw: dict[str, Any] = {
             "host": self.host, "port": self.port, "user": self.user, "dbname": self.dbname,
-            "connect_timeout": self.connect_timeout, "application_name": "conveyor",
+            "connect_timeout": self.connect_timeout, "application_name": "conveyor", "client_encoding": CLIENT_ENCODING,
         }
         pw = self.password()
         if pw is not None:
@@ -99,7 +99,8 @@ class PgConnConfig:
         """A libpq URI for ADBC (the password included, never logged)."""
         pw = self.password()
         auth = quote(self.user, safe="") + (":" + quote(pw, safe="") if pw is not None else "")
-        params = {"connect_timeout": str(self.connect_timeout), "application_name": "conveyor", **(self.options or {})}
+        params = {"connect_timeout": str(self.connect_timeout), "application_name": "conveyor", "client_encoding": CLIENT_ENCODING,
+                  **(self.options or {})}
         query = "&".join(f"{quote(k)}={quote(str(v))}" for k, v in params.items())
         return f"postgresql://{auth}@{quote(self.host)}:{self.port}/{quote(self.dbname, safe='')}?{query}"
 
@@ -107,7 +108,7 @@ class PgConnConfig:
         """The environment for a psql subprocess: libpq variables, the password included."""
         env = dict(os.environ)
         env.update(PGHOST=self.host, PGPORT=str(self.port), PGUSER=self.user, PGDATABASE=self.dbname,
-                   PGCONNECT_TIMEOUT=str(self.connect_timeout), PGAPPNAME="conveyor")
+                   PGCONNECT_TIMEOUT=str(self.connect_timeout), PGAPPNAME="conveyor", PGCLIENTENCODING=CLIENT_ENCODING)
         pw = self.password()
         if pw is not None:
             env["PGPASSWORD"] = pw
@@ -193,6 +194,12 @@ def _diagnostics(exc: BaseException) -> tuple[str, str]:
     details = dict(getattr(exc, "details", None) or ())  # ADBC: [(b'PG_DIAG_...', b'...')]
     text = lambda key: (details.get(key) or b"").decode(errors="replace").split("\n", 1)[0]  # noqa: E731
     return text(b"PG_DIAG_MESSAGE_PRIMARY"), text(b"PG_DIAG_CONTEXT")
+
+
+#: every connection's client encoding (psycopg, ADBC, DuckDB's extension, psql, pg_dump): what Arrow's strings are, and one
+#: encoding at both ends of a COPY relayed between two servers, whatever each database's own encoding is (text is converted
+#: to it and back by the servers; a character the target's encoding lacks is refused there, by name)
+CLIENT_ENCODING = "UTF8"
 
 
 def connect(conf: PgConnConfig, autocommit: bool = False, partition: str | None = None) -> Any:

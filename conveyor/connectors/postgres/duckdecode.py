@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from conveyor.connectors.postgres.common import ident
+from conveyor.connectors.postgres.common import CLIENT_ENCODING, ident
 from conveyor.connectors.postgres.types import PgColumn, numeric_arrow_type, numeric_precision_scale
 from conveyor.kit import duckext
 
@@ -175,7 +175,8 @@ def _database(conf: PgConnConfig) -> tuple[tuple[Any, ...], Callable[[], Any]]:
             fields = [f"HOST {_quote(conf.host)}", f"PORT {int(conf.port or 5432)}", f"USER {_quote(conf.user)}",
                       f"DATABASE {_quote(conf.dbname)}"] + ([f"PASSWORD {_quote(pw)}"] if pw is not None else [])
             db.execute(f"CREATE TEMPORARY SECRET conveyor_src (TYPE postgres, {', '.join(fields)})")
-            extra = {"connect_timeout": conf.connect_timeout, "application_name": "conveyor", **(conf.options or {})}
+            extra = {"connect_timeout": conf.connect_timeout, "application_name": "conveyor", "client_encoding": CLIENT_ENCODING,
+                     **(conf.options or {})}
             dsn = " ".join(f"{k}={_libpq_value(v)}" for k, v in extra.items())
             db.execute(f"ATTACH {_quote(dsn)} AS src (TYPE postgres, SECRET conveyor_src, READ_ONLY)")
         except BaseException:
