@@ -17,6 +17,7 @@ from typing import Any
 
 from conveyor.connectors.postgres import replication
 from conveyor.connectors.postgres.common import connect
+from conveyor.connectors.postgres.pgoutput import TableKeys
 from conveyor.connectors.postgres.replication import SyncTable, lsn_text
 from conveyor.core.changes import FeedTable, SyncState, TableChanges
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
@@ -120,8 +121,8 @@ class PgFeedSession:
             if since > confirmed:  # the last run committed and stopped before it moved the slot
                 note(f"sync: the targets hold the changes up to {lsn_text(since)}: slot {self.slot} advanced to it")
                 replication.advance(self.con, self.slot, since)
-            changes = replication.collect(self.con, self.slot, upto)
-            yield PgFeedRun(self, upto, snapshot, changes, max(confirmed, since))
+            changes, keys = replication.collect(self.source.config, self.slot, upto, self._tables)
+            yield PgFeedRun(self, upto, snapshot, changes, keys, max(confirmed, since))
 
     def order(self) -> tuple[list[int], set[int]]:
         return replication.parents_first(self.con, self._tables)
@@ -134,10 +135,12 @@ class PgFeedSession:
 
 
 class PgFeedRun:
-    """:class:`~conveyor.core.changes.FeedRun`: the changes decoded into the session's temporary tables."""
+    """:class:`~conveyor.core.changes.FeedRun`: the keys the changes touched, each table's into a temporary table of the
+    session as it is asked for."""
 
-    def __init__(self, session: PgFeedSession, upto: int, snapshot: str, changes: int, held: int) -> None:
+    def __init__(self, session: PgFeedSession, upto: int, snapshot: str, changes: int, keys: dict[int, TableKeys], held: int) -> None:
         self.session, self.upto, self.snapshot, self.changes, self._held = session, upto, snapshot, changes, held
+        self._keys = keys
         self._full: set[str] = set()
 
     def _table(self, table: FeedTable) -> SyncTable:
@@ -145,10 +148,11 @@ class PgFeedRun:
 
     def changed(self, table: FeedTable) -> TableChanges:
         con, mine = self.session.con, self._table(table)
-        if replication.truncated(con, mine):
+        keys = self._keys.get(mine.oid)
+        if keys is not None and keys.truncated:
             self._full.add(table.label)
             return TableChanges(full=True, keys=0)
-        return TableChanges(full=False, keys=replication.changed_keys(con, mine))
+        return TableChanges(full=False, keys=replication.changed_keys(con, mine, keys))
 
     def rows(self, table: FeedTable, parts: int, options: Any) -> Any:
         """The changed keys' rows as a source that splits itself into ``parts`` partitions (more where a chunk would pass

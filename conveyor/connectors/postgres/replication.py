@@ -5,8 +5,8 @@ The slot decodes with ``pgoutput`` (built into PostgreSQL 10+: nothing to instal
 and the job's publication lists each table whole: a column list (15+) would carry only the keys, but
 PostgreSQL then refuses the table's own UPDATE and DELETE as soon as its replica identity needs a
 column the list leaves out (``REPLICA IDENTITY FULL``), and a data mover must never make its source
-refuse writes. What a run takes of the changes is *which keys* changed, parsed
-from the binary messages by one SQL statement on the server (never per row in Python); the rows
+refuse writes. What a run takes of the changes is *which keys* changed, read
+from the binary messages column-wise as they stream to the client (never per row in Python); the rows
 those keys hold are then read by the job's exact readers in a snapshot exported at a position
 ``L`` (a temporary slot made with ``EXPORT_SNAPSHOT``): every transaction that committed before
 ``L`` is in the snapshot and every later one is decoded by the next run. A key read twice (a change
@@ -22,13 +22,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.connectors.postgres import pgoutput
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, translate
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
 
 #: the column the rows query adds: true where the key's row exists at the run's position
 PRESENT = "_conveyor_present"
-#: pgoutput's message kinds (their first byte)
-_I, _U, _D, _T = 73, 85, 68, 84
 
 
 def lsn(text: str) -> int:
@@ -342,86 +341,73 @@ def _waits(config: PgConnConfig, replication_con: Any, timeout: float) -> Iterat
 
 # --- the keys the changes touched -------------------------------------------------------------------
 
-_MSGS = "pg_temp._conveyor_changes"
-
-
-def collect(con: Any, slot: str, upto: int) -> int:
-    """The slot's changes up to ``upto`` (pgoutput's messages of rows and truncates), decoded once into a
-    temporary table of ``con``'s session; how many."""
-    con.execute(f"DROP TABLE IF EXISTS {_MSGS}")
-    # a large transaction decoded in memory, not spilled to disk in 64 MB pieces (the setting's default; 13+ lets a session set it)
-    if int(con.execute("SHOW server_version_num").fetchone()[0]) >= 130000:
-        con.execute("SET logical_decoding_work_mem = '512MB'")
-    con.execute(f"CREATE TEMP TABLE {_MSGS[8:]} AS SELECT data AS d FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
-                f"'proto_version', '1', 'publication_names', %s) WHERE get_byte(data, 0) IN ({_I}, {_U}, {_D}, {_T})",
-                (slot, lsn_text(upto), slot))
-    return int(con.execute(f"SELECT count(*) FROM {_MSGS} WHERE get_byte(d, 0) <> {_T}").fetchone()[0])
-
-
-def _int4(at: str) -> str:
-    return f"(get_byte(m.d, {at})::int8 << 24 | get_byte(m.d, {at} + 1) << 16 | get_byte(m.d, {at} + 2) << 8 | get_byte(m.d, {at} + 3))::int"
-
-
-def _oid_bytes(oid: int) -> str:
-    return f"'\\x{oid:08x}'::bytea"
-
-
-def truncated(con: Any, table: SyncTable) -> bool:
-    """Whether the changes hold a TRUNCATE of the table."""
-    return bool(con.execute(f"SELECT EXISTS (SELECT 1 FROM {_MSGS} m CROSS JOIN LATERAL generate_series(0, {_int4('1')} - 1) i "
-                            f"WHERE get_byte(m.d, 0) = {_T} AND substr(m.d, 7 + 4 * i, 4) = {_oid_bytes(table.oid)})").fetchone()[0])
-
-
-def _tuple(count_at: str, width: int, alias: str, guard: str | None) -> tuple[list[str], list[str], str]:
-    """LATERAL steps that walk ``width`` columns of a TupleData whose column count is at byte ``count_at``:
-    (the joins, each column's text bytes (NULL unless its kind is 't', a value in text), the offset after them).
-    ``guard``: a condition without which the tuple is not there (its bytes are not read)."""
-    joins, values = [], []
-    at = f"({count_at}) + 2"
-    for i in range(width):
-        a = f"{alias}{i}"
-        byte = f"get_byte(m.d, {at})" if guard is None else f"CASE WHEN {guard} THEN get_byte(m.d, {at}) END"
-        # one step per column: its kind byte, where it starts and its length, evaluated once (OFFSET 0: not pulled up into
-        # the next step, whose offset names this one's three times: inlined, the expression would triple with every column)
-        joins.append(f"CROSS JOIN LATERAL (SELECT {byte} AS k, {at} AS o, CASE WHEN {byte} = 116 THEN {_int4(f'{at} + 1')} ELSE 0 END "
-                     f"AS n OFFSET 0) {a}")
-        values.append(f"CASE WHEN {a}.k = 116 THEN substr(m.d, {a}.o + 6, {a}.n::int) END")
-        at = f"{a}.o + 1 + CASE WHEN {a}.k = 116 THEN 4 + {a}.n ELSE 0 END"
-    return joins, values, at
-
-
 _KEYS = "pg_temp._conveyor_keys"
 
 
-def changed_keys(con: Any, table: SyncTable) -> int:
-    """The distinct keys the collected changes of ``table`` touched (inserted, updated: the old key and
-    the new, deleted), as the key columns' own types in a temporary table; how many. A key the messages
-    do not carry (a TOASTed key value left out) is refused by name."""
-    pos = [table.published.index(k) for k in table.keys]
-    width = max(pos) + 1
-    # every message's first tuple (an insert's or update's new row, a delete's old key or row, an update's old one where it
-    # carries one) up to the last key column; then, for an update that carries its old key ('K') or row ('O', REPLICA
-    # IDENTITY FULL), the new row after every column of the old (only those messages walk that far)
-    first = _tuple("6", width, "a", None)
-    old = _tuple("6", len(table.published), "o", None)
-    second = _tuple(f"{old[2]} + 1", width, "b", None)
-    enc = "getdatabaseencoding()"
+def collect(config: PgConnConfig, slot: str, upto: int, tables: Sequence[SyncTable]) -> tuple[int, dict[int, pgoutput.TableKeys]]:
+    """The slot's changes up to ``upto``: (how many changes of rows, each synced table's keys by relid, their values in
+    the keys' ``encoding``). The messages
+    stream to this process through ADBC as the server decodes them and are read column-wise batch by batch
+    (:mod:`~conveyor.connectors.postgres.pgoutput`), so the decoding and the reading of keys overlap; only the keys
+    stay (a slot's changes are never held whole)."""
+    import adbc_driver_manager
 
-    def typed(values: list[str]) -> str:
-        return ", ".join(f"convert_from({values[p]}, {enc})::{t} AS {ident(k)}" for p, k, t in zip(pos, table.keys, table.key_types))
+    from conveyor.connectors.postgres.common import adbc_connect
 
-    ours = f"substr(m.d, 2, 4) = {_oid_bytes(table.oid)}"
-    firsts = f"FROM {_MSGS} m {' '.join(first[0])} WHERE get_byte(m.d, 0) IN ({_I}, {_U}, {_D}) AND {ours}"
-    seconds = f"FROM {_MSGS} m {' '.join(old[0])} {' '.join(second[0])} WHERE get_byte(m.d, 0) = {_U} AND get_byte(m.d, 5) IN (75, 79) AND {ours}"
-    con.execute(f"DROP TABLE IF EXISTS {_KEYS}")
-    con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT {typed(first[1])} {firsts} UNION SELECT {typed(second[1])} {seconds}")
-    # a key column whose value a message does not carry ('n' or 'u': NULL, or TOASTed and unchanged) reads as NULL
-    odd = con.execute(f"SELECT count(*) FROM {_KEYS} WHERE " + " OR ".join(f"{ident(k)} IS NULL" for k in table.keys)).fetchone()[0]
-    if odd:
-        raise SchemaError(f"sync of {table.label}: {odd:,} changed keys are not carried by their changes (a key value stored out of "
+    wanted = {t.oid: (tuple(t.published.index(k) for k in t.keys), len(t.published)) for t in tables}
+    found: dict[int, pgoutput.TableKeys] = {}
+    changes = 0
+    con = adbc_connect(config)
+    try:
+        cur = con.cursor()
+        # a large transaction decoded in memory, not spilled to disk in 64 MB pieces (the setting's default; 13+ lets a session set it)
+        # pgoutput writes each value in the client encoding of the session that decodes (libpq's conversion of its output)
+        cur.execute("SELECT current_setting('server_version_num')::int >= 130000, current_setting('client_encoding')")
+        recent, encoding = cur.fetchone()
+        if recent:
+            cur.execute("SET logical_decoding_work_mem = '512MB'")
+        cur.execute(f"SELECT data FROM pg_logical_slot_peek_binary_changes({literal(slot)}, {literal(lsn_text(upto))}::pg_lsn, NULL, "
+                    f"'proto_version', '1', 'publication_names', {literal(slot)}) "
+                    f"WHERE get_byte(data, 0) IN ({pgoutput.INSERT}, {pgoutput.UPDATE}, {pgoutput.DELETE}, {pgoutput.TRUNCATE})")
+        for batch in cur.fetch_record_batch():
+            try:
+                changes += pgoutput.keys_of(batch.column(0), wanted, found, encoding)
+            except (ValueError, IndexError) as exc:  # a message not as the table's columns say: never guessed at
+                raise ConveyorError(f"sync: slot {slot}'s changes do not match the synced tables' columns ({exc})",
+                                    hint="conveyor clean --drop (this job's settings), then run it again to load the tables again") from None
+        cur.close()
+    except adbc_driver_manager.Error as exc:
+        raise translate(exc, config, f"cannot read the changes of slot {slot}") from None
+    finally:
+        con.close()
+    return changes, found
+
+
+def changed_keys(con: Any, table: SyncTable, keys: pgoutput.TableKeys | None) -> int:
+    """The distinct keys the changes of ``table`` touched (inserted, updated: the old key and the new, deleted), as the
+    key columns' own types in a temporary table of ``con``'s session; how many. A key the messages do not carry (a
+    TOASTed key value left out) is refused by name."""
+    if keys is not None and keys.uncarried:
+        raise SchemaError(f"sync of {table.label}: {keys.uncarried:,} changes do not carry their key (a key value stored out of "
                           "line, or changes made while the table's REPLICA IDENTITY did not hold its primary key)",
                           hint="a sync applies changes by the primary key: keep the key's values small (under 2 kB) and the replica "
                                "identity DEFAULT or FULL; conveyor clean --drop (this job's settings), then run it again to load the table again")
+    raw = "_conveyor_raw_keys"
+    con.execute(f"DROP TABLE IF EXISTS pg_temp.{raw}")
+    con.execute(f"CREATE TEMP TABLE {raw} ({', '.join(f'k{i} bytea' for i in range(len(table.keys)))})")
+    if keys is not None and keys.count:
+        with con.cursor().copy(f"COPY pg_temp.{raw} FROM STDIN (FORMAT binary)") as copy:
+            copy.write(pgoutput.COPY_HEADER)
+            for rows in keys.rows:
+                copy.write(rows)
+            copy.write(pgoutput.COPY_TRAILER)
+    # the values' bytes as pgoutput wrote them, in the decoding session's encoding, read as the key's own types: one key however
+    # many times it changed (and however its text was written)
+    enc = literal(keys.encoding if keys is not None else "UTF8")
+    typed = ", ".join(f"convert_from(k{i}, {enc})::{t} AS {ident(k)}" for i, (k, t) in enumerate(zip(table.keys, table.key_types)))
+    con.execute(f"DROP TABLE IF EXISTS {_KEYS}")
+    con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT DISTINCT {typed} FROM pg_temp.{raw}")
+    con.execute(f"DROP TABLE pg_temp.{raw}")
     return int(con.execute(f"SELECT count(*) FROM {_KEYS}").fetchone()[0])
 
 
@@ -443,7 +429,9 @@ def lookup_query(table: SyncTable, arrays: Sequence[str] | None) -> str:
     key's index (LATERAL ... LIMIT 1): a change touches a fraction of the table."""
     keys = ", ".join(ident(k) for k in table.keys)
     unnest = ", ".join(f"{literal(a)}::{t}[]" for a, t in zip(arrays or ("{}",) * len(table.keys), table.key_types))
-    cols = ", ".join(f"k.{ident(c)}" if c in table.keys else f"t.{ident(c)}" for c in table.columns)
+    types = dict(zip(table.keys, table.key_types))
+    # a key as its column's own type, modifier and all (an array's elements lose it: numeric(10,2) would read as numeric)
+    cols = ", ".join(f"k.{ident(c)}::{types[c]} AS {ident(c)}" if c in types else f"t.{ident(c)}" for c in table.columns)
     on = " AND ".join(f"r.{ident(k)} = k.{ident(k)}" for k in table.keys)
     # each key looked up by the key's index, in key order (a plain join, hashed for many keys, read the rows out of key
     # order: the stage's load and the target's apply then took twice as long on 10% of lineitem)
