@@ -345,41 +345,48 @@ _KEYS = "pg_temp._conveyor_keys"
 
 
 def collect(config: PgConnConfig, slot: str, upto: int, tables: Sequence[SyncTable]) -> tuple[int, dict[int, pgoutput.TableKeys]]:
-    """The slot's changes up to ``upto``: (how many changes of rows, each synced table's keys by relid, their values in
-    the keys' ``encoding``). The messages
-    stream to this process through ADBC as the server decodes them and are read column-wise batch by batch
+    """The slot's changes up to ``upto``: (how many changes of rows, each synced table's keys by relid). The messages
+    stream to this process through ADBC's COPY reader as the server decodes them and are read column-wise batch by batch
     (:mod:`~conveyor.connectors.postgres.pgoutput`), so the decoding and the reading of keys overlap; only the keys
-    stay (a slot's changes are never held whole)."""
+    stay (a slot's changes are never held whole). ADBC's own objects, not its DB-API module (which imports pandas:
+    ~0.2 s of a run's start)."""
     import adbc_driver_manager
-
-    from conveyor.connectors.postgres.common import adbc_connect
+    import adbc_driver_postgresql
+    import pyarrow as pa
 
     wanted = {t.oid: (tuple(t.published.index(k) for k in t.keys), len(t.published)) for t in tables}
     found: dict[int, pgoutput.TableKeys] = {}
     changes = 0
-    con = adbc_connect(config)
-    try:
-        cur = con.cursor()
-        # a large transaction decoded in memory, not spilled to disk in 64 MB pieces (the setting's default; 13+ lets a session set it)
-        # pgoutput writes each value in the client encoding of the session that decodes (libpq's conversion of its output)
-        cur.execute("SELECT current_setting('server_version_num')::int >= 130000, current_setting('client_encoding')")
-        recent, encoding = cur.fetchone()
-        if recent:
-            cur.execute("SET logical_decoding_work_mem = '512MB'")
-        cur.execute(f"SELECT data FROM pg_logical_slot_peek_binary_changes({literal(slot)}, {literal(lsn_text(upto))}::pg_lsn, NULL, "
-                    f"'proto_version', '1', 'publication_names', {literal(slot)}) "
-                    f"WHERE get_byte(data, 0) IN ({pgoutput.INSERT}, {pgoutput.UPDATE}, {pgoutput.DELETE}, {pgoutput.TRUNCATE})")
-        for batch in cur.fetch_record_batch():
-            try:
-                changes += pgoutput.keys_of(batch.column(0), wanted, found, encoding)
-            except (ValueError, IndexError) as exc:  # a message not as the table's columns say: never guessed at
-                raise ConveyorError(f"sync: slot {slot}'s changes do not match the synced tables' columns ({exc})",
-                                    hint="conveyor clean --drop (this job's settings), then run it again to load the tables again") from None
-        cur.close()
-    except adbc_driver_manager.Error as exc:
-        raise translate(exc, config, f"cannot read the changes of slot {slot}") from None
-    finally:
-        con.close()
+    with contextlib.ExitStack() as stack:
+        try:
+            db = adbc_driver_postgresql.connect(config.uri())
+            stack.callback(db.close)
+            con = adbc_driver_manager.AdbcConnection(db)  # autocommit: each statement its own transaction
+            stack.callback(con.close)
+
+            def query(sql: str) -> Any:
+                stmt = adbc_driver_manager.AdbcStatement(con)
+                stack.callback(stmt.close)
+                stmt.set_sql_query(sql)
+                return pa.RecordBatchReader.from_stream(stmt.execute_query()[0])
+
+            # pgoutput writes each value in the client encoding of the session that decodes (libpq's conversion of its output)
+            recent, encoding = query("SELECT current_setting('server_version_num')::int >= 130000 AS recent, "
+                                     "current_setting('client_encoding') AS encoding").read_all().to_pylist()[0].values()
+            if recent:  # a large transaction decoded in memory, not spilled to disk in 64 MB pieces (13+ lets a session set it)
+                query("SELECT set_config('logical_decoding_work_mem', '512MB', false)").read_all()
+            reader = query(f"SELECT data FROM pg_logical_slot_peek_binary_changes({literal(slot)}, {literal(lsn_text(upto))}::pg_lsn, "
+                           f"NULL, 'proto_version', '1', 'publication_names', {literal(slot)}) WHERE get_byte(data, 0) IN "
+                           f"({pgoutput.INSERT}, {pgoutput.UPDATE}, {pgoutput.DELETE}, {pgoutput.TRUNCATE})")
+            for batch in reader:
+                try:
+                    changes += pgoutput.keys_of(batch.column(0), wanted, found, encoding)
+                except (ValueError, IndexError) as exc:  # a message not as the table's columns say: never guessed at
+                    raise ConveyorError(f"sync: slot {slot}'s changes do not match the synced tables' columns ({exc})",
+                                        hint="conveyor clean --drop (this job's settings), then run it again to load the tables "
+                                             "again") from None
+        except adbc_driver_manager.Error as exc:
+            raise translate(exc, config, f"cannot read the changes of slot {slot}") from None
     return changes, found
 
 

@@ -13,6 +13,9 @@ from conveyor.kit.syncapply import PRESENT, SqlChangeApplier
 class PgChangeApplier(SqlChangeApplier):
     config: Any
     _overriding = "OVERRIDING SYSTEM VALUE "
+    #: the stage is made empty for each run (:meth:`sync_stage`): each partition's COPY goes straight into it, committed with
+    #: its marker (a truncate load would stage every partition again and move the rows over once all were in)
+    stage_load_mode = "append"
 
     @contextlib.contextmanager
     def _sync_connection(self) -> Iterator[Any]:
