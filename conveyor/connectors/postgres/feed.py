@@ -13,15 +13,17 @@ import json
 import os
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.connectors.postgres import replication
 from conveyor.connectors.postgres.common import connect
-from conveyor.connectors.postgres.pgoutput import TableKeys
 from conveyor.connectors.postgres.replication import SyncTable, lsn_text
 from conveyor.core.changes import FeedTable, SyncState, TableChanges
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
 from conveyor.log import note
+
+if TYPE_CHECKING:
+    from conveyor.connectors.postgres.pgoutput import TableKeys
 
 #: the source settings that say which tables: with the target's, the slot's default name
 _IDENTITY = ("host", "port", "dbname", "database", "path", "schema", "table", "tables", "exclude")

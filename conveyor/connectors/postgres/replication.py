@@ -20,11 +20,13 @@ import contextlib
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from conveyor.connectors.postgres import pgoutput
 from conveyor.connectors.postgres.common import PgConnConfig, connect, ident, literal, translate
 from conveyor.errors import ConfigError, ConveyorError, SchemaError
+
+if TYPE_CHECKING:  # NumPy is imported by a run that reads changes, not by every job that loads this module
+    from conveyor.connectors.postgres import pgoutput
 
 #: the column the rows query adds: true where the key's row exists at the run's position
 PRESENT = "_conveyor_present"
@@ -354,6 +356,8 @@ def collect(config: PgConnConfig, slot: str, upto: int, tables: Sequence[SyncTab
     import adbc_driver_postgresql
     import pyarrow as pa
 
+    from conveyor.connectors.postgres import pgoutput
+
     wanted = {t.oid: (tuple(t.published.index(k) for k in t.keys), len(t.published)) for t in tables}
     found: dict[int, pgoutput.TableKeys] = {}
     changes = 0
@@ -399,6 +403,8 @@ def changed_keys(con: Any, table: SyncTable, keys: pgoutput.TableKeys | None) ->
                           "line, or changes made while the table's REPLICA IDENTITY did not hold its primary key)",
                           hint="a sync applies changes by the primary key: keep the key's values small (under 2 kB) and the replica "
                                "identity DEFAULT or FULL; conveyor clean --drop (this job's settings), then run it again to load the table again")
+    from conveyor.connectors.postgres import pgoutput
+
     raw = "_conveyor_raw_keys"
     con.execute(f"DROP TABLE IF EXISTS pg_temp.{raw}")
     con.execute(f"CREATE TEMP TABLE {raw} ({', '.join(f'k{i} bytea' for i in range(len(table.keys)))})")
