@@ -113,11 +113,11 @@ def keys_of(batch: Any, tables: dict[int, tuple[Sequence[int], int]], found: dic
     if not len(batch):
         return 0
     if batch.null_count:
-        batch = batch.drop_null()
-    batch = batch.cast(pa.large_binary()) if batch.type == pa.binary() else batch
-    _, offsets, data = batch.buffers()
-    starts = np.frombuffer(offsets, dtype=np.int64)[batch.offset:batch.offset + len(batch)]
-    buf = np.frombuffer(data, dtype=np.uint8)
+        raise ValueError("a message is NULL")
+    validity, offsets, data = batch.buffers()
+    wide = pa.types.is_large_binary(batch.type)
+    starts = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)[batch.offset:batch.offset + len(batch)].astype(np.int64)
+    buf = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
     kind = buf[starts]
     for at in starts[kind == TRUNCATE]:
         count = int(_int4(buf, np.array([at + 1]))[0])
