@@ -94,8 +94,9 @@ class Preparer:
             unlogged = "UNLOGGED " if mode != "replace" or self.config.unlogged or self.config.unlogged_load else ""
             if mode == "replace":
                 using = using or targets.access_method(con, ins.target)
-            else:
-                using = ""
+            else:  # a scratch table, dropped at the end: no autovacuum worker analysing it (the DROP would wait for it to give way,
+                # the server's deadlock_timeout, and the copy into the target would share the CPU with it)
+                using = " WITH (autovacuum_enabled = off, toast.autovacuum_enabled = off)"
             con.execute(f"CREATE {unlogged}TABLE {self._qualified(stage)} (LIKE {self._qualified()} {like}){using}")
         else:
             return self.config.table, False
