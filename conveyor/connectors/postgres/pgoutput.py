@@ -114,7 +114,7 @@ def keys_of(batch: Any, tables: dict[int, tuple[Sequence[int], int]], found: dic
         return 0
     if batch.null_count:
         raise ValueError("a message is NULL")
-    validity, offsets, data = batch.buffers()
+    _, offsets, data = batch.buffers()
     wide = pa.types.is_large_binary(batch.type)
     starts = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)[batch.offset:batch.offset + len(batch)].astype(np.int64)
     buf = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
