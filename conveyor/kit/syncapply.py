@@ -171,6 +171,8 @@ class SqlChangeApplier:
 
     #: the clause an INSERT of the source's rows takes to write identity columns' values (PostgreSQL: OVERRIDING SYSTEM VALUE)
     _overriding = ""
+    #: whether an update writes the key columns too (an engine whose update of a key column in place is an ordinary update)
+    _sets_keys = False
 
     def _computed(self, con: Any) -> set[str]:
         """The target's columns it computes itself (generated columns), which an apply leaves to it."""
@@ -332,8 +334,14 @@ def _delete(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> No
         t.gone = t.change.sink._rowcount(done)
 
 
+def _written(t: _Table) -> list[str]:
+    """The columns an update writes: every one but the keys, and the keys too where the sink rewrites them (a key the
+    source rewrote as a value its type calls equal, numeric 1.0 as 1.00, is then stored as the source holds it)."""
+    return [c for c in t.columns if c not in t.change.keys or t.change.sink._sets_keys]
+
+
 def _update(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> None:
-    values = [c for c in t.columns if c not in t.change.keys]
+    values = _written(t)
     if t.matched == 0 or not values or not t.existing:
         t.matched = 0 if t.matched is None else t.matched
         return
@@ -366,7 +374,7 @@ def _verify(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> Ap
     """What the target holds now, in this transaction: each present key once with the staged values, no gone key left,
     and the rows inserted, updated and deleted (as the engine counts them, or its count of rows) no more than the changes'."""
     sink, where = t.change.sink, t.change.sink._sync_target
-    compared = [c for c in t.columns if c not in t.change.keys]
+    compared = _written(t)
     if t.change.stage is None:
         held = changed = kept = 0
     elif sink._reads_back(con):

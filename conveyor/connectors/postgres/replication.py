@@ -444,8 +444,11 @@ def lookup_query(table: SyncTable, arrays: Sequence[str] | None) -> str:
     keys = ", ".join(ident(k) for k in table.keys)
     unnest = ", ".join(f"{literal(a)}::{t}[]" for a, t in zip(arrays or ("{}",) * len(table.keys), table.key_types))
     types = dict(zip(table.keys, table.key_types))
-    # a key as its column's own type, modifier and all (an array's elements lose it: numeric(10,2) would read as numeric)
-    cols = ", ".join(f"k.{ident(c)}::{types[c]} AS {ident(c)}" if c in types else f"t.{ident(c)}" for c in table.columns)
+    # a key as the row holds it where there is one (the keys looked up are equal to it by the key's type, not always the same
+    # value: numeric 1.0 and 1.00), else as it was changed; as its column's own type, modifier and all (an array's elements
+    # lose it: numeric(10,2) would read as numeric)
+    cols = ", ".join(f"coalesce(t.{ident(c)}, k.{ident(c)})::{types[c]} AS {ident(c)}" if c in types else f"t.{ident(c)}"
+                     for c in table.columns)
     on = " AND ".join(f"r.{ident(k)} = k.{ident(k)}" for k in table.keys)
     # each key looked up by the key's index, in key order (a plain join, hashed for many keys, read the rows out of key
     # order: the stage's load and the target's apply then took twice as long on 10% of lineitem)

@@ -13,6 +13,9 @@ from conveyor.kit.syncapply import PRESENT, SqlChangeApplier
 class PgChangeApplier(SqlChangeApplier):
     config: Any
     _overriding = "OVERRIDING SYSTEM VALUE "
+    # a key rewritten as an equal value (numeric 1.0 as 1.00, a nondeterministic collation's 'A' as 'a') arrives as the source
+    # holds it; a key whose bytes did not change leaves a HOT update possible, and foreign key actions fire only on changed bytes
+    _sets_keys = True
     #: the stage is made empty for each run (:meth:`sync_stage`): each partition's COPY goes straight into it, committed with
     #: its marker (a truncate load would stage every partition again and move the rows over once all were in)
     stage_load_mode = "append"

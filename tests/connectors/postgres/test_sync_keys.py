@@ -111,3 +111,18 @@ def test_a_latin1_database_copies_into_a_utf8_one_and_back_exactly(dbs, pg_targe
     r = run_cli(*back, f"hydra.run.dir={tmp_path}/back2")
     assert r.code == 0, r.err
     assert _rows(src, "enc_t", "sk_latin1") == _rows(pg_target, "enc_t")
+
+
+def test_a_key_rewritten_as_an_equal_value_arrives_as_the_source_holds_it(dbs, pg_target, tmp_path: Path) -> None:
+    """A key updated to a value its type calls equal but stores otherwise (numeric 1.0 -> 1.00: the same key, another
+    scale) is applied as the source holds it: the target's key is rewritten too, not kept as it was."""
+    src = dbs
+    pg_exec(src, "DROP TABLE IF EXISTS sk_eq", "CREATE TABLE sk_eq (n numeric PRIMARY KEY, v text)",
+            "INSERT INTO sk_eq SELECT g / 10.0, 'v' || g FROM generate_series(1, 100) g")
+    args = ["run", "source=postgres", "sink=postgres", f"source.port={src.port}", "source.table=sk_eq", f"sink.port={pg_target.port}",
+            "sink.table=sk_eq", "load_mode=replace", "incremental.method=replication", "strategy=none"]
+    _sync(tmp_path, args, "first")
+    pg_exec(src, "UPDATE sk_eq SET n = n::numeric(10, 3) WHERE n < 2", "UPDATE sk_eq SET n = 5.00, v = 'both' WHERE n = 5")
+    assert pg_exec(src, "SELECT n::text FROM sk_eq WHERE n = 1")[0][0] == "1.000"
+    _sync(tmp_path, args, "rescaled")
+    assert _rows(pg_target, "sk_eq") == _rows(src, "sk_eq")
