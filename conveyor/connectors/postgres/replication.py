@@ -73,6 +73,8 @@ class SyncTable:
     signature: str
     #: pg_class.relkind: r (a table), p (partitioned)
     relkind: str = "r"
+    #: each key column's collation where it is not its type's own (" COLLATE ..."), else "": keys equal under it are one key
+    key_collations: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -116,9 +118,11 @@ def describe(con: Any, schema: str, name: str, server_version: int) -> SyncTable
                           key="source.table")
     cols = con.execute("SELECT attname, format_type(atttypid, atttypmod), attgenerated <> '' FROM pg_attribute "
                        "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (oid,)).fetchall()
-    keys = con.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_index i "
+    keys = con.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod), CASE WHEN a.attcollation <> t.typcollation "
+                       "THEN ' COLLATE ' || quote_ident(cn.nspname) || '.' || quote_ident(co.collname) ELSE '' END FROM pg_index i "
                        "CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, pos) "
-                       "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+                       "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum JOIN pg_type t ON t.oid = a.atttypid "
+                       "LEFT JOIN pg_collation co ON co.oid = a.attcollation LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace "
                        "WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.pos", (oid,)).fetchall()
     if not keys:
         raise ConfigError(f"incremental.method=replication: {label} has no primary key: a sync applies each change by its key",
@@ -132,7 +136,7 @@ def describe(con: Any, schema: str, name: str, server_version: int) -> SyncTable
     # pgoutput carries every column but the generated ones (before 18, or where the publication leaves them out)
     published = tuple(c[0] for c in cols if not c[2])
     signature = ", ".join(f"{c[0]} {c[1]}" for c in cols) + f"; primary key ({', '.join(key_names)})"
-    return SyncTable(schema, name, oid, key_names, tuple(k[1] for k in keys), names, published, signature, kind)
+    return SyncTable(schema, name, oid, key_names, tuple(k[1] for k in keys), names, published, signature, kind, tuple(k[2] or "" for k in keys))
 
 
 def changed_columns(recorded: str, now: str) -> str:
@@ -417,7 +421,8 @@ def changed_keys(con: Any, table: SyncTable, keys: pgoutput.TableKeys | None) ->
     # the values' bytes as pgoutput wrote them, in the decoding session's encoding, read as the key's own types: one key however
     # many times it changed (and however its text was written)
     enc = literal(keys.encoding if keys is not None else "UTF8")
-    typed = ", ".join(f"convert_from(k{i}, {enc})::{t} AS {ident(k)}" for i, (k, t) in enumerate(zip(table.keys, table.key_types)))
+    collations = table.key_collations or ("",) * len(table.keys)
+    typed = ", ".join(f"convert_from(k{i}, {enc})::{t}{c} AS {ident(k)}" for i, (k, t, c) in enumerate(zip(table.keys, table.key_types, collations)))
     con.execute(f"DROP TABLE IF EXISTS {_KEYS}")
     con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT DISTINCT {typed} FROM pg_temp.{raw}")
     con.execute(f"DROP TABLE pg_temp.{raw}")
