@@ -174,6 +174,10 @@ class SqlChangeApplier:
     #: whether an update writes the key columns too (an engine whose update of a key column in place is an ordinary update)
     _sets_keys = False
 
+    def _unwritable(self, con: Any) -> set[str]:
+        """The target's columns an UPDATE cannot write (PostgreSQL: identity columns GENERATED ALWAYS)."""
+        return set()
+
     def _computed(self, con: Any) -> set[str]:
         """The target's columns it computes itself (generated columns), which an apply leaves to it."""
         return set()
@@ -216,6 +220,8 @@ class _Table:
     gone: int | None = 0
     before: tuple[int, int, int] | None = None
     count: int | None = None
+    #: key columns an update may write (the sink's ``_sets_keys``, less those the target writes itself: identity ALWAYS)
+    written_keys: tuple[str, ...] = ()
 
 
 def apply_changes(changes: Sequence[Change]) -> list[Applied]:
@@ -287,6 +293,9 @@ def _prepare(con: Any, change: Change, quote: Callable[[str], str]) -> _Table:
     columns = [d[0] for d in con.execute(f"SELECT * FROM {stage} LIMIT 0").description if d[0] != PRESENT and d[0] not in computed]
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in change.keys)
     t = _Table(change, target, stage, columns, on)
+    if sink._sets_keys:
+        fixed = sink._unwritable(con)
+        t.written_keys = tuple(k for k in change.keys if k not in fixed)
     t.staged, t.existing = _ints(con, f"SELECT count(*), sum(CASE WHEN {present} THEN 1 ELSE 0 END) FROM {stage} AS s")
     if change.full:
         t.gone = _count(con, target)
@@ -337,7 +346,7 @@ def _delete(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> No
 def _written(t: _Table) -> list[str]:
     """The columns an update writes: every one but the keys, and the keys too where the sink rewrites them (a key the
     source rewrote as a value its type calls equal, numeric 1.0 as 1.00, is then stored as the source holds it)."""
-    return [c for c in t.columns if c not in t.change.keys or t.change.sink._sets_keys]
+    return [c for c in t.columns if c not in t.change.keys or c in t.written_keys]
 
 
 def _update(con: Any, t: _Table, quote: Callable[[str], str], mysql: bool) -> None:

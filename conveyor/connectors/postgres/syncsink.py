@@ -67,6 +67,11 @@ class PgChangeApplier(SqlChangeApplier):
                 # the stage load's commit markers: the stage is gone, and a run's stage load is never resumed
                 con.execute(f"DELETE FROM {self._qualified(commits.MARKERS)} WHERE target LIKE %s", (f"%{stage}%",))
 
+    def _unwritable(self, con: Any) -> set[str]:
+        # an identity key GENERATED ALWAYS takes only DEFAULT in an UPDATE (its INSERT takes OVERRIDING SYSTEM VALUE)
+        return {r[0] for r in con.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND "
+                                          "attidentity = 'a' AND NOT attisdropped", (self._qualified(),)).fetchall()}
+
     def _computed(self, con: Any) -> set[str]:
         return {r[0] for r in con.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND "
                                           "attgenerated <> '' AND NOT attisdropped", (self._qualified(),)).fetchall()}
