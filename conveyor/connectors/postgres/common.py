@@ -196,6 +196,11 @@ def _diagnostics(exc: BaseException) -> tuple[str, str]:
     return text(b"PG_DIAG_MESSAGE_PRIMARY"), text(b"PG_DIAG_CONTEXT")
 
 
+#: the storage parameters of a scratch table Conveyor drops at the end (a stage): no autovacuum worker analysing it, which
+#: the DROP would wait for (the server's deadlock_timeout) and the copy out of it would share the CPU with
+SCRATCH_STORAGE = " WITH (autovacuum_enabled = off, toast.autovacuum_enabled = off)"
+
+
 #: every connection's client encoding (psycopg, ADBC, DuckDB's extension, psql, pg_dump): what Arrow's strings are, and one
 #: encoding at both ends of a COPY relayed between two servers, whatever each database's own encoding is (text is converted
 #: to it and back by the servers; a character the target's encoding lacks is refused there, by name)

@@ -108,8 +108,6 @@ def keys_of(batch: Any, tables: dict[int, tuple[Sequence[int], int]], found: dic
     published columns, how many columns are published)."""
     import pyarrow as pa
 
-    if isinstance(batch, pa.ChunkedArray):
-        return sum(keys_of(chunk, tables, found, encoding) for chunk in batch.chunks)
     if not len(batch):
         return 0
     if batch.null_count:

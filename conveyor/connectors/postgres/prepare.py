@@ -14,7 +14,7 @@ from typing import Any
 
 from conveyor.connectors.postgres import commits, decide, definition, encoding, partitioned, passthrough, writers
 from conveyor.connectors.postgres import target as targets
-from conveyor.connectors.postgres.common import connect, ident, row_hash_sql, translate
+from conveyor.connectors.postgres.common import SCRATCH_STORAGE, connect, ident, row_hash_sql, translate
 from conveyor.connectors.postgres.types import column_ddl, read_columns, source_column_ddl
 from conveyor.connectors.postgres.writers import PgLoad
 from conveyor.core import INFINITY, PrepareRequest, SinkPlan, TableDefinition
@@ -94,9 +94,8 @@ class Preparer:
             unlogged = "UNLOGGED " if mode != "replace" or self.config.unlogged or self.config.unlogged_load else ""
             if mode == "replace":
                 using = using or targets.access_method(con, ins.target)
-            else:  # a scratch table, dropped at the end: no autovacuum worker analysing it (the DROP would wait for it to give way,
-                # the server's deadlock_timeout, and the copy into the target would share the CPU with it)
-                using = " WITH (autovacuum_enabled = off, toast.autovacuum_enabled = off)"
+            else:  # a scratch table, dropped at the end
+                using = SCRATCH_STORAGE
             con.execute(f"CREATE {unlogged}TABLE {self._qualified(stage)} (LIKE {self._qualified()} {like}){using}")
         else:
             return self.config.table, False

@@ -407,20 +407,21 @@ def changed_keys(con: Any, table: SyncTable, keys: pgoutput.TableKeys | None) ->
                           "line, or changes made while the table's REPLICA IDENTITY did not hold its primary key)",
                           hint="a sync applies changes by the primary key: keep the key's values small (under 2 kB) and the replica "
                                "identity DEFAULT or FULL; conveyor clean --drop (this job's settings), then run it again to load the table again")
+    if keys is None or not keys.count:  # no change of this table (its keys are never asked for)
+        return 0
     from conveyor.connectors.postgres import pgoutput
 
     raw = "_conveyor_raw_keys"
     con.execute(f"DROP TABLE IF EXISTS pg_temp.{raw}")
     con.execute(f"CREATE TEMP TABLE {raw} ({', '.join(f'k{i} bytea' for i in range(len(table.keys)))})")
-    if keys is not None and keys.count:
-        with con.cursor().copy(f"COPY pg_temp.{raw} FROM STDIN (FORMAT binary)") as copy:
-            copy.write(pgoutput.COPY_HEADER)
-            for rows in keys.rows:
-                copy.write(rows)
-            copy.write(pgoutput.COPY_TRAILER)
+    with con.cursor().copy(f"COPY pg_temp.{raw} FROM STDIN (FORMAT binary)") as copy:
+        copy.write(pgoutput.COPY_HEADER)
+        for rows in keys.rows:
+            copy.write(rows)
+        copy.write(pgoutput.COPY_TRAILER)
     # the values' bytes as pgoutput wrote them, in the decoding session's encoding, read as the key's own types: one key however
     # many times it changed (and however its text was written)
-    enc = literal(keys.encoding if keys is not None else "UTF8")
+    enc = literal(keys.encoding)
     collations = table.key_collations or ("",) * len(table.keys)
     typed = ", ".join(f"convert_from(k{i}, {enc})::{t}{c} AS {ident(k)}" for i, (k, t, c) in enumerate(zip(table.keys, table.key_types, collations)))
     con.execute(f"DROP TABLE IF EXISTS {_KEYS}")

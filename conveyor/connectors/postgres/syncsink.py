@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from conveyor.connectors.postgres.common import connect, ident
+from conveyor.connectors.postgres.common import SCRATCH_STORAGE, connect, ident
 from conveyor.kit.syncapply import PRESENT, SqlChangeApplier
 
 
@@ -38,10 +38,8 @@ class PgChangeApplier(SqlChangeApplier):
     def _stage_sql(self, stage: str) -> list[str]:
         q = self._qualified(stage)
         return [f"DROP TABLE IF EXISTS {q}",
-                # no autovacuum: a worker analysing the stage (600k rows of a 10% change set) held the DROP after the run for the
-                # server's deadlock_timeout (1 s) before it gave way
-                f"CREATE UNLOGGED TABLE {q} WITH (autovacuum_enabled = off, toast.autovacuum_enabled = off) AS SELECT *, NULL::boolean AS "
-                f"{ident(PRESENT)} FROM {self._qualified()} WITH NO DATA"]
+                f"CREATE UNLOGGED TABLE {q}{SCRATCH_STORAGE} AS SELECT *, NULL::boolean AS {ident(PRESENT)} FROM {self._qualified()} "
+                "WITH NO DATA"]
 
     def _row_differs(self, columns: Sequence[str], quote: Callable[[str], str]) -> str:
         # each column's text output, once per row (a NULL and an empty string print apart: "" is quoted)
