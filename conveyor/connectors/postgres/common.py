@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import re
 import threading
@@ -112,7 +113,16 @@ class PgConnConfig:
         pw = self.password()
         if pw is not None:
             env["PGPASSWORD"] = pw
+        # ``options`` as libpq's own variables (sslmode: PGSSLMODE, options: PGOPTIONS, ...): psql connects as the
+        # other connections do (a psql given only the variables above read with another search_path, without TLS, ...)
+        names = libpq_variables()
+        env.update({names[k]: str(v) for k, v in (self.options or {}).items() if k in names})
         return env
+
+    def options_without_variable(self) -> list[str]:
+        """The ``options`` that no libpq variable carries (keepalives, sslpassword, ...): a psql cannot be given them."""
+        names = libpq_variables()
+        return [k for k in (self.options or {}) if k not in names]
 
     def scrub(self, text: str) -> str:
         """``text`` with the password masked where it stands as a value, never inside a word."""
@@ -121,6 +131,14 @@ class PgConnConfig:
         except ConfigError:
             return text
         return scrub_value(text, pw, quote(pw, safe="") if pw else None)
+
+
+@functools.cache
+def libpq_variables() -> dict[str, str]:
+    """libpq's connection keywords and the environment variable of each that has one (its own table)."""
+    from psycopg import pq
+
+    return {o.keyword.decode(): o.envvar.decode() for o in pq.Conninfo.get_defaults() if o.envvar}
 
 
 def first_line(exc: BaseException) -> str:

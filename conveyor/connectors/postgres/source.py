@@ -180,7 +180,7 @@ class PostgresSource(PgPlanning, PgChangeFeed, PgSchemaExport):
             made = dataclasses.replace(made, collations=tuple((c.name, c.collation) for c in self.columns if c.collation))
         self.decoder, reader = self._pick_decoder()
         return SourceInfo(schema=self._schema, label=label, estimated_rows=estimate, estimated_bytes=size,
-                          native=passthrough.offer(self.columns), reader=reader, primary_key=keys[0], foreign_keys=keys[1],
+                          native=passthrough.offer(self.columns, self.config), reader=reader, primary_key=keys[0], foreign_keys=keys[1],
                           definition=made, reads_count=reading.counted_kinds(self), checksums=True)
 
     @property

@@ -233,3 +233,27 @@ def test_the_pass_throughs_psql_is_kept_between_partitions_clean_and_never_after
     # outside a job: a psql per partition, as before
     first, second = one("SELECT pg_backend_pid()", "q1"), one("SELECT pg_backend_pid()", "q2")
     assert first[0] != second[0]
+
+
+def test_source_options_reach_the_pass_throughs_psql(pg_target, monkeypatch) -> None:
+    """``source.options`` are libpq settings of every connection of the source, psql's included: a search_path given
+    there read another table of the same name through the pass-through (psql got only host, port, user and database),
+    exit 0, the rows of the table the user did not name. Libpq's own variables carry them to psql; a setting no
+    variable carries (keepalives) sends the job to the Arrow path, said in its plan."""
+    from tests.helpers import PG_PASSWORD, job
+
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+    pg_exec(pg_target, "DROP SCHEMA IF EXISTS opt_other CASCADE", "CREATE SCHEMA opt_other",
+            "DROP TABLE IF EXISTS public.opt_t, public.opt_out_a, public.opt_out_b",
+            "CREATE TABLE public.opt_t (id int PRIMARY KEY, v text)", "INSERT INTO public.opt_t SELECT g, 'public' FROM generate_series(1, 10) g",
+            "CREATE TABLE opt_other.opt_t (id int PRIMARY KEY, v text)",
+            "INSERT INTO opt_other.opt_t SELECT g, 'other' FROM generate_series(1, 7) g")
+    source = {"type": "postgres", "port": pg_target.port, "query": "SELECT id, v FROM opt_t",
+              "options": {"options": "-c search_path=opt_other"}}
+    report = job(source, {"type": "postgres", "port": pg_target.port, "table": "public.opt_out_a"}, load_mode="create")
+    assert report.sink_plan.path_reason.startswith("pass-through")
+    assert pg_exec(pg_target, "SELECT count(*), min(v), max(v) FROM public.opt_out_a")[0] == (7, "other", "other")
+    report = job({**source, "options": {"options": "-c search_path=opt_other", "keepalives": "1"}},
+                 {"type": "postgres", "port": pg_target.port, "table": "public.opt_out_b"}, load_mode="create")
+    assert "keepalives" in report.sink_plan.path_reason and not report.sink_plan.path_reason.startswith("pass-through")
+    assert pg_exec(pg_target, "SELECT count(*), min(v), max(v) FROM public.opt_out_b")[0] == (7, "other", "other")
