@@ -27,7 +27,8 @@ class ChangedRowsSource(ChunkedRows, PostgresSource):
                  options: JobOptions) -> None:
         # described as the lookup of no key: the columns every chunk's query has
         query = replication.whole_query(table) if chunks is None else replication.lookup_query(table, None)
-        super().__init__(dataclasses.replace(base.config, table=None, tables=[], exclude=[], query=query), options)
+        super().__init__(dataclasses.replace(base.config, table=None, tables=[], exclude=[], query=query,
+                                             options=lookup_options(base.config.options)), options)
         self.imported_snapshot = snapshot
         self.sync_table = table
         #: the changed keys (None: every row, after a TRUNCATE): with the table's bytes per row, the size the runtime
@@ -60,6 +61,19 @@ class ChangedRowsSource(ChunkedRows, PostgresSource):
         plain.__class__ = PostgresSource
         plain.config = dataclasses.replace(self.config, query=replication.lookup_query(self.sync_table, json.loads(part.token)))
         return plain, WholeSource(index=part.index, count=part.count)
+
+
+#: the settings of the lookups' sessions: the planner's estimate of a chunk's index lookups (300k keys: 1.5 M) passes
+#: jit_optimize_above_cost, and compiling took 0.19 s of a 1.0 s lookup; a chunk's keys are put in order in memory, not
+#: in a merge sort on disk (work_mem's 4 MB default); 0.93 s against 1.03-1.12 s on 10% of lineitem's keys
+LOOKUP_SETTINGS = "-c jit=off -c work_mem=64MB"
+
+
+def lookup_options(options: dict[str, str] | None) -> dict[str, str]:
+    """``source.options`` with :data:`LOOKUP_SETTINGS` before the user's own ``options`` (a setting of theirs wins)."""
+    given = dict(options or {})
+    given["options"] = f"{LOOKUP_SETTINGS} {given['options']}" if given.get("options") else LOOKUP_SETTINGS
+    return given
 
 
 __all__ = ["ChangedRowsSource"]

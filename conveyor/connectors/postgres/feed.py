@@ -165,6 +165,7 @@ class PgFeedRun:
         self.session, self.upto, self.snapshot, self.changes, self._held = session, upto, snapshot, changes, held
         self._keys = keys
         self._full: set[str] = set()
+        self._counts: dict[str, int] = {}  # the changed keys of each table asked for
 
     def _table(self, table: FeedTable) -> SyncTable:
         return next(t for t in self.session._tables if t.label == table.label)
@@ -175,7 +176,8 @@ class PgFeedRun:
         if keys is not None and keys.truncated:
             self._full.add(table.label)
             return TableChanges(full=True, keys=0)
-        return TableChanges(full=False, keys=replication.changed_keys(con, mine, keys))
+        self._counts[table.label] = replication.changed_keys(con, mine, keys)
+        return TableChanges(full=False, keys=self._counts[table.label])
 
     def rows(self, table: FeedTable, parts: int, options: Any) -> Any:
         """The changed keys' rows as a source that splits itself into ``parts`` partitions (more where a chunk would pass
@@ -186,7 +188,7 @@ class PgFeedRun:
         mine = self._table(table)
         if table.label in self._full:  # a TRUNCATE in the changes: every row, each present
             return ChangedRowsSource(self.session.source, mine, None, self.snapshot, options)
-        chunks = replication.key_chunks(self.session.con, mine, max(int(parts), 1))
+        chunks = replication.key_chunks(self.session.con, mine, max(int(parts), 1), self._counts[table.label])
         return ChangedRowsSource(self.session.source, mine, chunks, self.snapshot, options)
 
     def advance(self) -> None:

@@ -425,18 +425,26 @@ def changed_keys(con: Any, table: SyncTable, keys: pgoutput.TableKeys | None) ->
     collations = table.key_collations or ("",) * len(table.keys)
     typed = ", ".join(f"convert_from(k{i}, {enc})::{t}{c} AS {ident(k)}" for i, (k, t, c) in enumerate(zip(table.keys, table.key_types, collations)))
     con.execute(f"DROP TABLE IF EXISTS {_KEYS}")
-    con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT DISTINCT {typed} FROM pg_temp.{raw}")
+    with con.transaction():
+        # one sort in memory that makes the keys distinct and orders them (the table holds them in key order, which
+        # key_chunks cuts into ranges without sorting again); a hash of 600k keys spilled to disk, then a sort for the
+        # ranges: 0.5-0.7 s against 0.9-1.2 s, and the ranges 0.27 s against 0.59 s (10% of lineitem)
+        con.execute("SET LOCAL work_mem = '64MB'")
+        con.execute("SET LOCAL enable_hashagg = off")
+        cur = con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT DISTINCT {typed} FROM pg_temp.{raw} "
+                          f"ORDER BY {', '.join(str(i + 1) for i in range(len(table.keys)))}")
+        count = int(cur.rowcount)
     con.execute(f"DROP TABLE pg_temp.{raw}")
-    return int(con.execute(f"SELECT count(*) FROM {_KEYS}").fetchone()[0])
+    return count
 
 
-def key_chunks(con: Any, table: SyncTable, chunks: int = 1) -> list[tuple[str, ...]]:
-    """The changed keys (in the session's temporary table) in ``chunks`` chunks of consecutive keys: each chunk's key
-    columns as array literals of their own types (empty chunks left out)."""
+def key_chunks(con: Any, table: SyncTable, chunks: int, count: int) -> list[tuple[str, ...]]:
+    """The ``count`` changed keys (in the session's temporary table, in key order) in ``chunks`` chunks of consecutive
+    keys: each chunk's key columns as array literals of their own types (empty chunks left out)."""
     keys = ", ".join(ident(k) for k in table.keys)
-    # one sort of the keys for the chunks' ranges (an ORDER BY in each array_agg sorted every key column again: twice the
-    # time on 600k keys); the lookups put each chunk's keys in order themselves (lookup_query)
-    chunk = f"ntile({int(chunks)}) OVER (ORDER BY {keys})" if chunks > 1 else "0"
+    # the ranges cut in the order the table holds the keys (their sort's, :func:`changed_keys`), not sorted again; any
+    # order would be exact (a chunk is a set of keys), and the lookups put each chunk's keys in order themselves
+    chunk = f"(row_number() OVER () - 1) * {int(chunks)} / {max(int(count), 1)}" if chunks > 1 else "0"
     rows = con.execute(f"SELECT c, {', '.join(f'array_agg({ident(k)})::text' for k in table.keys)} "
                        f"FROM (SELECT {keys}, {chunk} AS c FROM {_KEYS}) AS k GROUP BY 1 ORDER BY 1").fetchall()
     return [tuple(r[1:]) for r in rows]
