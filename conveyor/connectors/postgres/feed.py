@@ -188,7 +188,7 @@ class PgFeedRun:
         mine = self._table(table)
         if table.label in self._full:  # a TRUNCATE in the changes: every row, each present
             return ChangedRowsSource(self.session.source, mine, None, self.snapshot, options)
-        chunks = replication.key_chunks(self.session.con, mine, max(int(parts), 1), self._counts[table.label])
+        chunks = replication.key_chunks(self.session.con, mine, max(int(parts), 1), self._counts[table.label], self._keys.get(mine.oid))
         return ChangedRowsSource(self.session.source, mine, chunks, self.snapshot, options)
 
     def advance(self) -> None:

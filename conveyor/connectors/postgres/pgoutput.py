@@ -41,6 +41,22 @@ class TableKeys:
     count: int = 0
     uncarried: int = 0
     truncated: bool = False
+    #: a table whose key columns are all integers (smallint, integer, bigint): the keys as numbers instead of ``rows``,
+    #: each batch's key columns (pgoutput writes an integer one way only, so equal keys are equal numbers)
+    ints: list[list[np.ndarray]] | None = None
+
+    def distinct(self) -> list[np.ndarray]:
+        """The distinct keys of an integer-keyed table (``ints``), in key order: one array per key column."""
+        assert self.ints is not None
+        if not self.ints:
+            return []
+        cols = [np.concatenate([batch[i] for batch in self.ints]) for i in range(len(self.ints[0]))]
+        order = np.lexsort(cols[::-1])  # the first key column sorts first
+        cols = [c[order] for c in cols]
+        new = np.ones(len(order), dtype=bool)
+        if len(order):
+            new[1:] = np.logical_or.reduce([c[1:] != c[:-1] for c in cols])
+        return [c[new] for c in cols]
 
 
 def _int4(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -102,10 +118,62 @@ def _copy_rows(buf: np.ndarray, values: Sequence[tuple[np.ndarray, np.ndarray]])
     return out.tobytes()
 
 
-def keys_of(batch: Any, tables: dict[int, tuple[Sequence[int], int]], found: dict[int, TableKeys], encoding: str = "UTF8") -> int:
+def _ints(buf: np.ndarray, first: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The integers whose decimal text (an optional '-' and 1-19 digits, as PostgreSQL writes an integer) starts at each
+    of ``first``, ``n`` bytes long: one step per digit over every value."""
+    if not len(first):
+        return np.zeros(0, dtype=np.int64)
+    neg = (n > 0) & (buf[first] == 45)  # '-'
+    at, digits = first + neg, n - neg
+    if (digits < 1).any() or (digits > 19).any():
+        raise ValueError("a value of an integer key column is not an integer's text")
+    acc = np.zeros(len(first), dtype=np.uint64)  # the magnitude: -9223372036854775808's does not fit an int64
+    for j in range(int(digits.max())):
+        live = j < digits
+        d = buf[at + np.where(live, j, 0)].astype(np.int64) - 48
+        if ((d < 0) | (d > 9))[live].any():
+            raise ValueError("a value of an integer key column is not an integer's text")
+        acc = np.where(live, acc * np.uint64(10) + d.astype(np.uint64), acc)
+    return np.where(neg, (~acc + np.uint64(1)).view(np.int64), acc.view(np.int64))
+
+
+def _add(keys: TableKeys, buf: np.ndarray, values: dict[int, tuple[np.ndarray, np.ndarray]], carried: np.ndarray,
+         positions: Sequence[int]) -> None:
+    """The keys of the messages that carry them (``carried``) added to ``keys``: as COPY rows, or as numbers."""
+    keys.uncarried += int((~carried).sum())
+    keys.count += int(carried.sum())
+    if keys.ints is not None:
+        keys.ints.append([_ints(buf, values[p][0][carried], values[p][1][carried]) for p in positions])
+    else:
+        keys.rows.append(_copy_rows(buf, [(values[p][0][carried], values[p][1][carried]) for p in positions]))
+
+
+_POWERS = np.array([10 ** k for k in range(1, 20)], dtype=np.uint64)
+
+
+def decimal_list(values: np.ndarray) -> str:
+    """Integers (int64) as PostgreSQL writes them, comma-separated ('1,-20,300'): one step per digit over every value."""
+    if not len(values):
+        return ""
+    neg = values < 0
+    mag = np.where(neg, ~values.view(np.uint64) + np.uint64(1), values.view(np.uint64))  # |-9223372036854775808| as well
+    digits = np.searchsorted(_POWERS, mag, side="right") + 1
+    size = neg + digits + 1  # each value's text and the comma after it
+    ends = np.cumsum(size) - 2  # where each value's last digit goes
+    out = np.full(int(ends[-1]) + 1, ord(","), dtype=np.uint8)
+    out[(ends - digits + 1)[neg] - 1] = ord("-")
+    for k in range(int(digits.max())):
+        live = digits > k
+        out[ends[live] - k] = (mag[live] // np.uint64(10 ** k) % np.uint64(10)).astype(np.uint8) + ord("0")
+    return out.tobytes().decode("ascii")
+
+
+def keys_of(batch: Any, tables: dict[int, tuple[Sequence[int], int] | tuple[Sequence[int], int, bool]], found: dict[int, TableKeys],
+            encoding: str = "UTF8") -> int:
     """Add the keys that ``batch`` (an Arrow binary array of pgoutput messages) touched to ``found`` (by relid); how many
     of its messages are a row's change. ``tables``: each synced table's relid -> (its key columns' positions among the
-    published columns, how many columns are published)."""
+    published columns, how many columns are published[, whether every key column is an integer: its keys read as numbers,
+    :attr:`TableKeys.ints`])."""
     import pyarrow as pa
 
     if not len(batch):
@@ -126,25 +194,23 @@ def keys_of(batch: Any, tables: dict[int, tuple[Sequence[int], int]], found: dic
     starts, kind = starts[rows], kind[rows]
     changes = len(starts)
     relids = _int4(buf, starts + 1)
-    for relid, (positions, published) in tables.items():
+    for relid, spec in tables.items():
+        positions, published = spec[0], spec[1]
         mine = relids == relid
         if not mine.any():
             continue
         at, what = starts[mine], kind[mine]
         width = max(positions) + 1
-        keys = found.setdefault(relid, TableKeys(encoding=encoding))
+        keys = found.setdefault(relid, TableKeys(encoding=encoding, ints=[] if len(spec) > 2 and spec[2] else None))  # type: ignore[misc]
+
         # every message's first tuple (an insert's or update's new row, a delete's key or old row, an update's old key or row
         # where it carries one) up to the last key column
         first, _, carried = _walk(buf, at + 6, width, positions)
-        keys.uncarried += int((~carried).sum())
-        keys.rows.append(_copy_rows(buf, [(first[p][0][carried], first[p][1][carried]) for p in positions]))
-        keys.count += int(carried.sum())
+        _add(keys, buf, first, carried, positions)
         # an update that carries its old key or row: its new row follows the old one's every column and an 'N'
         moved = (what == UPDATE) & np.isin(buf[at + 5], (_OLD_KEY, _OLD_ROW))
         if moved.any():
             _, after, _ = _walk(buf, at[moved] + 6, published, ())
             second, _, carried = _walk(buf, after + 1, width, positions)
-            keys.uncarried += int((~carried).sum())
-            keys.rows.append(_copy_rows(buf, [(second[p][0][carried], second[p][1][carried]) for p in positions]))
-            keys.count += int(carried.sum())
+            _add(keys, buf, second, carried, positions)
     return changes

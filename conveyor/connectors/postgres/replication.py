@@ -362,7 +362,7 @@ def collect(config: PgConnConfig, slot: str, upto: int, tables: Sequence[SyncTab
 
     from conveyor.connectors.postgres import pgoutput
 
-    wanted = {t.oid: (tuple(t.published.index(k) for k in t.keys), len(t.published)) for t in tables}
+    wanted = {t.oid: (tuple(t.published.index(k) for k in t.keys), len(t.published), integer_keys(t)) for t in tables}
     found: dict[int, pgoutput.TableKeys] = {}
     changes = 0
     with contextlib.ExitStack() as stack:
@@ -409,6 +409,9 @@ def changed_keys(con: Any, table: SyncTable, keys: pgoutput.TableKeys | None) ->
                                "identity DEFAULT or FULL; conveyor clean --drop (this job's settings), then run it again to load the table again")
     if keys is None or not keys.count:  # no change of this table (its keys are never asked for)
         return 0
+    if keys.ints is not None:  # integers: made distinct and put in order here, no temporary table
+        keys.ints = [keys.distinct()]
+        return len(keys.ints[0][0])
     from conveyor.connectors.postgres import pgoutput
 
     raw = "_conveyor_raw_keys"
@@ -438,16 +441,44 @@ def changed_keys(con: Any, table: SyncTable, keys: pgoutput.TableKeys | None) ->
     return count
 
 
-def key_chunks(con: Any, table: SyncTable, chunks: int, count: int) -> list[tuple[str, ...]]:
-    """The ``count`` changed keys (in the session's temporary table, in key order) in ``chunks`` chunks of consecutive
-    keys: each chunk's key columns as array literals of their own types (empty chunks left out)."""
-    keys = ", ".join(ident(k) for k in table.keys)
+#: key types whose changed keys are read as numbers in this process (:attr:`pgoutput.TableKeys.ints`)
+INTEGER_TYPES = ("smallint", "integer", "bigint")
+
+
+def integer_keys(table: SyncTable) -> bool:
+    """Whether every key column of ``table`` is an integer (no domain, no array): its keys are read as numbers."""
+    return all(t in INTEGER_TYPES for t in table.key_types)
+
+
+def key_chunks(con: Any, table: SyncTable, chunks: int, count: int, keys: pgoutput.TableKeys | None = None) -> list[tuple[str, ...]]:
+    """The ``count`` changed keys (in the session's temporary table, in key order; or, of integer keys, read as numbers in
+    ``keys``) in ``chunks`` chunks of consecutive keys: each chunk's key columns as array literals of their own types
+    (empty chunks left out)."""
+    if keys is not None and keys.ints is not None:
+        return _int_chunks(keys.ints[0] if keys.ints else [], chunks)
+    names = ", ".join(ident(k) for k in table.keys)
     # the ranges cut in the order the table holds the keys (their sort's, :func:`changed_keys`), not sorted again; any
     # order would be exact (a chunk is a set of keys), and the lookups put each chunk's keys in order themselves
     chunk = f"(row_number() OVER () - 1) * {int(chunks)} / {max(int(count), 1)}" if chunks > 1 else "0"
     rows = con.execute(f"SELECT c, {', '.join(f'array_agg({ident(k)})::text' for k in table.keys)} "
-                       f"FROM (SELECT {keys}, {chunk} AS c FROM {_KEYS}) AS k GROUP BY 1 ORDER BY 1").fetchall()
+                       f"FROM (SELECT {names}, {chunk} AS c FROM {_KEYS}) AS k GROUP BY 1 ORDER BY 1").fetchall()
     return [tuple(r[1:]) for r in rows]
+
+
+def _int_chunks(columns: Sequence[Any], chunks: int) -> list[tuple[str, ...]]:
+    """Distinct integer keys in key order (one array per key column) cut into ``chunks`` ranges, each key column of each
+    as an array literal ('{1,-2,3}')."""
+    import numpy as np
+
+    from conveyor.connectors.postgres import pgoutput
+
+    if not columns or not len(columns[0]):
+        return []
+    out = []
+    for part in np.array_split(np.arange(len(columns[0])), max(int(chunks), 1)):
+        if len(part):
+            out.append(tuple("{" + pgoutput.decimal_list(col[part[0]:part[-1] + 1]) + "}" for col in columns))
+    return out
 
 
 def lookup_query(table: SyncTable, arrays: Sequence[str] | None) -> str:
