@@ -10,7 +10,9 @@ ready) that is disabled while Conveyor runs and enabled, and timed until it has 
 for each change set. Each round makes one change set at the source (1% of the rows updated and 0.1% deleted, then
 10% and 1%), then times, on the same changes: the sync run, the subscription's apply, and a reload of the table by
 ``load_mode=replace`` (ctid, degree 2); each checked against the source's checksum. Then ``incremental.follow=1``
-runs for ``--follow-seconds`` while a writer commits small transactions, and its report's lag is sampled.
+runs for ``--follow-seconds`` while a writer commits small transactions, and its report's lag is sampled. Before that
+(``--follow-applies``), the same change sets are applied by a running ``incremental.follow=1``, one iteration each: a
+sync kept running, as the subscription's worker is, pays no process start per change set.
 pgcopydb's ``--follow`` is not run: see benchmarks/results/ for why.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -102,6 +105,43 @@ class subscription:
             time.sleep(0.05)
 
 
+def follow_applies(cells: list[dict], work: Path, sync: list[str], src: PgServer, dst: PgServer) -> None:
+    """The same change sets applied by a running ``incremental.follow=1`` (as the subscription's worker runs all along):
+    each change made while it is held still (SIGSTOP), its next iteration's own seconds (from reading the targets' position to the slot
+    advanced: no process start, no Hydra, no wait for the next second) from the report, the target checked after."""
+    report = work / "follow-applies.json"
+    proc = subprocess.Popen([str(BIN / "conveyor"), "--report", str(report), *sync, "incremental.follow=1",
+                             f"hydra.run.dir={work}/follow-applies"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    made: list[tuple[str, str]] = []
+    try:
+        time.sleep(8)  # its first run (nothing to apply) and a wait
+        for r, (updated, deleted) in enumerate([(1, 0.1), (10, 1), (1, 0.1), (10, 1)], start=100):
+            # the process held still while the change is made: an iteration that began during it would wait for its commit
+            # (a run's snapshot comes after every transaction open when it begins), where the subscription is timed from
+            # a committed change
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                psql(src, f"UPDATE lineitem SET l_comment = 'round {r}', l_quantity = l_quantity + 1 WHERE l_orderkey % 1000 < {updated * 10}; "
+                          f"DELETE FROM lineitem WHERE l_orderkey % 1000 >= {500 + r} AND l_orderkey % 1000 < {500 + r + deleted * 10}")
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            # applied within the wait (the runs' seconds say how long each took); the checksums after it, not beside the run
+            time.sleep(4 if updated == 1 else 16)
+            made.append((f"{updated:g}% updated, {deleted:g}% deleted", checksum(src, "lineitem")))
+            if checksum(dst, "lineitem") != made[-1][1]:
+                raise RuntimeError(f"follow did not apply change set {r} within the wait")
+    finally:
+        proc.send_signal(2)
+        proc.communicate(timeout=120)
+    runs = [run for run in json.loads(report.read_text())["sync"]["runs"] if run["changes"]]
+    if len(runs) != len(made):
+        raise RuntimeError(f"follow applied {len(made)} change sets in {len(runs)} runs")
+    for run, (change, _) in zip(runs, made):
+        cells.append({"name": f"follow=1: one iteration applies the change ({change})", "seconds": [run["seconds"]], "changes": run["changes"],
+                      "phases": run["phases"], "verified": True})
+        print(f"follow iteration ({change}): {run['seconds']:.2f} s, {run['changes']:,} changes, phases {run['phases']}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sf", type=float, default=1.0)
@@ -109,6 +149,8 @@ def main() -> int:
     ap.add_argument("--follow-seconds", type=float, default=30)
     ap.add_argument("--writes-per-second", type=float, default=50)
     ap.add_argument("--writers", type=int, default=1, help="connections the write load is spread over (3,000/s needs 2 here)")
+    ap.add_argument("--follow-applies", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the change sets applied by a running incremental.follow=1 (one iteration each)")
     ap.add_argument("--out", default=f".bench/sync-{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
     out = Path(args.out)
@@ -164,6 +206,8 @@ def main() -> int:
                 cells.append({"name": "reload: conveyor replace, ctid degree 2", "round": r, "seconds": [took], "cpu": cpu, "verified": ok})
                 print(f"reload {r}: {took:.2f} s, cpu {cpu}, {'ok' if ok else 'MISMATCH'}", flush=True)
         sub.drop()
+        if args.follow_applies:
+            follow_applies(cells, work, sync, src, dst)
         # the lag under a steady write load, while --follow runs
         stop = threading.Event()
         written = [0] * args.writers
