@@ -7,7 +7,9 @@ the array at once, one step per column of the tuple (NumPy gathers over all mess
 over messages in Python), and hands back each table's keys as ``COPY ... FROM STDIN (FORMAT binary)``
 rows of ``bytea`` columns: the values' bytes as pgoutput wrote them (in the decoding session's client
 encoding), so no text is decoded, escaped or converted on the way; the server turns them back into the
-key's own types.
+key's own types. Keys whose columns are all integers are read as numbers here instead (PostgreSQL writes
+an integer one way only), made distinct and ordered in this process, and written back as the lookups'
+array literals (:attr:`TableKeys.ints`): no round trip through the server for them.
 
 The message layouts are PostgreSQL's "Logical Replication Message Formats": ``I`` relid ``N``
 TupleData; ``U`` relid [``K``|``O`` TupleData] ``N`` TupleData; ``D`` relid ``K``|``O`` TupleData;
