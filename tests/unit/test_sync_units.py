@@ -107,7 +107,7 @@ def test_pgoutput_keys_are_read_column_wise_from_every_kind_of_message() -> None
         b"T" + struct.pack(">I", 2) + b"\x00" + struct.pack(">II", other, b),
     ]
     found: dict[int, pgoutput.TableKeys] = {}
-    tables = {a: ((0, 2), 3), b: ((0, 2), 3)}
+    tables = {a: ((0, 2), 3, False), b: ((0, 2), 3, False)}
     # split over two batches, the second a slice (an offset into its buffers)
     first = pa.array(msgs[:4], pa.binary())
     second = pa.array([b"pad", *msgs[4:]], pa.binary()).slice(1)

@@ -63,9 +63,9 @@ class ChangedRowsSource(ChunkedRows, PostgresSource):
         return plain, WholeSource(index=part.index, count=part.count)
 
 
-#: the settings of the lookups' sessions: the planner's estimate of a chunk's index lookups (300k keys: 1.5 M) passes
-#: jit_optimize_above_cost, and compiling took 0.19 s of a 1.0 s lookup; a chunk's keys are put in order in memory, not
-#: in a merge sort on disk (work_mem's 4 MB default); 0.93 s against 1.03-1.12 s on 10% of lineitem's keys
+#: the settings of the lookups' sessions: no JIT (the planner's estimate of a chunk's index lookups passes
+#: jit_optimize_above_cost, and compiling cost a good share of the lookup), and a chunk's keys put in order in memory, not
+#: in a merge sort on disk (work_mem's 4 MB default); measured in benchmarks/results/2026-12-06-sf1-sync-1394093.md
 LOOKUP_SETTINGS = "-c jit=off -c work_mem=64MB"
 
 

@@ -146,12 +146,12 @@ def _widen(fd: int) -> None:
             fcntl.fcntl(fd, setsz, CHUNK)
 
 
-def offer(columns: Sequence[PgColumn], config: PgConnConfig | None = None) -> NativeExport:
+def offer(columns: Sequence[PgColumn], config: PgConnConfig) -> NativeExport:
     """What a PostgreSQL source offers: its column types, and the stream where psql is installed and can be given every
     connection setting of the source (libpq's variables carry them)."""
     if psql_program() is None:
         return NativeExport("postgres", tuple(columns), None, "psql (PostgreSQL's client) is not installed")
-    unset = config.options_without_variable() if config is not None else []
+    unset = config.options_without_variable()
     if unset:
         return NativeExport("postgres", tuple(columns), None,
                             f"source.options sets {', '.join(unset)}, which psql cannot be given (no libpq variable carries it)")

@@ -170,12 +170,11 @@ def decimal_list(values: np.ndarray) -> str:
     return out.tobytes().decode("ascii")
 
 
-def keys_of(batch: Any, tables: dict[int, tuple[Sequence[int], int] | tuple[Sequence[int], int, bool]], found: dict[int, TableKeys],
-            encoding: str = "UTF8") -> int:
+def keys_of(batch: Any, tables: dict[int, tuple[Sequence[int], int, bool]], found: dict[int, TableKeys], encoding: str = "UTF8") -> int:
     """Add the keys that ``batch`` (an Arrow binary array of pgoutput messages) touched to ``found`` (by relid); how many
     of its messages are a row's change. ``tables``: each synced table's relid -> (its key columns' positions among the
-    published columns, how many columns are published[, whether every key column is an integer: its keys read as numbers,
-    :attr:`TableKeys.ints`])."""
+    published columns, how many columns are published, whether every key column is an integer: its keys read as numbers,
+    :attr:`TableKeys.ints`)."""
     import pyarrow as pa
 
     if not len(batch):
@@ -196,15 +195,13 @@ def keys_of(batch: Any, tables: dict[int, tuple[Sequence[int], int] | tuple[Sequ
     starts, kind = starts[rows], kind[rows]
     changes = len(starts)
     relids = _int4(buf, starts + 1)
-    for relid, spec in tables.items():
-        positions, published = spec[0], spec[1]
+    for relid, (positions, published, integers) in tables.items():
         mine = relids == relid
         if not mine.any():
             continue
         at, what = starts[mine], kind[mine]
         width = max(positions) + 1
-        keys = found.setdefault(relid, TableKeys(encoding=encoding, ints=[] if len(spec) > 2 and spec[2] else None))  # type: ignore[misc]
-
+        keys = found.setdefault(relid, TableKeys(encoding=encoding, ints=[] if integers else None))
         # every message's first tuple (an insert's or update's new row, a delete's key or old row, an update's old key or row
         # where it carries one) up to the last key column
         first, _, carried = _walk(buf, at + 6, width, positions)

@@ -430,8 +430,8 @@ def changed_keys(con: Any, table: SyncTable, keys: pgoutput.TableKeys | None) ->
     con.execute(f"DROP TABLE IF EXISTS {_KEYS}")
     with con.transaction():
         # one sort in memory that makes the keys distinct and orders them (the table holds them in key order, which
-        # key_chunks cuts into ranges without sorting again); a hash of 600k keys spilled to disk, then a sort for the
-        # ranges: 0.5-0.7 s against 0.9-1.2 s, and the ranges 0.27 s against 0.59 s (10% of lineitem)
+        # key_chunks cuts into ranges without sorting again), where a hash of many keys spilled to disk and the ranges
+        # took a second sort (benchmarks/results/2026-12-06-sf1-sync-1394093.md)
         con.execute("SET LOCAL work_mem = '64MB'")
         con.execute("SET LOCAL enable_hashagg = off")
         cur = con.execute(f"CREATE TEMP TABLE {_KEYS[8:]} AS SELECT DISTINCT {typed} FROM pg_temp.{raw} "
