@@ -21,8 +21,11 @@ class ParquetSinkConfig(FileSinkConfig):
     #: rows of a row group at most: batches are held until they fill one (a row group per 64k-row
     #: batch wrote lineitem 25% slower, with its dictionaries started anew each time, and 14% larger)
     row_group_rows: int = 1024 * 1024
-    #: bytes of Arrow data held for one row group at most (bounds a task's memory on wide rows)
-    row_group_bytes: int = 64 * 1024 * 1024
+    #: bytes of Arrow data held for one row group at most: it bounds a task's memory (the group held,
+    #: and the writer's buffers for it, take two to three times this in resident memory per partition
+    #: writing at once); 16 MiB makes groups of ~110k rows of lineitem, as DuckDB's 122,880-row groups.
+    #: Larger groups make smaller files (64 MiB: 8% smaller on lineitem) at more memory
+    row_group_bytes: int = 16 * 1024 * 1024
     #: decimals of precision <= 18 stored as INT32/INT64 (Spark's and DuckDB's layout: less to write,
     #: smaller files, faster reads; measured in benchmarks/results/design-measurements.md);
     #: false: fixed-length byte arrays, for readers that want them. The values are the same either way
