@@ -16,6 +16,7 @@ plots in --out; `conveyor report <results.json>` renders them again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -38,6 +39,10 @@ from conveyor.pipelines.job import run_job
 from conveyor.testing.pgserver import PgServer
 
 CORES = os.cpu_count() or 1
+
+#: one timed run: seconds, CPU-seconds (client, source server, target server), target WAL bytes, and the peak resident MB
+#: of the job's process where it ran as one (None where it ran in the bench's process)
+Run = tuple[float, dict[str, float], int, float | None]
 
 
 # --- CPU accounting ---------------------------------------------------------------------------
@@ -88,6 +93,32 @@ def _children_ticks(pm: int) -> float:
 def client_cpu() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+#: peak resident MB of the processes a timed run started through :func:`run_process` (the run's cell keeps the largest)
+_PEAKS: list[float] = []
+
+
+def run_process(args: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[int, str]:
+    """(exit code, stderr) of a job run as a process of its own (the conveyor command, DuckDB's CLI), its peak
+    resident memory noted for the run's cell: the kernel's high-water mark of the process's own memory (VmHWM),
+    read every 20 ms while it runs (a peak in its last 20 ms would be missed; the processes it starts are not
+    counted). Not ru_maxrss: the kernel folds into it the memory of the image a process replaced at exec, here
+    the bench's own (several hundred MB), however small the job."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        status, peak_kb = Path(f"/proc/{proc.pid}/status"), 0
+        while True:
+            with contextlib.suppress(OSError, ValueError, StopIteration):
+                peak_kb = max(peak_kb, int(next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:")).split()[1]))
+            try:
+                proc.wait(timeout=0.02)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        _PEAKS.append(peak_kb / 1024)
+        err.seek(0)
+        return proc.returncode, err.read().decode(errors="replace")
 
 
 # --- servers and data ---------------------------------------------------------------------------
@@ -155,7 +186,7 @@ class Bench:
         run of each per round, ``repeat`` rounds: each round's runs see the machine alike, so a
         ratio is not skewed by the load of another minute (one peer's runs differ by 45% here).
         Each is verified right after its run of the last round (the next one empties the target)."""
-        runs: list[list[tuple[float, dict[str, float], int]]] = [[] for _ in jobs]
+        runs: list[list[Run]] = [[] for _ in jobs]
         verified = [False] * len(jobs)
         for r in range(self.repeat):
             for i, (_, run, verify, _) in enumerate(jobs):
@@ -166,28 +197,33 @@ class Bench:
         return [self._cell(group, name, runs[i], verified[i], {**meta, "rounds_with": names})
                 for i, (name, _, _, meta) in enumerate(jobs)]
 
-    def _timed(self, run: Callable[[], None], reset: Callable[[], None]) -> tuple[float, dict[str, float], int]:
-        """One run after ``reset``: (seconds, CPU-seconds of client and servers, target WAL bytes)."""
+    def _timed(self, run: Callable[[], None], reset: Callable[[], None]) -> Run:
+        """One run after ``reset``: (seconds, CPU-seconds of client and servers, target WAL bytes, the peak resident
+        MB of the processes :func:`run_process` started for it, None if none)."""
         reset()
         c0, s0, d0 = client_cpu(), server_cpu(self.src), server_cpu(self.dst)
         lsn = wal_lsn(self.dst)
+        _PEAKS.clear()
         t0 = time.perf_counter()
         run()
         seconds = time.perf_counter() - t0
+        peak = max(_PEAKS) if _PEAKS else None
         cpu = {"client": client_cpu() - c0, "source_server": server_cpu(self.src) - s0, "target_server": server_cpu(self.dst) - d0}
-        return seconds, cpu, wal_bytes(self.dst, lsn)
+        return seconds, cpu, wal_bytes(self.dst, lsn), peak
 
-    def _cell(self, group: str, name: str, runs: list[tuple[float, dict[str, float], int]], ok: bool,
+    def _cell(self, group: str, name: str, runs: list[Run], ok: bool,
               meta: dict[str, Any]) -> dict[str, Any]:
-        times = [t for t, _, _ in runs]
+        times = [t for t, _, _, _ in runs]
         best = min(range(len(times)), key=times.__getitem__)
-        _, cpu, wal = runs[best]
+        _, cpu, wal, peak = runs[best]
         cell = {"group": group, "name": name, "seconds": times, "best": times[best], "cpu": cpu, "target_wal_bytes": wal,
                 "ceiling_s": round(sum(cpu.values()) / CORES, 3), "verified": ok, **meta}
+        if peak is not None:  # the best run's; every run's beside it
+            cell["peak_rss_mb"], cell["peak_rss_mb_all"] = round(peak, 1), [None if r[3] is None else round(r[3], 1) for r in runs]
         self.cells.append(cell)
         print(f"{group:28} {name:44} best {times[best]:6.2f} s  all {' '.join(f'{t:.2f}' for t in times)}  "
               f"cpu c/s/t {cpu['client']:.1f}/{cpu['source_server']:.1f}/{cpu['target_server']:.1f}  "
-              f"target WAL {wal / 1e6:,.0f} MB  {'ok' if ok else 'MISMATCH'}",
+              f"target WAL {wal / 1e6:,.0f} MB  " + (f"peak RSS {peak:,.0f} MB  " if peak is not None else "") + ('ok' if ok else 'MISMATCH'),
               flush=True)
         return cell
 
@@ -691,10 +727,10 @@ class Bench:
                 env = {**os.environ, "PGPASSWORD": self.src.password}  # at run time: a warm run needs the instance's token
                 if not warm:
                     env.pop("RAY_ADDRESS", None)
-                res = subprocess.run([str(Path(sys.executable).parent / "conveyor"), "run", *args, f"hydra.run.dir={runs}/{time.time_ns()}"],
-                                     cwd=self.work, env=env, capture_output=True, text=True)
-                if res.returncode != 0:
-                    raise RuntimeError(f"conveyor run {' '.join(args)} failed: {res.stderr[-2000:]}")
+                code, stderr = run_process([str(Path(sys.executable).parent / "conveyor"), "run", *args, f"hydra.run.dir={runs}/{time.time_ns()}"],
+                                           env, cwd=self.work)
+                if code != 0:
+                    raise RuntimeError(f"conveyor run {' '.join(args)} failed: {stderr[-2000:]}")
             return run
 
         def cold(args: list[str]) -> str:
@@ -726,8 +762,9 @@ class Bench:
             goal = {"at_most": round(1 / 1.5, 3), "what": "at least 1.5x faster than DuckDB"}
             self.rounds(group, [(duck_name, lambda: duck.cli_parquet_to_pg(files, target), verify, {"method": "duckdb", "degree": 1}),
                                 (duck_in, lambda: duck.parquet_to_pg(files, target), verify, {"method": "duckdb-in-process", "degree": 1}),
-                                (cold(pq), cli(*pq), verify, {"method": "defaults-cold", "degree": 2,
-                                                              "goal": {"against": duck_name, **goal}})], reset)
+                                (cold(pq), cli(*pq), verify, {"method": "defaults-cold", "degree": 2, "goal": {"against": duck_name, **goal},
+                                                              "goal_memory": {"against": duck_name, "at_most": 2.0,
+                                                                              "what": "peak memory at most twice DuckDB's"}})], reset)
             warm.append((group, pq, reset, verify, duck_name, goal, 2))
             out = self.work / f"df_out_{table}"
             rows = int(psql(self.src, f"SELECT count(*) FROM {table}"))
@@ -743,10 +780,11 @@ class Bench:
 
             tp = ["pipeline=postgres_to_parquet", f"source.port={self.src.port}", f"source.table={table}", f"sink.path={out}"]
             goal = {"at_most": 1.0, "what": "no slower than DuckDB"}
+            memory = {"against": duck_name, "at_most": 1.25, "what": "peak memory at most DuckDB's + 25%"}
             self.rounds(group, [(duck_name, lambda: duck.cli_pg_to_parquet(table, out), counted, {"method": "duckdb", "degree": 1}),
                                 (duck_in, lambda: duck.pg_to_parquet(table, out), counted, {"method": "duckdb-in-process", "degree": 1}),
                                 (cold(tp), cli(*tp), counted, {"method": "defaults-cold", "degree": 2,
-                                                               "goal": {"against": duck_name, **goal}})], clear)
+                                                               "goal": {"against": duck_name, **goal}, "goal_memory": memory})], clear)
             warm.append((group, tp, clear, counted, duck_name, goal, 2))
         ray.init(address="local", num_cpus=CORES, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
@@ -916,10 +954,9 @@ class DuckBaseline:
         return [self.cli, "-batch", "-c", script]
 
     def _cli(self, alias: str, sql: str) -> None:
-        done = subprocess.run(self.cli_args(alias, sql), env={**os.environ, "PGPASSWORD": self.servers[alias].password},
-                              capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"duckdb CLI failed ({done.returncode}): {done.stderr.strip()[:2000]}")
+        code, stderr = run_process(self.cli_args(alias, sql), {**os.environ, "PGPASSWORD": self.servers[alias].password})
+        if code:
+            raise RuntimeError(f"duckdb CLI failed ({code}): {stderr.strip()[:2000]}")
 
 
 def versions() -> dict[str, str]:

@@ -40,15 +40,19 @@ def results_markdown(results: dict[str, Any]) -> str:
             lines += _memory_table(cells)
             continue
         base = _baseline(cells)
+        peaks = any("peak_rss_mb" in c for c in cells)  # jobs run as processes of their own: their peak resident memory
         lines += [f"## {group}", "", "| job | best s | all s | median s | vs baseline | CPU-s client / source / target | ceiling s | "
-                  "target WAL MB | verified |", "|---|---:|---|---:|---:|---|---:|---:|---|"]
+                  "target WAL MB | " + ("peak RSS MB (each run) | " if peaks else "") + "verified |",
+                  "|---|---:|---|---:|---:|---|---:|---:|" + ("---:|" if peaks else "") + "---|"]
         for c in cells:
             ratio = f"{base['best'] / c['best']:.2f}x" if base else ""
             cpu = c["cpu"]
             wal = f"{c['target_wal_bytes'] / 1e6:,.0f}" if c.get("target_wal_bytes") is not None else ""
+            rss = (f"{c['peak_rss_mb']:,.0f} ({' '.join(f'{m:,.0f}' for m in c['peak_rss_mb_all'] if m is not None)}) | "
+                   if "peak_rss_mb" in c else "| " if peaks else "")
             lines.append(f"| {c['name']} | {c['best']:.2f} | {' '.join(f'{t:.2f}' for t in c['seconds'])} | {statistics.median(c['seconds']):.2f} | "
                          f"{ratio} | {cpu['client']:.1f} / {cpu['source_server']:.1f} / {cpu['target_server']:.1f} | {c['ceiling_s']:.2f} | "
-                         f"{wal} | {'ok' if c['verified'] else 'MISMATCH'} |")
+                         f"{wal} | {rss}{'ok' if c['verified'] else 'MISMATCH'} |")
         startup = next((c["ray_startup_s"] for c in cells if "ray_startup_s" in c), None)
         if startup is not None:
             lines += ["", f"ray.init() on this machine: {startup:.2f} s (paid once per `conveyor run runtime=ray` that starts its own instance)"]
@@ -59,11 +63,13 @@ def results_markdown(results: dict[str, Any]) -> str:
 
 def _targets(cells: list[dict[str, Any]]) -> list[str]:
     """Every target a cell carries (``goal``: its time at most ``at_most`` x another cell's of the same
-    run; ``goal_within``: at most ``seconds`` more than another's), marked met or missed."""
+    run; ``goal_within``: at most ``seconds`` more than another's; ``goal_memory``: its peak resident memory
+    at most ``at_most`` x another's, both as processes of their own, the largest peak of each job's runs),
+    marked met or missed."""
     by_name = {(c["group"], c["name"]): c for c in cells}
     rows = []
     for c in cells:
-        for kind in ("goal", "goal_within"):
+        for kind in ("goal", "goal_within", "goal_memory"):
             goal = c.get(kind)
             if not goal:
                 continue
@@ -71,7 +77,13 @@ def _targets(cells: list[dict[str, Any]]) -> list[str]:
             if other is None:
                 continue
             pairs = _paired(c, other)
-            if kind == "goal":
+            if kind == "goal_memory":
+                mine, theirs = _peak(c), _peak(other)
+                if mine is None or theirs is None:
+                    continue
+                met = mine <= goal["at_most"] * theirs and c["verified"]
+                measured = f"{mine:,.0f} MB against {theirs:,.0f} MB: {mine / theirs:.2f}x; target at most {goal['at_most']:.2f}x"
+            elif kind == "goal":
                 ratio = c["best"] / other["best"]
                 met = ratio <= goal["at_most"] and c["verified"]
                 measured = (f"{ratio:.2f}x its time ({other['best'] / c['best']:.2f}x the speed)"
@@ -87,6 +99,12 @@ def _targets(cells: list[dict[str, Any]]) -> list[str]:
     return ["## Targets", "", "Met or missed on the best times; where a job ran in rounds with its baseline (one run of each per "
             "round), each round's ratio and their median are given too.", "",
             "| group | job | target | measured (best of the run) | |", "|---|---|---|---|---|", *rows, ""]
+
+
+def _peak(cell: dict[str, Any]) -> float | None:
+    """The largest peak resident MB of a cell's runs (None if it ran in the bench's process)."""
+    peaks = [m for m in cell.get("peak_rss_mb_all") or [] if m is not None]
+    return max(peaks) if peaks else None
 
 
 def _by_round(values: list[float], fmt: str, unit: str) -> str:

@@ -124,6 +124,22 @@ def test_benchmark_report_renders_results_outside_the_package(tmp_path: Path) ->
     assert "| pg->pg orders | conveyor passthrough ctid degree=2 | no slower than the pipe" in res.stdout
     assert "0.80x its time (1.25x the speed); target at most 1.00x | **met** |" in res.stdout
     assert "1.25x its time (0.80x the speed); target at most 1.11x | **missed** |" in res.stdout
+    # a job run as a process of its own carries its peak resident memory: a column, and its memory target against the baseline's
+    for c, peaks in zip(cells, ([200.0, 240.0], [260.0, 310.0], [330.0])):
+        c["peak_rss_mb"], c["peak_rss_mb_all"] = peaks[0], peaks
+    cells[1]["goal_memory"] = cells[2]["goal_memory"] = {"against": "baseline psql|psql (1 stream)", "at_most": 1.25,
+                                                         "what": "peak memory at most the baseline's + 25%"}
+    (tmp_path / "results.json").write_text(json.dumps({"settings": {"sf": 1, "repeat": 2}, "versions": {"cores": "2"}, "cells": cells}))
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "report.py"), str(tmp_path / "results.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "| 260 (260 310) | ok |" in res.stdout
+    assert "310 MB against 240 MB: 1.29x; target at most 1.25x | **missed** |" in res.stdout  # the largest peak of each job's runs
+    cells[1]["peak_rss_mb_all"] = [260.0, 290.0]
+    (tmp_path / "results.json").write_text(json.dumps({"settings": {"sf": 1, "repeat": 2}, "versions": {"cores": "2"}, "cells": cells}))
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "report.py"), str(tmp_path / "results.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert "290 MB against 240 MB: 1.21x; target at most 1.25x | **met** |" in res.stdout
 
 
 def test_benchmark_report_marks_parquet_to_pg_memory_against_duckdbs(tmp_path: Path) -> None:
