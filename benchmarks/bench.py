@@ -99,18 +99,36 @@ def client_cpu() -> float:
 _PEAKS: list[float] = []
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (Linux's /proc/<pid>/task/<tid>/children)."""
+    found, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                kids = [int(k) for k in (task / "children").read_text().split()]
+                found += kids
+                todo += kids
+    return found
+
+
+def _status_kb(pid: int, field: str) -> int:
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith(field)).split()[1])
+    return 0
+
+
 def run_process(args: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[int, str]:
     """(exit code, stderr) of a job run as a process of its own (the conveyor command, DuckDB's CLI), its peak
-    resident memory noted for the run's cell: the kernel's high-water mark of the process's own memory (VmHWM),
-    read every 20 ms while it runs (a peak in its last 20 ms would be missed; the processes it starts are not
-    counted). Not ru_maxrss: the kernel folds into it the memory of the image a process replaced at exec, here
-    the bench's own (several hundred MB), however small the job."""
+    resident memory noted for the run's cell: every 20 ms while it runs, the process's high-water mark (VmHWM)
+    plus the resident memory of the processes it started (psql, for a pass-through) at that moment; the largest.
+    A peak in the last 20 ms would be missed. Not ru_maxrss: the kernel folds into it the memory of the image a
+    process replaced at exec, here the bench's own (several hundred MB), however small the job."""
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        status, peak_kb = Path(f"/proc/{proc.pid}/status"), 0
+        peak_kb = 0
         while True:
-            with contextlib.suppress(OSError, ValueError, StopIteration):
-                peak_kb = max(peak_kb, int(next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:")).split()[1]))
+            with contextlib.suppress(OSError):
+                peak_kb = max(peak_kb, _status_kb(proc.pid, "VmHWM:") + sum(_status_kb(k, "VmRSS:") for k in _descendants(proc.pid)))
             try:
                 proc.wait(timeout=0.02)
                 break
@@ -874,6 +892,16 @@ class Bench:
 DUCK_MEMORY = "duckdb parquet->pg (baseline)"
 
 
+def duckdb_binary() -> str | None:
+    """DuckDB's CLI program as the duckdb-cli package installs it: its own binary, not the Python script on PATH that
+    starts it as a child (a Python start in every timed baseline, and a process whose memory is not the CLI's)."""
+    try:
+        from duckdb_cli.__main__ import _find_binary
+    except ImportError:
+        return shutil.which("duckdb", path=str(Path(sys.executable).parent))
+    return str(_find_binary())
+
+
 class DuckBaseline:
     """DuckDB with its postgres extension, installed offline from PyPI's duckdb-extension-postgres."""
 
@@ -883,7 +911,7 @@ class DuckBaseline:
 
         self.work = work
         self.servers = {"src": server, "dst": dst}
-        self.cli = shutil.which("duckdb", path=str(Path(sys.executable).parent))  # duckdb-cli, DuckDB's own version (make bench installs it)
+        self.cli = duckdb_binary()  # duckdb-cli, DuckDB's own version (make bench installs it)
         pkg = Path(sys.modules["duckdb_extension_postgres"].__file__).parent
         ext = next(pkg.rglob("*.duckdb_extension"))
         target = work / "ext" / "postgres_scanner.duckdb_extension"
