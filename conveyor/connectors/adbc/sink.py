@@ -239,7 +239,7 @@ def _castable(src: Any, tgt: Any) -> bool:
     if src == tgt or isinstance(tgt, pa.BaseExtensionType) or isinstance(src, pa.BaseExtensionType):
         return False
     try:
-        pc.cast(pa.array([], src), tgt)
+        pc.cast(pa.nulls(0, src), tgt)  # not pa.array([]): a Python list makes pyarrow import pandas
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
     return True

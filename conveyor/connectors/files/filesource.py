@@ -111,14 +111,15 @@ class FileSource(SourceBase):
 
     def _discover_hive(self, fs: Any, entries: list[FileEntry]) -> None:
         """Hive-style folders (``year=2024/part-0.parquet``, as ``sink.partition_by`` writes them):
-        pyarrow.dataset discovers the columns and their types; each file gets its values."""
-        import pyarrow.dataset as ds
-
+        pyarrow.dataset discovers the columns and their types; each file gets its values. Imported only for
+        such folders: pyarrow.dataset imports pandas where it is installed (0.15 s and ~40 MB of every job)."""
         _, root = _filesystem(self.config.path, self.config.storage_options)
         root = root.rstrip("/")
         paths = [fs_path(fs, e.path) for e in entries]
         if not any("=" in p[len(root):] for p in paths):
             return
+        import pyarrow.dataset as ds
+
         try:
             found = ds.dataset(paths, filesystem=fs, format=self._dataset_format(), partitioning="hive", partition_base_dir=root)
         except Exception as exc:  # the folders are not hive-style after all

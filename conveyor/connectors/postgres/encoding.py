@@ -168,7 +168,7 @@ def _arrow_cast_target(src: Any, target_field: Any) -> Any:
     if _is_binary(check_src) != _is_binary(check_tgt):
         return None  # bytes are not parsed as numbers or text here: PostgreSQL decides (and refuses)
     try:
-        pc.cast(pa.array([], check_src), check_tgt)
+        pc.cast(pa.nulls(0, check_src), check_tgt)  # not pa.array([]): a Python list makes pyarrow import pandas
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         return None
     return tgt
