@@ -438,6 +438,15 @@ class Bench:
             goal = ({"goal": {"against": base["name"], "at_most": round(1 / 1.2, 3), "what": "at least 1.2x faster than DuckDB"}}
                     if base and degree == 2 else {})
             self.measure(group, f"conveyor ctid degree={degree}", lambda c=cfg: conveyor(c), reset, verify, method="ctid", degree=degree, **goal)
+        # snappy, DuckDB's default codec (zstd above: Conveyor's), both at once
+        if duck is not None:
+            snappy = self.measure(group, "baseline duckdb postgres extension, snappy",
+                                  lambda: duck.pg_to_parquet(table, out, codec="snappy"), reset, verify, method="duckdb", degree=1)
+            cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table},
+                   "sink": {"type": "parquet", "path": str(out), "compression": "snappy"}, "strategy": {"type": "ctid"},
+                   "load_mode": "create", "degree": degrees[-1]}
+            self.measure(group, f"conveyor ctid degree={degrees[-1]} snappy", lambda c=cfg: conveyor(c), reset, verify, method="ctid",
+                         degree=degrees[-1], goal={"against": snappy["name"], "at_most": 1.0, "what": "no slower than DuckDB, both snappy"})
         # the same at the largest degree with ADBC's COPY reader instead of DuckDB's decoder (source.decoder)
         cfg = {"source": {"type": "postgres", "port": self.src.port, "table": table, "decoder": "adbc"},
                "sink": {"type": "parquet", "path": str(out)}, "strategy": {"type": "ctid"}, "load_mode": "create", "degree": degrees[-1]}
@@ -968,13 +977,13 @@ class DuckBaseline:
         for stmt in sql:
             self.con.execute(stmt)
 
-    def pg_to_parquet(self, table: str, out: Path) -> None:
+    def pg_to_parquet(self, table: str, out: Path, codec: str = "zstd") -> None:
         out.mkdir(parents=True, exist_ok=True)
-        self.con.execute(self.pg_to_parquet_sql(table, out))
+        self.con.execute(self.pg_to_parquet_sql(table, out, codec))
 
     @staticmethod
-    def pg_to_parquet_sql(table: str, out: Path) -> str:
-        return f"COPY (SELECT * FROM src.public.{table}) TO '{out}/all.parquet' (FORMAT parquet, COMPRESSION zstd)"
+    def pg_to_parquet_sql(table: str, out: Path, codec: str = "zstd") -> str:
+        return f"COPY (SELECT * FROM src.public.{table}) TO '{out}/all.parquet' (FORMAT parquet, COMPRESSION {codec})"
 
     # The same statements as a process of their own, run by DuckDB's CLI: timed whole (start, LOAD,
     # ATTACH, the statement), as the conveyor command is in the shipped-defaults group. The methods
