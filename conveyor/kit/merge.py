@@ -78,33 +78,47 @@ def plan(options: MergeOptions, primary_key: Sequence[str], mapped: Sequence[str
     return MergePlan(tuple(keys), tuple(mapped), tuple(update), options.merge_delete, soft)
 
 
-def check_keys(con: Any, merge: MergePlan, stage: str, where: str, quote: Callable[[str], str]) -> None:
+def check_keys(con: Any, merge: MergePlan, stage: str, where: str, quote: Callable[[str], str], mysql: bool = False) -> None:
     """Refuse staged keys that are NULL or appear twice (naming a few): which row would win is
-    not the database's to guess, and a server error halfway through the merge says less."""
+    not the database's to guess, and a server error halfway through the merge says less. The stage's
+    columns have the target's types and collations, so keys the target would take as one are one here;
+    ``mysql``: such keys spelled differently (a case- or accent-insensitive collation, MySQL's default)
+    are said as such."""
     keys = ", ".join(quote(k) for k in merge.keys)
     nulls = con.execute(f"SELECT count(*) FROM {stage} WHERE " + " OR ".join(f"{quote(k)} IS NULL" for k in merge.keys)).fetchone()[0]
     if nulls:
         raise SchemaError(f"load_mode=merge into {where}: {nulls:,} source rows have a NULL in the key ({', '.join(merge.keys)})",
                           hint="a NULL key identifies no row: filter them out in source.query, or choose other sink.merge_keys")
-    dups = con.execute(f"SELECT {keys}, count(*) FROM {stage} GROUP BY {keys} HAVING count(*) > 1 "
+    spellings = f", count(DISTINCT {', '.join(f'CAST({quote(k)} AS BINARY)' for k in merge.keys)})" if mysql else ""
+    dups = con.execute(f"SELECT {keys}, count(*){spellings} FROM {stage} GROUP BY {keys} HAVING count(*) > 1 "
                        f"ORDER BY count(*) DESC, {keys} LIMIT {_SHOWN + 1}").fetchall()
     if dups:
-        shown = "; ".join("(" + ", ".join(map(str, row[:-1])) + f") x{row[-1]}" for row in dups[:_SHOWN])
+        n = len(merge.keys)
+        shown = "; ".join("(" + ", ".join(map(str, row[:n])) + f") x{row[n]}" for row in dups[:_SHOWN])
+        if mysql and any(int(row[n + 1]) > 1 for row in dups):
+            raise SchemaError(f"load_mode=merge into {where}: source keys that differ only in letter case or accents are one key "
+                              f"under the target's collation of ({', '.join(merge.keys)}): {shown}" + (" ..." if len(dups) > _SHOWN else ""),
+                              hint="give the target's key columns a binary collation (ALTER TABLE ... MODIFY ... COLLATE utf8mb4_bin), "
+                                   "or make the source's keys distinct under the target's collation")
         raise SchemaError(f"load_mode=merge into {where}: the source has the same key ({', '.join(merge.keys)}) more than once: "
                           f"{shown}" + (" ..." if len(dups) > _SHOWN else ""),
                           hint="deduplicate the source (source.query with DISTINCT ON), or merge on columns that identify a row")
 
 
 def upsert_and_deletes(merge: MergePlan, target: str, stage: str, quote: Callable[[str], str], has_merge: bool = True,
-                       mysql: bool = False) -> list[str]:
+                       mysql: bool = False, written_keys: Sequence[str] = (), overriding: str = "") -> list[str]:
     """The statements of the merge transaction, after :func:`check_keys`: the upsert, then the delete
     (or soft delete) where asked. ``has_merge``: SQL MERGE, else ``INSERT ... ON CONFLICT`` (a unique
-    index on the keys); ``mysql``: ``INSERT ... ON DUPLICATE KEY UPDATE``."""
+    index on the keys); ``mysql``: ``INSERT ... ON DUPLICATE KEY UPDATE``. ``written_keys``: key columns
+    a matched row also takes from the source, so that a key the target calls equal but holds otherwise
+    (numeric 1.0 and 1.000; 'bob' and 'Bob' under a case-insensitive collation) arrives as the source
+    holds it; unchanged bytes cost nothing more (PostgreSQL's HOT update still applies). ``overriding``: the
+    clause an insert takes to write identity columns' values (PostgreSQL's ``OVERRIDING SYSTEM VALUE``)."""
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in merge.keys)
     cols = ", ".join(quote(c) for c in merge.columns)
     values = ", ".join(f"s.{quote(c)}" for c in merge.columns)
     soft = quote(merge.soft_column) if merge.soft_column else None
-    sets = [(quote(c), f"s.{quote(c)}") for c in merge.update] + ([(soft, "false")] if soft else [])
+    sets = [(quote(c), f"s.{quote(c)}") for c in [*written_keys, *merge.update]] + ([(soft, "false")] if soft else [])
     if soft and merge.soft_column not in merge.columns:  # a row the source has again, or anew, is not deleted
         cols, values = f"{cols}, {soft}", f"{values}, false"
     if mysql:
@@ -114,11 +128,11 @@ def upsert_and_deletes(merge: MergePlan, target: str, stage: str, quote: Callabl
         out = [f"INSERT INTO {target} ({cols}) SELECT {values} FROM {stage} AS s ON DUPLICATE KEY UPDATE {', '.join(keep)}"]
     elif has_merge:
         matched = " WHEN MATCHED THEN UPDATE SET " + ", ".join(f"{c} = {v}" for c, v in sets) if sets else ""
-        out = [f"MERGE INTO {target} AS t USING {stage} AS s ON {on}{matched} WHEN NOT MATCHED THEN INSERT ({cols}) VALUES ({values})"]
+        out = [f"MERGE INTO {target} AS t USING {stage} AS s ON {on}{matched} WHEN NOT MATCHED THEN INSERT ({cols}) {overriding}VALUES ({values})"]
     else:
         action = ("DO UPDATE SET " + ", ".join(f"{c} = {v.replace('s.', 'EXCLUDED.', 1)}" for c, v in sets)) if sets else "DO NOTHING"
         keys = ", ".join(quote(k) for k in merge.keys)
-        out = [f"INSERT INTO {target} ({cols}) SELECT {values} FROM {stage} AS s ON CONFLICT ({keys}) {action}"]
+        out = [f"INSERT INTO {target} ({cols}) {overriding}SELECT {values} FROM {stage} AS s ON CONFLICT ({keys}) {action}"]
     gone = f"NOT EXISTS (SELECT 1 FROM {stage} AS s WHERE {on})"
     if merge.delete == "hard":
         out.append(f"DELETE t FROM {target} AS t WHERE {gone}" if mysql else f"DELETE FROM {target} AS t WHERE {gone}")
@@ -145,20 +159,24 @@ class Merged:
 
 
 def apply(con: Any, merge: MergePlan, target: str, stage: str, where: str, quote: Callable[[str], str], has_merge: bool = True,
-          values: bool = False, mysql: bool = False) -> Merged:
+          values: bool = False, mysql: bool = False, written_keys: Sequence[str] = (), overriding: str = "") -> Merged:
     """The whole merge inside the caller's open transaction on ``con`` (``con.execute(sql).fetchone()``):
     the staged keys checked, the upsert and deletes, then what the target now holds read back; the
     stage is dropped last. Raises (the caller rolls back) where the target did not take every row.
-    ``values``: also compare the merged columns' values of every staged key (``verify=checksum``);
-    ``mysql``: MySQL's spelling (its own upsert is the caller's: ``steps`` here gives standard SQL)."""
-    check_keys(con, merge, stage, where, quote)
+    ``values``: also compare the merged columns' values of every staged key (``verify=checksum``); the
+    written keys are compared as they are stored (text; MySQL: bytes) whatever ``values`` says;
+    ``mysql``: MySQL's spelling (its own upsert is the caller's: ``steps`` here gives standard SQL);
+    ``written_keys``, ``overriding``: see :func:`upsert_and_deletes`."""
+    check_keys(con, merge, stage, where, quote, mysql)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in merge.keys)
     staged, matched = _ints(con, f"SELECT count(*), sum(CASE WHEN EXISTS (SELECT 1 FROM {target} AS t WHERE {on}) THEN 1 ELSE 0 END) "
                                  f"FROM {stage} AS s")
-    work = upsert_and_deletes(merge, target, stage, quote, has_merge, mysql)
+    work = upsert_and_deletes(merge, target, stage, quote, has_merge, mysql, written_keys, overriding)
     con.execute(work[0])
     compared = [c for c in merge.update if c not in merge.keys] if values else []
-    differs = " OR ".join(_differs(f"t.{quote(c)}", f"s.{quote(c)}", mysql) for c in compared) or "1 = 0"
+    checks = [_differs(f"t.{quote(c)}", f"s.{quote(c)}", mysql) for c in compared]
+    checks += [_differs(f"t.{quote(c)}", f"s.{quote(c)}", mysql, stored=True) for c in written_keys]  # whatever verify says
+    differs = " OR ".join(checks) or "1 = 0"
     found, changed = _ints(con, f"SELECT count(*), sum(CASE WHEN {differs} THEN 1 ELSE 0 END) FROM {stage} AS s JOIN {target} AS t ON {on}")
     if found != staged:
         raise VerificationError(f"verification failed for {where}: after the merge it holds {found:,} of the {staged:,} staged keys "
@@ -185,10 +203,13 @@ def _ints(con: Any, sql: str) -> tuple[int, ...]:
     return tuple(int(v or 0) for v in con.execute(sql).fetchone())
 
 
-def _differs(a: str, b: str, mysql: bool) -> str:
+def _differs(a: str, b: str, mysql: bool, stored: bool = False) -> str:
     """Null-safe inequality of two values of one column type: compared as text where SQL's equality
-    may not exist (json) or may say equal for values that differ."""
-    return f"NOT ({a} <=> {b})" if mysql else f"CAST({a} AS VARCHAR) IS DISTINCT FROM CAST({b} AS VARCHAR)"
+    may not exist (json) or may say equal for values that differ. ``stored``: MySQL compares the
+    values' bytes (a key's collation may call 'bob' and 'Bob' equal)."""
+    if mysql:
+        return f"NOT (CAST({a} AS BINARY) <=> CAST({b} AS BINARY))" if stored else f"NOT ({a} <=> {b})"
+    return f"CAST({a} AS VARCHAR) IS DISTINCT FROM CAST({b} AS VARCHAR)"
 
 
 def _gone(merge: MergePlan, stage: str, on: str, quote: Callable[[str], str], mysql: bool) -> str:

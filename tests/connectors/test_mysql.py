@@ -339,6 +339,30 @@ def test_merge_refuses_duplicated_source_keys_by_value_and_changes_nothing(merge
     assert not _leftovers(m)
 
 
+def test_merge_into_a_case_insensitive_key_takes_the_sources_spelling_and_refuses_two_spellings(mysql_server, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    m = mysql_server
+    m.execute("DROP TABLE IF EXISTS mci", "CREATE TABLE mci (name VARCHAR(20) COLLATE utf8mb4_general_ci PRIMARY KEY, v DOUBLE) "
+              "DEFAULT CHARSET=utf8mb4", "INSERT INTO mci VALUES ('bob', 1), ('Zoë', 2), ('kept', 3)")
+    (tmp_path / "ci").mkdir()
+    pq.write_table(pa.table({"name": ["Bob", "Zoe", "new"], "v": [10.0, 20.0, 30.0]}), tmp_path / "ci" / "0.parquet")
+    job({"type": "parquet", "path": str(tmp_path / "ci")}, _my(m, table="mci"), "files", load_mode="merge")
+    # 'Bob' matched 'bob' under the collation, and the key now holds the source's spelling ('Zoe' = 'Zoë' likewise)
+    got = m.execute("SELECT CAST(name AS BINARY), v FROM mci ORDER BY v")
+    assert [(bytes(n).decode(), v) for n, v in got] == [("kept", 3.0), ("Bob", 10.0), ("Zoe", 20.0), ("new", 30.0)]
+    # two source keys the target's collation takes as one: refused as such, the target as it was
+    before = m.execute("SELECT CAST(name AS BINARY), v FROM mci ORDER BY v")
+    (tmp_path / "ci" / "0.parquet").unlink()
+    pq.write_table(pa.table({"name": ["ann", "ANN", "other"], "v": [1.5, 2.5, 3.5]}), tmp_path / "ci" / "1.parquet")
+    with pytest.raises(SchemaError, match=r"source keys that differ only in letter case or accents are one key under the target's "
+                                          r"collation of \(name\): \((?i:ann)\) x2"):
+        job({"type": "parquet", "path": str(tmp_path / "ci")}, _my(m, table="mci"), "files", load_mode="merge")
+    assert m.execute("SELECT CAST(name AS BINARY), v FROM mci ORDER BY v") == before
+    assert not _leftovers(m)
+
+
 def test_merge_keys_must_be_the_targets_only_unique_index(merge_target, tmp_path: Path) -> None:
     m = merge_target
     src = _changes(tmp_path, [2, 4], ["x", "y"])

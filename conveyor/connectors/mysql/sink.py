@@ -221,8 +221,9 @@ class MySqlSink(MyChangeApplier, StagedSink):
         merged: list[merging.Merged] = []
 
         def apply(con: Any) -> None:
+            # the keys written too: a case- or accent-insensitive key column (MySQL's default collations) takes the source's spelling
             merged.append(merging.apply(Statements(con), plan.own.merge, self._qualified(), stage, self._where(), qident,
-                                        values=self.options.verify == "checksum", mysql=True))
+                                        values=self.options.verify == "checksum", mysql=True, written_keys=plan.own.merge.keys))
 
         self._in_one_transaction(plan, [], first=apply)
         note(f"{self.table}: {merged[0].describe()} (read back from the target before the merge committed)")

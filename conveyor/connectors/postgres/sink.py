@@ -347,8 +347,13 @@ class PostgresSink(PgChangeApplier, PgSchemaImport, SinkBase):
         try:
             if StagedSink.staged(plan, self.config.table):
                 if plan.load_mode == "merge":
+                    # the keys written too (a numeric 1.0 the source now holds as 1.000, a nondeterministic collation's other
+                    # spelling), but an identity GENERATED ALWAYS, which an UPDATE can set only to DEFAULT
+                    always = targets.always_identity(con, self._qualified())
                     merged = merging.apply(con, plan.own.merge, self._qualified(), self._qualified(plan.write_target), self.where, ident,
-                                           has_merge=con.info.server_version >= 150000, values=self.options.verify == "checksum")
+                                           has_merge=con.info.server_version >= 150000, values=self.options.verify == "checksum",
+                                           written_keys=[k for k in plan.own.merge.keys if k not in always],
+                                           overriding="OVERRIDING SYSTEM VALUE ")  # a new row's identity GENERATED ALWAYS too
                     con.execute(f"DROP TABLE {self._qualified(plan.write_target)}")
                     note(f"{self.name}: {merged.describe()} (read back from the target before the merge committed)")
                 else:

@@ -66,9 +66,9 @@ class PgChangeApplier(SqlChangeApplier):
                 con.execute(f"DELETE FROM {self._qualified(commits.MARKERS)} WHERE target LIKE %s", (f"%{stage}%",))
 
     def _unwritable(self, con: Any) -> set[str]:
-        # an identity key GENERATED ALWAYS takes only DEFAULT in an UPDATE (its INSERT takes OVERRIDING SYSTEM VALUE)
-        return {r[0] for r in con.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND "
-                                          "attidentity = 'a' AND NOT attisdropped", (self._qualified(),)).fetchall()}
+        from conveyor.connectors.postgres.target import always_identity
+
+        return always_identity(con, self._qualified())
 
     def _computed(self, con: Any) -> set[str]:
         return {r[0] for r in con.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND "

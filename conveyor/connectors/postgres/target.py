@@ -199,6 +199,13 @@ def loose_indexes(con: Any, target: Target) -> tuple[list[str], list[str]]:
     return [f"DROP INDEX {name}" for name, _ in rows], [ddl for _, ddl in rows]
 
 
+def always_identity(con: Any, qualified: str) -> set[str]:
+    """The table's identity columns GENERATED ALWAYS: an UPDATE can set them only to DEFAULT (an INSERT writes them
+    with OVERRIDING SYSTEM VALUE)."""
+    return {r[0] for r in con.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND "
+                                      "attidentity = 'a' AND NOT attisdropped", (qualified,)).fetchall()}
+
+
 def keep_identity(con: Any, target: Target, stage: str) -> None:
     """Replace: the new table takes the old one's owner, privileges and comment (LIKE copies
     columns, defaults, constraints, indexes and column comments, not these)."""

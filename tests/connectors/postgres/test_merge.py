@@ -103,3 +103,27 @@ def test_merge_is_refused_before_anything_moves_where_it_cannot_work(merge_src, 
     with pytest.raises(ConfigError, match="load_mode=merge: sink parquet does not do it"):
         job({"type": "postgres", "port": merge_src.port, "table": "mg_src"}, {"type": "parquet", "path": str(tmp_path / "o")},
             load_mode="merge")
+
+
+@pytest.mark.parametrize("verify", ["count", "checksum"])
+def test_a_key_the_target_calls_equal_arrives_as_the_source_holds_it(pg_source, pg_target, verify: str) -> None:
+    # numeric 1.0 = 1.000: the matched row is updated, and its key takes the source's digits, not the target's old ones
+    pg_exec(pg_source, "DROP TABLE IF EXISTS mg_num", "CREATE TABLE mg_num (k numeric PRIMARY KEY, v text)",
+            "INSERT INTO mg_num VALUES (1.000, 'one'), (2.5, 'two and a half')")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS mg_num_dst", "CREATE TABLE mg_num_dst (k numeric PRIMARY KEY, v text)",
+            "INSERT INTO mg_num_dst VALUES (1.0, 'old'), (7, 'kept')")
+    job({"type": "postgres", "port": pg_source.port, "table": "mg_num"}, {"type": "postgres", "port": pg_target.port, "table": "mg_num_dst"},
+        "none", load_mode="merge", verify=verify)
+    assert pg_exec(pg_target, "SELECT k::text, v FROM mg_num_dst ORDER BY k") == [("1.000", "one"), ("2.5", "two and a half"), ("7", "kept")]
+
+
+def test_an_identity_key_generated_always_is_matched_not_written(pg_source, pg_target) -> None:
+    # an UPDATE can set such a column only to DEFAULT: the merge matches on it and updates the other columns
+    pg_exec(pg_source, "DROP TABLE IF EXISTS mg_ident", "CREATE TABLE mg_ident (id int PRIMARY KEY, v text)",
+            "INSERT INTO mg_ident VALUES (1, 'one'), (2, 'two')")
+    pg_exec(pg_target, "DROP TABLE IF EXISTS mg_ident_dst",
+            "CREATE TABLE mg_ident_dst (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)",
+            "INSERT INTO mg_ident_dst (v) VALUES ('old one'), ('old two'), ('three')")
+    job({"type": "postgres", "port": pg_source.port, "table": "mg_ident"},
+        {"type": "postgres", "port": pg_target.port, "table": "mg_ident_dst"}, "none", load_mode="merge")
+    assert pg_exec(pg_target, "SELECT id, v FROM mg_ident_dst ORDER BY id") == [(1, "one"), (2, "two"), (3, "three")]
