@@ -28,16 +28,25 @@ def cli(tmp_path: Path):
 ROWS = 40000
 
 
+#: the database of the source table whose first pages are freed: a VACUUM frees the deleted rows' space only where no
+#: older snapshot may still see them, and the snapshots of other tests' sessions count only in their own database
+FREED_DB = "rc_freed"
+
+
 def _first_run(cli, src, dst, tmp_path: Path, table: str, *extra: str, free_space: bool = False) -> tuple[list[str], Path]:
     """A source ``table`` of ROWS rows, and a run into an empty target that stops at id 22,500 (its
-    third of 8 partitions), with the CHECK that stopped it dropped after. Returns the job's args and run dir."""
+    third of 8 partitions), with the CHECK that stopped it dropped after. Returns the job's args and run dir.
+    ``free_space``: the table's first pages are emptied of 2,500 rows first (in a database of its own)."""
+    db = FREED_DB if free_space else "postgres"
+    if free_space and not pg_exec(src, f"SELECT 1 FROM pg_database WHERE datname = '{db}'"):
+        pg_exec(src, f"CREATE DATABASE {db}")
     pg_exec(src, f"DROP TABLE IF EXISTS {table}",
             f"CREATE TABLE {table} AS SELECT g AS id, 0 AS v, md5(g::text) AS h FROM generate_series(1, {ROWS}) g",
-            f"ALTER TABLE {table} ADD PRIMARY KEY (id)")
+            f"ALTER TABLE {table} ADD PRIMARY KEY (id)", dbname=db)
     if free_space:  # room in the first pages, where an UPDATE elsewhere may put its new row versions
-        pg_exec(src, f"DELETE FROM {table} WHERE id <= 2500", f"VACUUM {table}")
+        pg_exec(src, f"DELETE FROM {table} WHERE id <= 2500", f"VACUUM {table}", dbname=db)
     pg_exec(dst, f"DROP TABLE IF EXISTS {table}", f"CREATE TABLE {table} (id int, v int, h text, CONSTRAINT stop CHECK (id <> 22500))")
-    args = ["run", "pipeline=pg_to_pg", f"source.port={src.port}", f"source.table={table}", f"sink.port={dst.port}",
+    args = ["run", "pipeline=pg_to_pg", f"source.port={src.port}", f"source.dbname={db}", f"source.table={table}", f"sink.port={dst.port}",
             f"sink.table={table}", "load_mode=append", "degree=1", "runtime=local", "sink.copy_path=arrow", *extra]
     first = cli(*args, f"hydra.run.dir={tmp_path}/first")
     assert first.code != 0 and 'check constraint "stop"' in first.err, first.err
@@ -70,7 +79,11 @@ def test_rows_moved_into_a_finished_ctid_range_refuse_the_resume(pg_source, pg_t
     """Updated rows of an unfinished range get new versions in free space of a finished one: never
     read again, they would be missed. The finished range holds row versions its run did not see."""
     args, run_dir = _first_run(cli, pg_source, pg_target, tmp_path, "rc_in", *CTID, free_space=True)
-    pg_exec(pg_source, "UPDATE rc_in SET v = v + 1 WHERE id BETWEEN 35001 AND 36000")
+    pg_exec(pg_source, "UPDATE rc_in SET v = v + 1 WHERE id BETWEEN 35001 AND 36000", dbname=FREED_DB)
+    # the test's premise: new row versions in the freed pages, which the first partition covers
+    moved = pg_exec(pg_source, "SELECT count(*) FROM rc_in WHERE id BETWEEN 35001 AND 36000 AND (ctid::text::point)[0] < 20",
+                    dbname=FREED_DB)[0][0]
+    assert moved > 0, "the UPDATE put no row version into the freed first pages: the premise of this test did not hold"
     res = _resume(cli, args, run_dir, tmp_path)
     assert res.code == 2, res.err
     assert "rows inserted or updated into it since" in res.err
@@ -79,7 +92,7 @@ def test_rows_moved_into_a_finished_ctid_range_refuse_the_resume(pg_source, pg_t
 def test_a_table_rewritten_since_refuses_a_ctid_resume(pg_source, pg_target, cli, tmp_path: Path) -> None:
     """VACUUM FULL keeps every row version (its xmin) but moves it to other pages: the table's files differ."""
     args, run_dir = _first_run(cli, pg_source, pg_target, tmp_path, "rc_full", *CTID, free_space=True)
-    pg_exec(pg_source, "VACUUM FULL rc_full")
+    pg_exec(pg_source, "VACUUM FULL rc_full", dbname=FREED_DB)
     res = _resume(cli, args, run_dir, tmp_path)
     assert res.code == 2 and "rewritten since" in res.err, res.err
 
