@@ -133,25 +133,27 @@ def _measure(args: argparse.Namespace, work: Path, tables: list[str], bench: Any
             jobs.append(("conveyor run pipeline=postgres_to_parquet",
                          [str(Path(sys.executable).parent / "conveyor"), "run", "pipeline=postgres_to_parquet", f"source.port={src.port}",
                           f"source.table={t}", f"sink.path={out}", f"hydra.run.dir={work}/runs/{t}"]))
+            timer = bench.Bench(src, src, args.rounds, work)  # its _timed: wall, CPU-s (the watch's taken off), peak memory
             got: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name, _ in jobs}
+
+            def fresh(out: Path = out) -> None:
+                subprocess.run(["rm", "-rf", str(out)], check=True)
+                out.mkdir()
+
             for _ in range(args.rounds):
                 for name, argv in jobs:
-                    subprocess.run(["rm", "-rf", str(out)], check=True)
-                    out.mkdir()
-                    bench._PEAKS.clear()
-                    bench._WATCH_CPU.clear()
-                    c0, s0, t0 = bench.client_cpu(), bench.server_cpu(src), time.perf_counter()
-                    code, err = bench.run_process(argv, {**os.environ}, cwd=work)
-                    seconds = time.perf_counter() - t0
-                    client, server = bench.client_cpu() - c0 - sum(bench._WATCH_CPU), bench.server_cpu(src) - s0
-                    if code != 0:
-                        raise RuntimeError(f"{name} failed: {err[-2000:]}")
+                    def run(name: str = name, argv: list[str] = argv) -> None:
+                        code, err = bench.run_process(argv, {**os.environ}, cwd=work)
+                        if code != 0:
+                            raise RuntimeError(f"{name} failed: {err[-2000:]}")
+
+                    seconds, cpu, _, peak = timer._timed(run, fresh)
                     written = sum(pq.ParquetFile(p).metadata.num_rows for p in out.rglob("*.parquet"))
                     if written != rows:
                         raise RuntimeError(f"{name}: {written} rows written, {rows} in {t}")
-                    got[name].append((seconds, client, server, bench._PEAKS[-1]))
-                    print(f"{t:9} {name:44} {seconds:6.2f} s  cpu client {client:5.2f} source {server:5.2f}  peak {bench._PEAKS[-1]:4.0f} MB",
-                          flush=True)
+                    got[name].append((seconds, cpu["client"], cpu["source_server"], peak))
+                    print(f"{t:9} {name:44} {seconds:6.2f} s  cpu client {cpu['client']:5.2f} source {cpu['source_server']:5.2f}  "
+                          f"peak {peak:4.0f} MB", flush=True)
             cli = statistics.median(s for s, *_ in got["duckdb CLI"])
             lines += [f"## {t} ({rows:,} rows)", "",
                       "| job | wall s (rounds) | median vs DuckDB CLI | client CPU-s | source CPU-s | peak MB |", "|---|---|---:|---|---|---|"]
